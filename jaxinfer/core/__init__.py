@@ -1,0 +1,1 @@
+"""The pure-Python core: page accounting and scheduling. Never imports JAX."""

@@ -1,0 +1,1 @@
+"""The engine loop: requests in, RequestOutputs out."""

@@ -1,0 +1,55 @@
+"""Incremental detokenization and stop strings for one completion.
+
+Built on `tokenizers`' DecodeStream, which buffers tokens until they form
+whole UTF-8 characters and, primed with the prompt's last tokens, gets
+SentencePiece / byte-level spacing right.
+"""
+
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+from ..sampling_params import SamplingParams
+
+# Prompt tokens that prime the stream so the first output token is spaced as
+# it would be in context.
+_PRIME_TOKENS = 6
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int],
+                 params: SamplingParams):
+        self.params = params
+        self._backend = getattr(tokenizer, "backend_tokenizer", None) or \
+            getattr(tokenizer, "_tokenizer")
+        self._stream = DecodeStream(
+            ids=list(prompt_token_ids[-_PRIME_TOKENS:]),
+            skip_special_tokens=params.skip_special_tokens)
+        self.text = ""
+        # Longest stop string minus one: text that may still become a stop
+        # match and is therefore held back from streaming.
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.stop_reason: str | None = None
+
+    def step(self, token_id: int) -> bool:
+        """Adds one token; returns True when a stop string ended the text."""
+        piece = self._stream.step(self._backend, token_id)
+        if not piece:
+            return False
+        start = max(0, len(self.text) - self._holdback)
+        self.text += piece
+        for stop in self.params.stop:
+            idx = self.text.find(stop, start)
+            if idx != -1:
+                end = idx + len(stop) if self.params.include_stop_str_in_output else idx
+                self.text = self.text[:end]
+                self.stop_reason = stop
+                return True
+        return False
+
+    def visible_text(self, finished: bool) -> str:
+        """Text safe to show now: while unfinished, a tail that could still
+        turn into a stop string is held back."""
+        if finished or not self.params.stop or self._holdback == 0:
+            return self.text
+        return self.text[:len(self.text) - self._holdback]

@@ -1,0 +1,93 @@
+"""The `jaxinfer` command: `generate` now; `serve`, `bench` and `convert`
+register their subcommands here as they land."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags, with vLLM's names."""
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="local HF folder, .gguf file, or embedded model name")
+    p.add_argument("--dtype", default="auto",
+                   choices=["auto", "float32", "bfloat16", "float16", "half"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--swap-space", type=float, default=4.0)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+
+
+def engine_args_from(ns: argparse.Namespace):
+    from ..config import EngineArgs
+    return EngineArgs(
+        model=ns.model, dtype=ns.dtype, seed=ns.seed,
+        max_model_len=ns.max_model_len, block_size=ns.block_size,
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        num_gpu_blocks_override=ns.num_gpu_blocks_override,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        enable_prefix_caching=ns.enable_prefix_caching,
+        enable_chunked_prefill=ns.enable_chunked_prefill,
+        swap_space=ns.swap_space, tensor_parallel_size=ns.tensor_parallel_size)
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from ..engine.llm_engine import LLMEngine
+    from ..entrypoints.llm import LLM
+    from ..sampling_params import SamplingParams
+    llm = LLM.__new__(LLM)
+    llm.llm_engine = LLMEngine(engine_args_from(ns))
+    sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature,
+                        top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed)
+    prompts = ns.prompt or ["The capital of France is"]
+    if ns.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], sp,
+                        use_tqdm=False)
+    else:
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        print(f"Prompt: {prompt!r}\nOutput: {out.outputs[0].text!r}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxinfer",
+                                     description="LLM inference in JAX")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text offline")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", action="append",
+                     help="a prompt (repeat for a batch)")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap each prompt in the chat template as a user turn")
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv=None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except ValueError as e:  # bad input: say what to change, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""`LLM`: vLLM's offline API (`generate`, `chat`) over an `LLMEngine`."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..config import EngineArgs
+from ..engine.llm_engine import LLMEngine
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+
+
+class LLM:
+    """An offline engine. ``LLM()`` runs the embedded SmolLM2-135M-Instruct.
+
+    Keyword arguments are vLLM's engine arguments (see ``EngineArgs``):
+    ``model``, ``dtype``, ``max_model_len``, ``block_size``,
+    ``gpu_memory_utilization``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``enable_prefix_caching``, ``swap_space``, ``seed``, ...
+    """
+
+    def __init__(self, model: str = "smollm2-135m-instruct", **kwargs: Any):
+        known = set(EngineArgs.__dataclass_fields__)
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Runs every prompt to completion; outputs come back in input order.
+
+        ``prompts``: a string, a list of strings, a list of token-id lists, or
+        ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts.
+        """
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for "
+                                 f"{len(prompts)} prompts")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                ids.append(engine.add_request(
+                    None, prompt, sp,
+                    priority=priority[i] if priority is not None else 0))
+        except ValueError:
+            engine.abort_request(ids)  # leave nothing half-queued
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of
+        them, rendered through the tokenizer's chat template."""
+        if messages and isinstance(messages[0], dict):
+            messages = [messages]
+        tok = self.llm_engine.tokenizer
+        prompts = [{"prompt_token_ids": _as_ids(tok.apply_chat_template(
+            conv, chat_template=chat_template, tokenize=True,
+            add_generation_prompt=add_generation_prompt))} for conv in messages]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        wanted = set(ids)
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
+        n_in = n_out = 0
+        try:
+            while engine.has_unfinished_requests() and len(final) < len(ids):
+                for out in engine.step():
+                    if out.finished and out.request_id in wanted:
+                        final[out.request_id] = out
+                        if bar is not None:
+                            n_in += len(out.prompt_token_ids)
+                            n_out += sum(len(c.token_ids) for c in out.outputs)
+                            rate = bar.format_dict["elapsed"] or 1e-9
+                            bar.set_postfix_str(f"input: {n_in / rate:.1f} tok/s, "
+                                                f"output: {n_out / rate:.1f} tok/s")
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [final[i] for i in ids]
+
+
+def _as_ids(rendered) -> list[int]:
+    # transformers 5 returns a BatchEncoding-like mapping; 4.x a list.
+    if isinstance(rendered, dict) or hasattr(rendered, "keys"):
+        rendered = rendered["input_ids"]
+    return list(rendered)

@@ -1,0 +1,99 @@
+"""`Request`: one sequence's state as the scheduler sees it (no JAX here)."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue; pages freed (recompute)
+    SWAPPED = "swapped"  # pages copied to host memory
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED,
+                        RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, eos_token_ids: tuple[int, ...] = (),
+                 arrival_time: float | None = None, priority: int = 0,
+                 prompt: str | None = None, max_model_len: int | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        # Tokens whose K/V are in pages (or will be, after the step that
+        # scheduled them runs).
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None
+        max_tokens = sampling_params.max_tokens
+        if max_model_len is not None:
+            room = max_model_len - len(self.prompt_token_ids)
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
+        self.max_tokens = max_tokens
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def check_stop(self) -> bool:
+        """Token-level stops (EOS, stop_token_ids, max_tokens); stop strings
+        are the output processor's job. Sets status when finished."""
+        if not self.output_token_ids:
+            return False
+        sp = self.sampling_params
+        last = self.output_token_ids[-1]
+        n_out = len(self.output_token_ids)
+        if n_out >= sp.min_tokens:
+            if not sp.ignore_eos and last in self.eos_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in sp.stop_token_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                self.stop_reason = last
+                return True
+        if n_out >= self.max_tokens:
+            self.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, "
+                f"prompt={self.num_prompt_tokens}, out={len(self.output_token_ids)}, "
+                f"computed={self.num_computed_tokens})")

@@ -1,0 +1,1 @@
+"""The device side: batch packing, the jitted step, sampling."""

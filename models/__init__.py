@@ -1,0 +1,20 @@
+"""Flax model definitions and checkpoint loaders (``jaxinfer.models``)."""
+
+from .attention import AttentionMetadata, paged_attention, resolve_backend
+from .config import ModelConfig, RopeScaling, model_config_from_hf
+from .embedded import DEFAULT_MODEL, EMBEDDED_MODELS
+from .errors import (CheckpointError, MissingWeightError, ModelConfigError,
+                     ShapeMismatchError)
+from .loader import (ModelFiles, TokenizerSource, load_params, resolve_dtype,
+                     resolve_model)
+from .registry import model_class, supported_architectures
+from .rope import rope_cos_sin_table
+
+__all__ = [
+    "AttentionMetadata", "paged_attention", "resolve_backend", "ModelConfig",
+    "RopeScaling", "model_config_from_hf", "DEFAULT_MODEL", "EMBEDDED_MODELS",
+    "CheckpointError", "MissingWeightError", "ModelConfigError",
+    "ShapeMismatchError", "ModelFiles", "TokenizerSource", "load_params",
+    "resolve_dtype", "resolve_model", "model_class", "supported_architectures",
+    "rope_cos_sin_table",
+]

@@ -1,0 +1,79 @@
+"""The one attention interface between models and kernels.
+
+A layer hands over this step's q/k/v and its page pair; this module writes the
+new K/V into the pages and runs ragged paged attention with the backend chosen
+once for the engine. Layers never import a kernel themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.pallas_kernels import kv_cache
+from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
+    ragged_paged_attention_reference)
+
+BACKENDS = ("reference", "pallas", "pallas_interpret")
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["slot_mapping", "block_tables", "kv_lens",
+                                "cu_q_lens", "num_seqs"],
+                   meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens live in the page pool. All int32, padded to
+    the step's buckets (T tokens, S sequences, P pages per sequence)."""
+    slot_mapping: jax.Array  # [T] slot each new token's K/V is written to; padding -> null page
+    block_tables: jax.Array  # [S, P] page ids of each sequence; padding -> null page
+    kv_lens: jax.Array  # [S] tokens in each sequence's pages after this step's write
+    cu_q_lens: jax.Array  # [S + 1] token rows of sequence s: cu_q_lens[s]:cu_q_lens[s+1]
+    num_seqs: jax.Array  # [1] real sequences; rows S beyond are padding
+
+
+def resolve_backend(backend: str | None) -> str:
+    """`None` means: Pallas kernels on GPU, the jnp reference elsewhere."""
+    if backend is None:
+        return "pallas" if jax.default_backend() == "gpu" else "reference"
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r} is not one of "
+                         f"{', '.join(BACKENDS)}")
+    return backend
+
+
+def _attention_fn(backend: str):
+    if backend == "reference":
+        return ragged_paged_attention_reference
+    try:
+        from jaxinfer.pallas_kernels import ragged_paged_attention
+    except ImportError as e:  # pragma: no cover - kernel module absent
+        raise ValueError(f"attention backend {backend!r} is unavailable: {e}")
+    if backend == "pallas_interpret":
+        return functools.partial(ragged_paged_attention, interpret=True)
+    return ragged_paged_attention
+
+
+def paged_attention(
+    q: jax.Array,  # [T, N, H]
+    k: jax.Array,  # [T, K, H]
+    v: jax.Array,  # [T, K, H]
+    kv: tuple[jax.Array, jax.Array],  # ([K, num_pages, B, H], same)
+    md: AttentionMetadata,
+    *,
+    backend: str,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """Writes k/v at ``md.slot_mapping`` then attends; returns (out [T, N, H],
+    the updated page pair)."""
+    k_pages, v_pages = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
+    out = _attention_fn(backend)(
+        q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,
+        md.num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
+        logit_soft_cap=logit_soft_cap)
+    return out, (k_pages, v_pages)

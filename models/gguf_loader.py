@@ -1,0 +1,142 @@
+"""GGUF files (llama.cpp's format), read with the ``gguf`` package.
+
+Quantized tensors are dequantized on the host (to float32, then the requested
+dtype). llama.cpp's converter permutes the rows of Llama-family q/k projections
+for its interleaved rotary layout; we undo that so the weights match HF's
+rotate-half convention. The model config is rebuilt from the file's metadata;
+the tokenizer and chat template also live there (see ``jaxinfer.tokenizer``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from .errors import CheckpointError
+
+_LAYER_MAP = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_MAP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _TOP_MAP:
+        return _TOP_MAP[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's q/k row permutation."""
+    # llama.cpp viewed each head's rows as [2, H/2] and stored them as
+    # [H/2, 2]; read them back as [H/2, 2] and swap.
+    rows = w.shape[0]
+    return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+class GGUFReader:
+    """``get(hf_name)`` and ``hf_config()`` over one .gguf file."""
+
+    def __init__(self, path: str):
+        import gguf
+        if not os.path.isfile(path):
+            raise CheckpointError(f"GGUF file {path} does not exist")
+        try:
+            self._reader = gguf.GGUFReader(path)
+        except Exception as e:  # the reader raises ValueError/struct errors
+            raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from e
+        self.path = path
+        self._gguf = gguf
+        self._tensors = {}
+        for t in self._reader.tensors:
+            hf = _hf_name(t.name)
+            if hf is not None:
+                self._tensors[hf] = t
+        self.arch = self.field("general.architecture")
+        if self.arch not in _ARCHS:
+            raise CheckpointError(
+                f"{path}: GGUF architecture {self.arch!r} is not supported; "
+                f"supported: {', '.join(_ARCHS)}")
+
+    def field(self, key: str, default=None):
+        f = self._reader.fields.get(key)
+        if f is None:
+            return default
+        return f.contents()
+
+    def hf_config(self) -> dict:
+        """An HF-style config.json dict rebuilt from the metadata."""
+        a = self.arch
+        get = lambda k, d=None: self.field(f"{a}.{k}", d)
+        heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        vocab = get("vocab_size") or len(self.field("tokenizer.ggml.tokens"))
+        cfg = {
+            "architectures": [_ARCHS[a]],
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(get("feed_forward_length")),
+            "num_hidden_layers": int(get("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+            "head_dim": int(get("attention.key_length", hidden // heads)),
+            "max_position_embeddings": int(get("context_length", 2048)),
+            "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(get("rope.freq_base", 10000.0)),
+            "tie_word_embeddings": "lm_head.weight" not in self._tensors,
+            "attention_bias": "model.layers.0.self_attn.q_proj.bias" in self._tensors,
+            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
+        }
+        window = get("attention.sliding_window")
+        if window:
+            cfg["sliding_window"] = int(window)
+        scaling = get("rope.scaling.type")
+        if scaling and scaling != "none":
+            cfg["rope_scaling"] = {
+                "rope_type": scaling,
+                "factor": float(get("rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": get(
+                    "rope.scaling.original_context_length"),
+            }
+        return cfg
+
+    def get(self, hf_name: str):
+        t = self._tensors.get(hf_name)
+        if t is None:
+            return None
+        w = self._gguf.quants.dequantize(t.data, t.tensor_type)
+        w = np.asarray(w, dtype=np.float32).reshape(
+            tuple(int(d) for d in reversed(t.shape)))
+        # llama.cpp permutes q/k rows for Llama-family rotary; Qwen is stored
+        # unpermuted (its converter skips the permutation).
+        if self.arch in ("llama", "mistral") and hf_name.endswith(
+                ("q_proj.weight", "k_proj.weight")):
+            heads = int(self.field(f"{self.arch}.attention.head_count"))
+            if "k_proj" in hf_name:
+                heads = int(self.field(f"{self.arch}.attention.head_count_kv",
+                                       heads))
+            w = _unpermute(w, heads)
+        return w

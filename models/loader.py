@@ -1,0 +1,70 @@
+"""One entry point from a model reference to (config, params, tokenizer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax.numpy as jnp
+
+from .config import ModelConfig, load_hf_config, model_config_from_hf
+from .embedded import embedded_model_path, is_embedded
+from .errors import CheckpointError
+from .gguf_loader import GGUFReader
+from .safetensors_loader import SafetensorsReader
+from .weights import build_params
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSource:
+    """Where the tokenizer lives: an HF folder, or a GGUF file's metadata."""
+    directory: str
+    gguf_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFiles:
+    """A resolved model reference."""
+    config: ModelConfig
+    tokenizer: TokenizerSource
+    reader: object  # has .get(hf_name)
+    source: str
+
+
+def resolve_model(model: str) -> ModelFiles:
+    """A local folder (HF safetensors), a .gguf file, or an embedded name.
+    Nothing is downloaded."""
+    path = embedded_model_path(model) if is_embedded(model) else model
+    if os.path.isdir(path):
+        cfg = model_config_from_hf(load_hf_config(path))
+        return ModelFiles(cfg, TokenizerSource(path), SafetensorsReader(path), path)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        reader = GGUFReader(path)
+        cfg = model_config_from_hf(reader.hf_config())
+        directory, name = os.path.split(os.path.abspath(path))
+        return ModelFiles(cfg, TokenizerSource(directory, name), reader, path)
+    raise CheckpointError(
+        f"model {model!r} is neither a local HF model folder, a .gguf file, "
+        "nor an embedded model name (jaxinfer never downloads from a hub; "
+        "the embedded default is 'smollm2-135m-instruct')")
+
+
+def resolve_dtype(dtype: str, cfg: ModelConfig):
+    """vLLM's ``dtype``: auto takes the checkpoint's (float32 stays float32,
+    GGUF dequantizes to float32)."""
+    if dtype == "auto":
+        dtype = cfg.dtype if cfg.dtype in DTYPES else "float32"
+    if dtype == "half":
+        dtype = "float16"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; "
+                         f"got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_params(files: ModelFiles, dtype, place=None) -> dict:
+    return build_params(files.config, files.reader.get, dtype, files.source,
+                        place=place)

@@ -1,0 +1,71 @@
+"""The physical layout of the KV page pool, defined in exactly one place.
+
+One layer's cache is a pair of arrays ``(k_pages, v_pages)``, each
+
+        [K, num_pages, B, H]      (kv heads, pages, page size, head dim)
+
+Why this layout: a decode kernel reads one (kv head, page) tile per step of its
+loop; with heads outermost that tile is ``B * H`` contiguous elements (4 KiB for
+B=16, H=128, bf16), which is one wide, coalesced read that serves every query
+head of the GQA group. Heads outermost also makes tensor parallelism a split of
+the leading axis. This is the layout of JAX's bundled Pallas ``paged_attention``,
+so the benchmark compares kernels on identical inputs.
+
+Page 0 is the null page: padding tokens write there and padded block-table
+entries point there; nothing ever reads it as real data.
+
+A "slot" is ``page_id * B + offset_in_page``; the scheduler's block tables and
+the runner's ``slot_mapping`` speak in slots.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NULL_PAGE = 0
+
+
+def kv_pages_shape(num_pages: int, block_size: int, num_kv_heads: int,
+                   head_dim: int) -> tuple[int, int, int, int]:
+    """Shape of one layer's K (or V) page array."""
+    return (num_kv_heads, num_pages, block_size, head_dim)
+
+
+def init_kv_pages(num_layers: int, num_pages: int, block_size: int,
+                  num_kv_heads: int, head_dim: int, dtype) -> list:
+    """A zeroed page pool: a list of L (k_pages, v_pages) pairs."""
+    shape = kv_pages_shape(num_pages, block_size, num_kv_heads, head_dim)
+    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+            for _ in range(num_layers)]
+
+
+def write_kv(
+    k_pages: jax.Array,  # [K, num_pages, B, H]
+    v_pages: jax.Array,  # [K, num_pages, B, H]
+    k: jax.Array,  # [T, K, H] new keys of this step
+    v: jax.Array,  # [T, K, H] new values of this step
+    slot_mapping: jax.Array,  # [T] int32 slot of each token; padding -> page 0
+) -> tuple[jax.Array, jax.Array]:
+    """Scatters this step's K/V into their slots (one fused XLA scatter, done
+    in place when the pool is donated)."""
+    num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
+    flat = (num_kv_heads, num_pages * block_size, head_dim)
+    k_flat = k_pages.reshape(flat).at[:, slot_mapping].set(
+        jnp.swapaxes(k, 0, 1).astype(k_pages.dtype), mode="drop")
+    v_flat = v_pages.reshape(flat).at[:, slot_mapping].set(
+        jnp.swapaxes(v, 0, 1).astype(v_pages.dtype), mode="drop")
+    return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+
+
+def gather_kv(
+    pages: jax.Array,  # [K, num_pages, B, H]
+    block_table: jax.Array,  # [..., P] page ids
+) -> jax.Array:
+    """The K (or V) of whole sequences, in token order: [..., P * B, K, H]."""
+    num_kv_heads, _, block_size, head_dim = pages.shape
+    g = pages[:, block_table]  # [K, ..., P, B, H]
+    g = jnp.moveaxis(g, 0, -2)  # [..., P, B, K, H]
+    lead = block_table.shape[:-1]
+    return g.reshape(*lead, block_table.shape[-1] * block_size, num_kv_heads,
+                     head_dim)
