@@ -1,0 +1,27 @@
+"""Shared fixtures. No test touches the network."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """make(arch="llama", rope="default", **config_overrides) -> folder,
+    cached per argument set for the session."""
+    from tests.tiny_models import make_tiny_model
+    cache: dict = {}
+
+    def make(arch="llama", rope="default", **overrides):
+        key = (arch, rope, tuple(sorted(overrides.items())))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"tiny-{arch}-{rope}")
+            cache[key] = make_tiny_model(str(path), arch, rope, **overrides)
+        return cache[key]
+
+    return make
