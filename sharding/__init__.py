@@ -1,0 +1,2 @@
+"""Meshes and partition rules (``jaxinfer.sharding``). Tensor parallelism is
+not built yet; see docs/architecture.md."""
