@@ -9,6 +9,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from tests import no_network  # noqa: E402
+
+# Sockets to anything but localhost raise from here on (tests/no_network.py).
+no_network.install()
+
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
