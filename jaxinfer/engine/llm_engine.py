@@ -44,7 +44,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.files.tokenizer)
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
                                   self.cache_config, seed=args.seed,
-                                  attention_backend=args.attention_backend)
+                                  attention_backend=args.attention_backend,
+                                  tensor_parallel_size=args.tensor_parallel_size)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
                                    self.runner.num_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -18,29 +17,46 @@ import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
                              model_class, resolve_backend, rope_cos_sin_table)
-from jaxinfer.pallas_kernels import init_kv_pages
 
 from ..config import CacheConfig, SchedulerConfig
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
 from ..request import Request
 from .buckets import Buckets
+from .placement import Placement
+from .logprob_ops import gather_logprobs
+from .penalties import PenaltyState, update_penalty_state
+from .runner_output import ModelRunnerOutput
 from .sampler import SamplingMetadata, sample
+from .sampling_inputs import SamplingInputs
 
 logger = logging.getLogger(__name__)
 
 
-def _step(model, params, kv_pages, cos_sin, input_ids, positions,
-          md: AttentionMetadata, logits_indices, smd: SamplingMetadata):
+def _step(model, num_logprobs, params, kv_pages, penalty_state, cos_sin,
+          input_ids, positions, md: AttentionMetadata, logits_indices,
+          smd: SamplingMetadata, prompt_lp_targets):
+    """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
+    logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
+    logprobs). ``num_logprobs`` (static): None, or the top-K to return."""
     logits, kv_pages = model.apply({"params": params}, input_ids, positions,
                                    kv_pages, md, cos_sin, logits_indices)
-    return sample(logits, smd), kv_pages
+    S = logits.shape[0] - (0 if prompt_lp_targets is None
+                           else prompt_lp_targets.shape[0])
+    if smd.penalties is not None:
+        penalty_state = update_penalty_state(penalty_state, smd.penalties)
+    out = sample(logits[:S], smd, penalty_state, num_logprobs)
+    prompt_lp = None
+    if prompt_lp_targets is not None:
+        prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
+    return out, prompt_lp, kv_pages, penalty_state
 
 
 class ModelRunner:
     def __init__(self, files: ModelFiles, dtype, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, seed: int = 0,
-                 attention_backend: str | None = None):
+                 attention_backend: str | None = None,
+                 tensor_parallel_size: int = 1, max_logprobs: int = 20):
         self.cfg = files.config
         self.dtype = dtype
         self.scheduler_config = scheduler_config
@@ -50,33 +66,37 @@ class ModelRunner:
         self.backend = resolve_backend(attention_backend)
         self.on_cpu = jax.default_backend() == "cpu"
         t0 = time.perf_counter()
-        self.params = load_params(files, dtype)
-        logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
-                    self.cfg.num_params / 1e6, time.perf_counter() - t0)
         self.model = model_class(self.cfg.architecture)(
             self.cfg, backend=self.backend, dtype=dtype)
+        self.placement = Placement(self.model, self.cfg, tensor_parallel_size)
+        self.params = load_params(files, dtype, place=self.placement.place_param)
+        logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
+                    self.cfg.num_params / 1e6, time.perf_counter() - t0)
         self.cos_sin = jnp.asarray(
             rope_cos_sin_table(self.cfg, scheduler_config.max_model_len))
         self.num_blocks = self._num_blocks()
-        self.kv_pages = init_kv_pages(self.cfg.num_layers, self.num_blocks,
-                                      self.block_size, self.cfg.num_kv_heads,
-                                      self.cfg.head_dim, dtype)
+        self.kv_pages = self.placement.zeros_kv(
+            self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
         self.max_pages_per_seq = cdiv(scheduler_config.max_model_len,
                                       self.block_size)
         self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
                                     scheduler_config.max_num_seqs,
                                     self.max_pages_per_seq)
+        self.max_logprobs = max_logprobs
+        self.sampling_inputs = SamplingInputs(
+            self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
+        self.penalty_state: PenaltyState | None = None  # made on first use
         self._step = jax.jit(functools.partial(_step, self.model),
-                             donate_argnums=(1,))
+                             static_argnums=(0,), donate_argnums=(2, 3))
 
     # -- sizing -----------------------------------------------------------
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one page across all layers, K and V."""
+        """Bytes of one page across all layers, K and V, on one device."""
         return (2 * self.cfg.num_layers * self.block_size *
                 self.cfg.num_kv_heads * self.cfg.head_dim *
-                jnp.dtype(self.dtype).itemsize)
+                jnp.dtype(self.dtype).itemsize) // self.placement.kv_shards
 
     def _num_blocks(self) -> int:
         cc = self.cache_config
@@ -105,10 +125,7 @@ class ModelRunner:
     # -- one step ---------------------------------------------------------
 
     def request_seed(self, req: Request) -> int:
-        sp = req.sampling_params
-        if sp.seed is not None:
-            return sp.seed & 0xFFFFFFFF
-        return zlib.crc32(f"{self.seed}:{req.request_id}".encode())
+        return self.sampling_inputs.request_seed(req)
 
     def prepare(self, out: SchedulerOutput, requests: dict[str, Request]):
         """Packs a step into host arrays padded to its bucket."""
@@ -124,11 +141,6 @@ class ModelRunner:
         kv_lens = np.zeros(S, np.int32)
         cu = np.zeros(S + 1, np.int32)
         logits_idx = np.zeros(S, np.int32)
-        temp = np.zeros(S, np.float32)
-        top_k = np.zeros(S, np.int32)
-        top_p = np.ones(S, np.float32)
-        seeds = np.zeros(S, np.uint32)
-        out_pos = np.zeros(S, np.int32)
         t = 0
         for i, s in enumerate(sched):
             n = len(s.token_ids)
@@ -142,29 +154,40 @@ class ModelRunner:
             t += n
             cu[i + 1] = t
             logits_idx[i] = t - 1
-            req = requests[s.request_id]
-            sp = req.sampling_params
-            temp[i] = 0.0 if sp.greedy else sp.temperature
-            top_k[i] = sp.top_k
-            top_p[i] = sp.top_p
-            seeds[i] = self.request_seed(req)
-            out_pos[i] = len(req.output_token_ids)
         cu[len(sched) + 1:] = t
         md = AttentionMetadata(slots, tables, kv_lens, cu,
                                np.array([len(sched)], np.int32))
-        smd = SamplingMetadata(temp, top_k, top_p, seeds, out_pos)
+        smd = self.sampling_inputs.build(sched, requests, S)
         return input_ids, positions, md, logits_idx, smd
 
     def execute_model(self, out: SchedulerOutput,
-                      requests: dict[str, Request]) -> dict[str, int]:
+                      requests: dict[str, Request]) -> ModelRunnerOutput:
         """Runs one step; returns the sampled token of every request whose
-        chunk reached its last known token."""
+        chunk reached its last known token (and logprobs where asked)."""
+        self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
         if out.is_empty:
-            return {}
+            return ModelRunnerOutput({})
         input_ids, positions, md, logits_idx, smd = self.prepare(out, requests)
-        tokens, self.kv_pages = self._step(
-            self.params, self.kv_pages, self.cos_sin, input_ids, positions, md,
-            logits_idx, smd)
-        tokens = np.asarray(tokens)
-        return {s.request_id: int(tokens[i])
-                for i, s in enumerate(out.scheduled) if s.sample}
+        plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled, requests)
+        num_lp = None
+        if plan is not None or any(
+                requests[s.request_id].sampling_params.logprobs is not None
+                for s in out.scheduled if s.sample):
+            num_lp = self.max_logprobs
+        state = None
+        if smd.penalties is not None:
+            if self.penalty_state is None:
+                self.penalty_state = PenaltyState.zeros(
+                    self.sampling_inputs.slots.rows, self.cfg.vocab_size)
+            state, self.penalty_state = self.penalty_state, None
+        targets = None
+        if plan is not None:
+            logits_idx = np.concatenate([logits_idx, plan.indices])
+            targets = plan.targets
+        res, prompt_lp, self.kv_pages, state = self._step(
+            num_lp, self.params, self.kv_pages, state, self.cos_sin, input_ids,
+            positions, md, logits_idx, smd, targets)
+        if state is not None:
+            self.penalty_state = state
+        return self.sampling_inputs.collect(out.scheduled, requests, res,
+                                            prompt_lp, plan)

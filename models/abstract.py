@@ -1,0 +1,34 @@
+"""Shapes and logical axes of a model's params, without allocating them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.pallas_kernels import kv_cache
+
+from .attention import AttentionMetadata
+from .config import ModelConfig
+
+
+def abstract_variables(model, cfg: ModelConfig):
+    """``jax.eval_shape(model.init, ...)`` on a one-token dummy batch: every
+    param as a ShapeDtypeStruct, wrapped in ``nn.LogicallyPartitioned`` with
+    its logical axis names."""
+    block = 16
+    pages = kv_cache.init_kv_pages  # shapes only; eval_shape allocates nothing
+    md = AttentionMetadata(
+        slot_mapping=np.zeros(1, np.int32), block_tables=np.zeros((1, 1), np.int32),
+        kv_lens=np.ones(1, np.int32), cu_q_lens=np.array([0, 1], np.int32),
+        num_seqs=np.ones(1, np.int32))
+
+    def init():
+        kv = pages(cfg.num_layers, 2, block, cfg.num_kv_heads, cfg.head_dim,
+                   jnp.float32)
+        return model.init(jax.random.key(0), jnp.zeros(1, jnp.int32),
+                          jnp.zeros(1, jnp.int32), kv, md,
+                          jnp.zeros((1, cfg.head_dim), jnp.float32),
+                          jnp.zeros(1, jnp.int32))
+
+    return jax.eval_shape(init)

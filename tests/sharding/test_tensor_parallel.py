@@ -1,0 +1,81 @@
+"""Tensor parallelism: partition rules, and a 2-device mesh (fake CPU
+devices, in a subprocess because the device count is fixed at JAX start)
+giving the same greedy tokens as one device."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxinfer.sharding import kv_pages_sharding, make_mesh, param_shardings
+
+
+def _abstract(tiny_path):
+    from jaxinfer.models import model_class, resolve_model
+    from jaxinfer.models.abstract import abstract_variables
+    cfg = resolve_model(tiny_path).config
+    return abstract_variables(model_class(cfg.architecture)(cfg), cfg)["params"]
+
+
+def test_rules_give_column_and_row_parallel_specs(tiny_model_factory):
+    # A mesh of one device still carries the "model" axis names.
+    specs = jax.tree_util.tree_map(
+        lambda s: s.spec,
+        param_shardings(_abstract(tiny_model_factory("llama")), make_mesh(1)))
+    attn = specs["layers_0"]["self_attn"]
+    assert attn["q_proj"]["kernel"] == P(None, "model", None)  # column
+    assert attn["o_proj"]["kernel"] == P("model", None, None)  # row
+    assert specs["layers_0"]["mlp"]["down_proj"]["kernel"] == P("model", None)
+    assert specs["embedding"] == P("model", None)  # vocab-parallel
+    assert specs["norm"]["scale"] == P(None)
+
+
+def test_mesh_errors_name_the_device_count():
+    with pytest.raises(ValueError, match="tensor_parallel_size=64 needs"):
+        make_mesh(64)
+    with pytest.raises(ValueError, match=">= 1"):
+        make_mesh(0)
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    from jaxinfer import LLM, SamplingParams
+    path, kv_heads = sys.argv[1], int(sys.argv[2])
+    prompts = ["Hello there, how are you doing", "x", "The capital of France is"]
+    sp = SamplingParams(max_tokens=8, temperature=0)
+    out = {}
+    for tp in (1, 2):
+        llm = LLM(path, num_gpu_blocks_override=64, max_model_len=128,
+                  tensor_parallel_size=tp)
+        r = llm.llm_engine.runner
+        out[tp] = {
+            "tokens": [o.outputs[0].token_ids
+                       for o in llm.generate(prompts, sp, use_tqdm=False)],
+            "kv_spec": str(r.kv_pages[0][0].sharding.spec),
+            "devices": len(r.params["embedding"].sharding.device_set),
+        }
+    print("RESULT" + json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_two_device_mesh_matches_one_device(tiny_model_factory, kv_heads):
+    path = tiny_model_factory("llama", num_key_value_heads=kv_heads)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, path, str(kv_heads)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    res = json.loads(line[len("RESULT"):])
+    assert res["2"]["tokens"] == res["1"]["tokens"]
+    assert res["2"]["devices"] == 2
+    # 2 kv heads split over 2 devices; 1 kv head is replicated.
+    assert res["2"]["kv_spec"] == ("PartitionSpec('model',)" if kv_heads == 2
+                                   else "PartitionSpec()")
