@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .logprobs import PromptLogprobs, SampleLogprobs
+
 
 @dataclasses.dataclass
 class CompletionOutput:
@@ -11,7 +13,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None  # per token: id -> logprob
+    logprobs: SampleLogprobs | None = None  # per token: id -> Logprob
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None
     stop_reason: int | str | None = None  # the stop string or token id hit
 
@@ -35,6 +37,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # [0] is None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

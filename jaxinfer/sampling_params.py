@@ -95,6 +95,30 @@ class SamplingParams:
             bad("output_kind", "a RequestOutputKind")
 
     @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        """``bad_words`` as token id lists (set by update_from_tokenizer)."""
+        return getattr(self, "_bad_words_token_ids", None)
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenizes ``bad_words`` as vLLM does: each word alone and, when
+        that gives a different first token of the same length, with a
+        leading space."""
+        if not self.bad_words:
+            self._bad_words_token_ids = []
+            return
+        words: list[list[int]] = []
+        for word in self.bad_words:
+            plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if plain:
+                words.append(plain)
+            spaced = tokenizer.encode(" " + word.lstrip(),
+                                      add_special_tokens=False)
+            if spaced and (not plain or (spaced[0] != plain[0]
+                                         and len(spaced) == len(plain))):
+                words.append(spaced)
+        self._bad_words_token_ids = words
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 

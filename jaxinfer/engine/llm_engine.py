@@ -45,7 +45,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
-                                  tensor_parallel_size=args.tensor_parallel_size)
+                                  tensor_parallel_size=args.tensor_parallel_size,
+                                  max_logprobs=args.max_logprobs)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
                                    self.runner.num_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -112,6 +113,7 @@ class LLMEngine:
             if value is not None and value > max_logprobs:
                 raise InvalidRequestError(
                     f"{field} must be <= max_logprobs ({max_logprobs}), got {value}")
+        params.update_from_tokenizer(self.tokenizer)  # bad_words -> ids
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)
@@ -132,8 +134,9 @@ class LLMEngine:
         if sched_out.is_empty:
             return []
         requests = self.scheduler.requests
-        sampled = self.runner.execute_model(sched_out, requests)
-        updated = self.scheduler.update_from_output(sched_out, sampled)
+        runner_out = self.runner.execute_model(sched_out, requests)
+        updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
+        self.output_processor.record_logprobs(runner_out, updated)
         outputs = []
         for req in updated:
             if self.output_processor.detokenize(req):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from ..logprobs import make_decoder
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..request import Request
 from ..sampling_params import RequestOutputKind
 from .detokenizer import IncrementalDetokenizer
+from .logprobs_state import LogprobsState
 
 
 class OutputProcessor:
@@ -13,12 +15,31 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._sent: dict[str, tuple[int, int]] = {}  # chars, tokens already sent
+        self._logprobs: dict[str, LogprobsState] = {}
+        self._decode = make_decoder(tokenizer)
 
     def add_request(self, req: Request) -> None:
         if req.sampling_params.detokenize:
             self._detok[req.request_id] = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, req.sampling_params)
         self._sent[req.request_id] = (0, 0)
+        sp = req.sampling_params
+        if sp.logprobs is not None or sp.prompt_logprobs is not None:
+            self._logprobs[req.request_id] = LogprobsState(
+                sp, self._decode if sp.detokenize else None)
+
+    def record_logprobs(self, runner_out, updated: list[Request]) -> None:
+        """Keeps the step's logprobs of requests that asked: sampled-token
+        rows only for requests that got their token (``updated``)."""
+        for rid, (first, rows) in runner_out.prompt_logprobs.items():
+            state = self._logprobs.get(rid)
+            if state is not None:
+                state.add_prompt(first, rows)
+        for req in updated:
+            rows = runner_out.logprobs.get(req.request_id)
+            state = self._logprobs.get(req.request_id)
+            if rows is not None and state is not None:
+                state.add_sample(rows)
 
     def detokenize(self, req: Request, new_tokens: int = 1) -> bool:
         """Feeds the request's newest tokens to its detokenizer; returns True
@@ -41,12 +62,20 @@ class OutputProcessor:
         detok = self._detok.get(req.request_id)
         text = detok.visible_text(finished) if detok else ""
         token_ids = req.output_token_ids
-        if sp.output_kind == RequestOutputKind.DELTA:
+        ntok = 0
+        delta = sp.output_kind == RequestOutputKind.DELTA
+        if delta:
             chars, ntok = self._sent[req.request_id]
             self._sent[req.request_id] = (len(text), len(token_ids))
             text, token_ids = text[chars:], token_ids[ntok:]
+        lp_state = self._logprobs.get(req.request_id)
+        logprobs = cumulative = prompt_logprobs = None
+        if lp_state is not None:
+            logprobs, cumulative = lp_state.sample_output(ntok)
+            prompt_logprobs = lp_state.prompt_output(delta)
         completion = CompletionOutput(
             index=0, text=text, token_ids=list(token_ids),
+            cumulative_logprob=cumulative, logprobs=logprobs,
             finish_reason=req.status.value if finished else None,
             stop_reason=req.stop_reason)
         metrics = RequestMetrics(
@@ -57,8 +86,9 @@ class OutputProcessor:
         if finished:
             self._detok.pop(req.request_id, None)
             self._sent.pop(req.request_id, None)
+            self._logprobs.pop(req.request_id, None)
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids, outputs=[completion],
-            finished=finished, metrics=metrics,
+            finished=finished, metrics=metrics, prompt_logprobs=prompt_logprobs,
             num_cached_tokens=req.num_cached_tokens)

@@ -1,8 +1,15 @@
 """Token sampling inside the jitted step, vectorized over the batch.
 
-Per-request parameters arrive as arrays; each request draws from its own PRNG
-stream (its seed folded with its output position), so a seeded request samples
-the same tokens whatever else shares its batch.
+The order is vLLM V1's: logprobs from the raw logits; allowed-token whitelist,
+bad words and min_tokens (banned ids), logit bias; repetition / frequency /
+presence penalties; greedy argmax; temperature, min-p, top-k, top-p; a draw.
+
+Every per-request parameter is an array row. A feature that no request of the
+batch uses is None in `SamplingMetadata`: the pytree then has another
+structure, jit compiles a variant without that work, and plain steps stay
+cheap. Each request draws from its own PRNG stream (its seed folded with its
+output position), so a seeded request samples the same tokens whatever else
+shares its batch.
 """
 
 from __future__ import annotations
@@ -13,41 +20,126 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .logprob_ops import LogprobArrays, gather_logprobs
+from .penalties import (PenaltyParams, PenaltyState, apply_penalties,
+                        update_penalty_state)
 
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["temperature", "top_k", "top_p", "seeds",
-                                "positions"], meta_fields=[])
+_FIELDS = ["temperature", "seeds", "positions", "top_k", "top_p", "min_p",
+           "allowed_ids", "banned_ids", "bias_ids", "bias_values", "penalties"]
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=_FIELDS,
+                   meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class SamplingMetadata:
-    temperature: jax.Array  # [S] float32; 0 = greedy
-    top_k: jax.Array  # [S] int32; <= 0 = off
-    top_p: jax.Array  # [S] float32; 1 = off
-    seeds: jax.Array  # [S] uint32 per-request stream seed
-    positions: jax.Array  # [S] int32 output index of the token being drawn
+    # None = every row greedy (no draw at all).
+    temperature: jax.Array | None = None  # [S] float32; 0 = greedy row
+    seeds: jax.Array | None = None  # [S] uint32 per-request stream seed
+    positions: jax.Array | None = None  # [S] int32 output index being drawn
+    top_k: jax.Array | None = None  # [S] int32; <= 0 = off
+    top_p: jax.Array | None = None  # [S] float32; 1 = off
+    min_p: jax.Array | None = None  # [S] float32; 0 = off
+    # Padded id lists; the pad value is V (out of range, dropped).
+    allowed_ids: jax.Array | None = None  # [S, A] int32; row of all V = no limit
+    banned_ids: jax.Array | None = None  # [S, W] int32 (bad words, min_tokens)
+    bias_ids: jax.Array | None = None  # [S, Kb] int32
+    bias_values: jax.Array | None = None  # [S, Kb] float32
+    penalties: PenaltyParams | None = None
 
 
-def sample(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
-    """logits [S, V] float32 -> token ids [S] int32."""
-    greedy_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    vocab = logits.shape[-1]
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["token_ids", "logprobs"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: jax.Array  # [S] int32
+    logprobs: LogprobArrays | None  # rows [S], when asked for
+
+
+def _scatter_rows(shape, ids, values, fill, mode_add: bool):
+    """[S, V] array of ``fill`` with ``values`` put at (row, ids[row, j])."""
+    s = ids.shape[0]
+    rows = jnp.broadcast_to(jnp.arange(s)[:, None], ids.shape)
+    base = jnp.full(shape, fill, dtype=jnp.asarray(values).dtype)
+    at = base.at[rows, ids]
+    return at.add(values, mode="drop") if mode_add else at.set(values, mode="drop")
+
+
+def process_logits(logits: jax.Array, md: SamplingMetadata,
+                   state: PenaltyState | None) -> jax.Array:
+    """Whitelist, bans, bias and penalties (the argmax-changing steps)."""
+    logits = logits.astype(jnp.float32)
+    shape = logits.shape
+    if md.allowed_ids is not None:
+        vocab = shape[-1]
+        allowed = _scatter_rows(shape, md.allowed_ids, True, False, False)
+        unlimited = jnp.all(md.allowed_ids >= vocab, axis=-1, keepdims=True)
+        logits = jnp.where(allowed | unlimited, logits, -jnp.inf)
+    if md.banned_ids is not None:
+        banned = _scatter_rows(shape, md.banned_ids, True, False, False)
+        logits = jnp.where(banned, -jnp.inf, logits)
+    if md.bias_ids is not None:
+        logits = logits + _scatter_rows(shape, md.bias_ids, md.bias_values,
+                                        0.0, True)
+    if md.penalties is not None:
+        logits = apply_penalties(logits, state, md.penalties)
+    return logits
+
+
+def filter_logits(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
+    """Temperature, min-p, top-k, top-p: the logits the draw uses, with
+    filtered-out tokens at -inf. Top-p acts on the distribution already cut
+    by min-p and top-k (renormalized), as in vLLM."""
     temp = jnp.where(md.temperature > 0, md.temperature, 1.0)
-    scaled = logits / temp[:, None]
-    # top-k and top-p on the sorted logits; one sort serves both.
-    sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
-    k = jnp.where(md.top_k > 0, jnp.minimum(md.top_k, vocab), vocab)
-    kth = jnp.take_along_axis(sorted_logits, (k - 1)[:, None], axis=-1)
-    probs_sorted = jax.nn.softmax(sorted_logits, axis=-1)
-    cum = jnp.cumsum(probs_sorted, axis=-1)
-    # Keep the smallest prefix whose mass reaches top_p (always >= 1 token).
-    keep_sorted = (cum - probs_sorted) < md.top_p[:, None]
-    cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1,
-                     keepdims=True)
-    threshold = jnp.maximum(kth, cutoff)
-    masked = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    x = logits / temp[:, None]
+    if md.min_p is not None:
+        probs = jax.nn.softmax(x, axis=-1)
+        floor = md.min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True)
+        x = jnp.where(probs < floor, -jnp.inf, x)
+    if md.top_k is None and md.top_p is None:
+        return x
+    vocab = x.shape[-1]
+    sorted_x = -jnp.sort(-x, axis=-1)  # descending; one sort serves both
+    threshold = jnp.full((x.shape[0], 1), -jnp.inf, x.dtype)
+    if md.top_k is not None:
+        k = jnp.where(md.top_k > 0, jnp.minimum(md.top_k, vocab), vocab)
+        threshold = jnp.take_along_axis(sorted_x, (k - 1)[:, None], axis=-1)
+        # Ties with the k-th value are kept (vLLM masks only "< k-th").
+        sorted_x = jnp.where(sorted_x < threshold, -jnp.inf, sorted_x)
+    if md.top_p is not None:
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # The smallest prefix whose mass reaches top_p (always >= 1 token).
+        keep = mass_before < md.top_p[:, None]
+        cutoff = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1,
+                         keepdims=True)
+        threshold = jnp.maximum(threshold, cutoff)
+    return jnp.where(x >= threshold, x, -jnp.inf)
 
-    def draw(seed, pos, row):
+
+def _draw(seeds, positions, x):
+    def one(seed, pos, row):
         key = jax.random.fold_in(jax.random.key(seed), pos)
         return jax.random.categorical(key, row)
 
-    sampled = jax.vmap(draw)(md.seeds, md.positions, masked).astype(jnp.int32)
-    return jnp.where(md.temperature > 0, sampled, greedy_tokens)
+    return jax.vmap(one)(seeds, positions, x).astype(jnp.int32)
+
+
+def sample(logits: jax.Array, md: SamplingMetadata,
+           state: PenaltyState | None = None,
+           num_logprobs: int | None = None) -> SamplerOutput:
+    """logits [S, V] float32 -> SamplerOutput. ``num_logprobs`` (static):
+    None = no logprobs; K = the sampled token's plus the top K."""
+    raw = logits
+    logits = process_logits(logits, md, state)
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if md.temperature is not None:
+        drawn = _draw(md.seeds, md.positions, filter_logits(logits, md))
+        tokens = jnp.where(md.temperature > 0, drawn, tokens)
+    lp = None if num_logprobs is None else gather_logprobs(raw, tokens,
+                                                           num_logprobs)
+    return SamplerOutput(tokens, lp)
+
+
+__all__ = ["SamplingMetadata", "SamplerOutput", "PenaltyParams",
+           "PenaltyState", "sample", "process_logits", "filter_logits",
+           "update_penalty_state"]

@@ -1,0 +1,47 @@
+"""Logprobs on device: the chosen token's logprob and rank plus the top-K.
+
+Computed from the raw logits (vLLM's default ``raw_logprobs`` mode). K is
+static (the engine's ``max_logprobs``); each request keeps the first k of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["token_ids", "logprobs", "ranks"],
+                   meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class LogprobArrays:
+    token_ids: jax.Array  # [R, 1 + K] int32; column 0 = the chosen token
+    logprobs: jax.Array  # [R, 1 + K] float32
+    ranks: jax.Array  # [R, 1 + K] int32; 1-based
+
+
+def gather_logprobs(logits: jax.Array, chosen: jax.Array,
+                    num_logprobs: int) -> LogprobArrays:
+    """logits [R, V] raw, chosen [R] int32 -> the chosen token's logprob and
+    rank, followed by the top ``num_logprobs`` tokens."""
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen = chosen.astype(jnp.int32)
+    chosen_lp = jnp.take_along_axis(logprobs, chosen[:, None], axis=-1)  # [R, 1]
+    # vLLM's rank: how many tokens are at least as likely as the chosen one.
+    chosen_rank = jnp.sum(logprobs >= chosen_lp, axis=-1,
+                          dtype=jnp.int32)[:, None]
+    ids, lps, ranks = [chosen[:, None]], [chosen_lp], [chosen_rank]
+    if num_logprobs > 0:
+        top_lp, top_ids = jax.lax.top_k(logprobs, num_logprobs)
+        rows = logits.shape[0]
+        ids.append(top_ids.astype(jnp.int32))
+        lps.append(top_lp)
+        ranks.append(jnp.broadcast_to(
+            jnp.arange(1, num_logprobs + 1, dtype=jnp.int32),
+            (rows, num_logprobs)))
+    return LogprobArrays(jnp.concatenate(ids, axis=1),
+                         jnp.concatenate(lps, axis=1),
+                         jnp.concatenate(ranks, axis=1))
