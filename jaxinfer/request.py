@@ -28,7 +28,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_ids: tuple[int, ...] = (),
                  arrival_time: float | None = None, priority: int = 0,
-                 prompt: str | None = None, max_model_len: int | None = None):
+                 prompt: str | None = None, max_model_len: int | None = None,
+                 extra_keys: tuple | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -43,6 +44,11 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.num_preemptions = 0
+        # Prefix caching: the chain of full-block hashes (filled by the KV
+        # manager) and what besides tokens makes a block reusable (a LoRA id,
+        # multimodal input hashes); requests differing here share no pages.
+        self.block_hashes: list = []
+        self.extra_keys = extra_keys
         self.stop_reason: int | str | None = None
         max_tokens = sampling_params.max_tokens
         if max_model_len is not None:
@@ -51,6 +57,7 @@ class Request:
         self.max_tokens = max_tokens
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
         self.finished_time: float | None = None
 
     @property

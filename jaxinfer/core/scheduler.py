@@ -3,34 +3,43 @@
 One rule covers prefill and decode (as in vLLM V1): a request has
 ``num_computed_tokens`` of its ``num_tokens`` in pages, and a step schedules up
 to the difference. Running requests go first (decodes and continuing prefill
-chunks), then waiting requests in arrival order, their prompts cut into chunks
-that fill the remaining budget. When pages run out, the most recently admitted
-running request is preempted by recompute: its pages are freed and it goes back
-to the front of the waiting queue.
+chunks), then waiting requests in policy order (`policy.py`), their prompts
+cut into chunks that fill the remaining budget, with prefix-cache hits skipped.
+
+When pages run out, the running request the policy ranks last is preempted:
+by recompute (pages freed, it starts over later, mostly from the prefix
+cache) or by swap (pages copied to host slots and back when there is room;
+the runner does the copies, from the pairs in `SchedulerOutput`). A request
+whose pages do not fit in the host space is recomputed instead.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 
 from ..config import CacheConfig, SchedulerConfig
 from ..request import Request, RequestStatus
 from .kv_cache_manager import KVCacheManager
+from .policy import Policy
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
-                 cache_config: CacheConfig, num_blocks: int):
+                 cache_config: CacheConfig, num_blocks: int,
+                 num_host_blocks: int = 0):
         self.config = scheduler_config
         self.cache_config = cache_config
-        self.kv = KVCacheManager(num_blocks, cache_config.block_size)
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size,
+                                 cache_config.enable_prefix_caching,
+                                 num_host_blocks)
+        self.policy = Policy(scheduler_config.policy)
         self.requests: dict[str, Request] = {}
-        self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []
+        self.waiting = self.policy.make_queue()  # new, preempted and swapped
+        self.running: list[Request] = []  # ordered: last = first to preempt
         self._finished_ids: list[str] = []
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # since start
+        self.num_swap_outs = 0  # preemptions by swap, since start
 
     # -- queue management -------------------------------------------------
 
@@ -38,7 +47,26 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
+
+    def fork_request(self, parent_id: str, child: Request) -> None:
+        """Adds ``child``, a copy of running request ``parent_id`` (same
+        tokens so far), sharing the parent's pages (copy-on-write). For the
+        samples of one request."""
+        parent = self.requests[parent_id]
+        if parent.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {parent_id!r} is not running")
+        if child.all_token_ids != parent.all_token_ids:
+            raise ValueError("a forked request must start with the parent's tokens")
+        if child.request_id in self.requests:
+            raise ValueError(f"request id {child.request_id!r} is already in use")
+        self.kv.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.first_scheduled_time = parent.first_scheduled_time
+        child.status = RequestStatus.RUNNING
+        self.requests[child.request_id] = child
+        self.policy.admit(self.running, child)
 
     def finish_requests(self, request_ids, status: RequestStatus) -> None:
         """Ends requests from outside the step (abort, stop string)."""
@@ -48,15 +76,15 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
-            if req in self.running:
+            if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
-            elif req in self.waiting:
+            else:
                 self.waiting.remove(req)
             req.status = status
             self._free(req)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(len(self.waiting) or self.running)
 
     @property
     def num_running(self) -> int:
@@ -66,27 +94,40 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def num_swapped(self) -> int:
+        return len(self.kv.host_tables)
+
     def _free(self, req: Request) -> None:
         req.finished_time = time.time()
         self.kv.free(req)
         self.requests.pop(req.request_id, None)
         self._finished_ids.append(req.request_id)
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
-        self.kv.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
+        pairs = None
+        if self.config.preemption_mode == "swap":
+            pairs = self.kv.swap_out(req)
+        if pairs is None:  # recompute (or the host space is full)
+            self.kv.free(req)
+            req.status = RequestStatus.PREEMPTED
+            req.num_computed_tokens = 0
+        else:
+            req.status = RequestStatus.SWAPPED
+            out.blocks_to_swap_out.extend(pairs)
+            self.num_swap_outs += 1
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        out.preempted_ids.append(req.request_id)
+        self.waiting.prepend(req)
 
     # -- one step ---------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput.make_empty()
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
-        preempted: list[str] = []
 
         # 1. Running requests: decodes and unfinished prefill chunks.
         i = 0
@@ -96,41 +137,52 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            while self.kv.allocate_slots(req, num_new) is None:
-                victim = self.running[-1]  # the latest admitted
-                self._preempt(victim)
-                preempted.append(victim.request_id)
+            while (copies := self.kv.allocate_slots(req, num_new)) is None:
+                victim = self.running[-1]  # ranked last by the policy
+                self._preempt(victim, out)
                 if victim is req:
                     break
             else:
+                out.blocks_to_copy.extend(copies)
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
-                continue
-            # req preempted itself; the list shifted, i now points past it.
+            # When req preempted itself, i already points past it.
 
-        # 2. Waiting requests, in order, while budget, seats and pages last.
-        while (self.waiting and budget > 0 and not preempted
+        # 2. Waiting requests, in policy order, while budget, seats and pages
+        # last. Nothing is admitted in a step that had to preempt.
+        while (len(self.waiting) and budget > 0 and not out.preempted_ids
                and len(self.running) < self.config.max_num_seqs):
-            req = self.waiting[0]
-            num_new = req.num_tokens - req.num_computed_tokens
-            if not self.config.enable_chunked_prefill and num_new > budget:
-                break
-            num_new = min(num_new, budget)
-            if self.kv.allocate_slots(req, num_new) is None:
-                break
-            self.waiting.popleft()
+            req = self.waiting.peek()
+            if req.status == RequestStatus.SWAPPED:
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                pairs = self.kv.swap_in(req, num_new)
+                if pairs is None:
+                    break
+                out.blocks_to_swap_in.extend(pairs)
+            else:
+                pages, num_hit = self.kv.get_computed_blocks(req)
+                num_new = req.num_tokens - num_hit
+                if not self.config.enable_chunked_prefill and num_new > budget:
+                    break
+                num_new = min(num_new, budget)
+                if self.kv.allocate_slots(req, num_new, pages) is None:
+                    break
+                self.kv.record_query(req.num_tokens, num_hit)
+                req.num_computed_tokens = num_hit
+                if req.first_scheduled_time is None:
+                    req.num_cached_tokens = num_hit
+            self.waiting.pop()
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.time()
-            self.running.append(req)
+            self.policy.admit(self.running, req)
             scheduled.append((req, num_new))
             budget -= num_new
 
-        out = []
         for req, n in scheduled:
             start = req.num_computed_tokens
-            out.append(ScheduledRequest(
+            out.scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
                 token_ids=req.all_token_ids[start:start + n],
                 start_pos=start,
@@ -139,9 +191,9 @@ class Scheduler:
             # Counted as computed now: the step that runs them is already
             # enqueued when the next schedule() is called.
             req.num_computed_tokens += n
-        finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(out, self.config.max_num_batched_tokens - budget,
-                               preempted, finished)
+        out.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        out.finished_ids, self._finished_ids = self._finished_ids, []
+        return out
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:
@@ -158,6 +210,7 @@ class Scheduler:
             req.append_output_token(sampled[sr.request_id])
             if req.first_token_time is None:
                 req.first_token_time = now
+            req.last_token_time = now
             if req.check_stop():
                 self.running.remove(req)
                 self._free(req)

@@ -18,13 +18,23 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]  # in the order the runner lays out rows
     num_scheduled_tokens: int  # sum of len(token_ids); <= max_num_batched_tokens
-    preempted_ids: list[str]  # requests preempted this step (pages freed)
+    preempted_ids: list[str]  # requests preempted this step (pages freed or swapped)
     finished_ids: list[str]  # requests finished since the last step (pages freed)
+    # Copies the runner makes before the step, in this order:
+    blocks_to_swap_out: list[tuple[int, int]]  # (device_page, host_slot): device -> host
+    blocks_to_swap_in: list[tuple[int, int]]  # (device_page, host_slot): host -> device
+    blocks_to_copy: list[tuple[int, int]]  # (src_page, dst_page): copy-on-write of shared pages
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":
-        return cls([], 0, [], [])
+        return cls([], 0, [], [], [], [], [])
+
+    @property
+    def has_copies(self) -> bool:
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in
+                    or self.blocks_to_copy)
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        """Nothing for the runner to do (no tokens and no page copies)."""
+        return not self.scheduled and not self.has_copies
