@@ -1,0 +1,51 @@
+"""Random ragged batches for attention kernels (tests and the GPU benchmark).
+
+A case is the argument tuple of ``ragged_paged_attention``: random q and pages
+(never zeros), sequences' pages scattered at random over the pool (page 0 is
+the null page and stays unused), one padding sequence row and a few padding
+token rows, as the model runner's buckets produce.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+# Relative L2 error allowed per dtype: f32 leaves room for tf32 tensor-core
+# dots on GPU; bf16 for bf16 probabilities and output rounding.
+TOLERANCE = {jnp.dtype(jnp.float32): 2e-3, jnp.dtype(jnp.bfloat16): 2e-2}
+
+
+def make_case(mix, *, num_q_heads=4, num_kv_heads=2, head_dim=64,
+              page_size=16, dtype=jnp.float32, seed=0, pad_tokens=3,
+              pad_seqs=1, extra_pages=1):
+    """mix: [(q_len, kv_len)] -> (q, k_pages, v_pages, kv_lens, block_tables,
+    cu_q_lens, num_seqs)."""
+    rng = np.random.default_rng(seed)
+    num_seqs = len(mix)
+    need = [-(-kv // page_size) for _, kv in mix]
+    pages_per_seq = max(need) + extra_pages
+    num_pages = sum(need) + 1
+    perm = rng.permutation(np.arange(1, num_pages))
+    tables = np.zeros((num_seqs + pad_seqs, pages_per_seq), np.int32)
+    used = 0
+    for s, n in enumerate(need):
+        tables[s, :n] = perm[used:used + n]
+        used += n
+    q_lens = [ql for ql, _ in mix] + [0] * pad_seqs
+    kv_lens = np.array([kv for _, kv in mix] + [0] * pad_seqs, np.int32)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    num_tokens = int(cu[-1]) + pad_tokens
+    shape = (num_kv_heads, num_pages, page_size, head_dim)
+    q = rng.standard_normal((num_tokens, num_q_heads, head_dim))
+    k = rng.standard_normal(shape)
+    v = rng.standard_normal(shape)
+    return (jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
+            jnp.asarray(kv_lens), jnp.asarray(tables), jnp.asarray(cu),
+            jnp.asarray([num_seqs], jnp.int32))
+
+
+def rel_error(out, ref) -> float:
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))

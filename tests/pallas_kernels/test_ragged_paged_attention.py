@@ -1,0 +1,106 @@
+"""The Pallas ragged paged attention kernels against the jnp reference.
+
+On CPU the kernels run in interpret mode; on a GPU the same cases run compiled
+(Triton), plus the ``gpu``-marked cases at model sizes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
+                                     RaggedPagedAttentionTuning, TuningError,
+                                     ragged_paged_attention,
+                                     ragged_paged_attention_reference)
+from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
+
+ON_GPU = jax.default_backend() == "gpu"
+INTERPRET = not ON_GPU
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+
+# (q_len, kv_len): decodes at one and at many pages, a short and a long chunk
+# of a prefill whose prefix is already cached, and a fresh prefill.
+MIX = [(1, 1), (1, 129), (5, 18), (120, 597), (33, 33)]
+
+
+def _check(case, **kw):
+    scale = case[0].shape[-1] ** -0.5
+    out = ragged_paged_attention(*case, sm_scale=scale, interpret=INTERPRET,
+                                 **kw)
+    kw.pop("tuning", None)
+    ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
+    assert out.shape == ref.shape and out.dtype == case[0].dtype
+    err = rel_error(out, ref)
+    assert err < TOLERANCE[jnp.dtype(case[0].dtype)], err
+    # Padding rows past the last sequence are exactly zero.
+    num_real = int(case[5][int(case[6][0])])
+    assert not jnp.any(out[num_real:])
+    return out
+
+
+@pytest.mark.parametrize("page_size,group,head_dim,dtype", [
+    (16, 1, 64, jnp.float32),
+    (32, 4, 128, jnp.float32),
+    (16, 8, 64, jnp.bfloat16),
+    (32, 4, 64, jnp.bfloat16),
+])
+def test_matches_reference(page_size, group, head_dim, dtype):
+    case = make_case(MIX, num_q_heads=2 * group, num_kv_heads=2,
+                     head_dim=head_dim, page_size=page_size, dtype=dtype)
+    _check(case)
+
+
+@pytest.mark.parametrize("window,cap", [(40, None), (None, 3.0), (7, 2.0)])
+def test_sliding_window_and_soft_cap(window, cap):
+    case = make_case(MIX, num_q_heads=8, num_kv_heads=2, page_size=16, seed=1)
+    _check(case, sliding_window=window, logit_soft_cap=cap)
+
+
+def test_split_kv_decode_combines_partials():
+    """Few long decodes: the KV axis is split over programs and merged."""
+    case = make_case([(1, 700), (1, 45), (1, 333)], num_q_heads=8,
+                     num_kv_heads=2, page_size=16, seed=2)
+    tuning = RaggedPagedAttentionTuning(decode_pages_per_block=2,
+                                        decode_kv_splits=8)
+    _check(case, tuning=tuning)
+    _check(case, tuning=tuning, sliding_window=100)
+
+
+@pytest.mark.slow
+def test_long_prefill_chunk():
+    case = make_case([(512, 2048), (1, 1000), (64, 64)], num_q_heads=4,
+                     num_kv_heads=1, page_size=32, seed=3)
+    _check(case)
+
+
+def test_fp8_pages_with_scales():
+    case = list(make_case(MIX[:4], num_q_heads=4, num_kv_heads=2, seed=4,
+                          dtype=jnp.bfloat16))
+    case[1] = case[1].astype(jnp.float8_e4m3fn)
+    case[2] = case[2].astype(jnp.float8_e4m3fn)
+    _check(tuple(case), k_scale=jnp.float32(0.5), v_scale=jnp.float32(3.0))
+
+
+def test_rejects_bad_shapes_and_tuning():
+    case = make_case([(1, 5)], num_q_heads=6, num_kv_heads=4)
+    with pytest.raises(RaggedAttentionShapeError, match="multiple of kv"):
+        ragged_paged_attention(*case, sm_scale=1.0, interpret=True)
+    with pytest.raises(TuningError, match="prefill_block_q"):
+        RaggedPagedAttentionTuning(prefill_block_q=48)
+    with pytest.raises(TuningError, match="decode_kv_splits"):
+        RaggedPagedAttentionTuning(decode_kv_splits=3)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,page_size,group", [
+    (128, 16, 4), (256, 16, 8), (64, 32, 1), (128, 32, 8)])
+def test_model_sizes_on_gpu(head_dim, page_size, group):
+    mix = [(1, 1), (1, 129), (5, 18), (120, 597), (512, 2048), (1, 4000)]
+    case = make_case(mix, num_q_heads=8 * group, num_kv_heads=8,
+                     head_dim=head_dim, page_size=page_size,
+                     dtype=jnp.bfloat16, seed=5)
+    _check(case)
+    _check(case, sliding_window=300, logit_soft_cap=30.0)
