@@ -9,6 +9,7 @@ the tokenizer and chat template also live there (see ``jaxinfer.tokenizer``).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -56,17 +57,25 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+@functools.lru_cache(maxsize=4)
+def open_gguf(path: str):
+    """A parsed `gguf.GGUFReader`, shared by the weight loader and the
+    tokenizer (parsing a 49k-token vocabulary takes seconds)."""
+    import gguf
+    if not os.path.isfile(path):
+        raise CheckpointError(f"GGUF file {path} does not exist")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/struct errors
+        raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from e
+
+
 class GGUFReader:
     """``get(hf_name)`` and ``hf_config()`` over one .gguf file."""
 
     def __init__(self, path: str):
         import gguf
-        if not os.path.isfile(path):
-            raise CheckpointError(f"GGUF file {path} does not exist")
-        try:
-            self._reader = gguf.GGUFReader(path)
-        except Exception as e:  # the reader raises ValueError/struct errors
-            raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from e
+        self._reader = open_gguf(path)
         self.path = path
         self._gguf = gguf
         self._tensors = {}
