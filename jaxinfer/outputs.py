@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .logprobs import PromptLogprobs, SampleLogprobs
+from .logprobs import Logprob, PromptLogprobs, SampleLogprobs  # noqa: F401
 
 
 @dataclasses.dataclass

@@ -1,12 +1,20 @@
-"""`SamplingParams` with vLLM's field names, defaults and meanings."""
+"""`SamplingParams` with vLLM's field names, defaults and meanings.
+
+Every invalid value raises a ValueError naming the field and its allowed
+range, unknown keyword arguments included. Checks that need the model
+(vocabulary size, ``max_logprobs``) are in ``verify_for_model``, which the
+engine calls when a request arrives.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import numbers
 from typing import Any
 
-_GREEDY_EPS = 1e-5
+_GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
 
 
 class RequestOutputKind(enum.Enum):
@@ -17,97 +25,163 @@ class RequestOutputKind(enum.Enum):
 
 @dataclasses.dataclass
 class SamplingParams:
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    n: int = 1  # independent samples of the prompt (one RequestOutput)
+    presence_penalty: float = 0.0  # subtracted once per token in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # divides (>0) / multiplies (<0) logits of seen tokens
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # smallest set of tokens with this much mass; 1 = off
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0  # drop tokens below min_p x the top probability
+    seed: int | None = None  # per-request stream; None = engine-derived
+    stop: str | list[str] | None = None  # stop strings (not in the output)
     stop_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
+    bad_words: list[str] | None = None  # never generated (as in vLLM)
     ignore_eos: bool = False
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
+    max_tokens: int | None = 16  # None = up to max_model_len
+    min_tokens: int = 0  # EOS / stop ids are masked before this many tokens
+    logprobs: int | None = None  # top-k logprobs per output token (+ sampled)
+    prompt_logprobs: int | None = None  # top-k logprobs per prompt token
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.output_kind, int) and not isinstance(
+                self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except ValueError:
+                pass  # reported by _verify
+        self._verify()
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.top_k == 0:
-            self.top_k = -1
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids or []]
+        if self.top_k == -1:
+            self.top_k = 0  # one spelling of "off"
         if self.logit_bias is not None:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-        self._verify()
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.greedy:
+            # As vLLM: greedy ignores the filters.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._bad_words_token_ids: list[list[int]] | None = None
 
     def _verify(self):
         def bad(field, allowed):
             raise ValueError(f"{field} must be {allowed}, got "
                              f"{getattr(self, field)!r}")
-        if not isinstance(self.n, int) or self.n < 1:
+
+        def is_int(v):
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        def is_num(v):
+            return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+        for field in ("presence_penalty", "frequency_penalty",
+                      "repetition_penalty", "temperature", "top_p", "min_p"):
+            if not is_num(getattr(self, field)):
+                bad(field, "a number")
+        if not is_int(self.n) or self.n < 1:
             bad("n", "an integer >= 1")
         if not -2.0 <= self.presence_penalty <= 2.0:
             bad("presence_penalty", "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             bad("frequency_penalty", "in [-2, 2]")
         if not self.repetition_penalty > 0.0:
-            bad("repetition_penalty", "> 0")
+            bad("repetition_penalty", "> 0 (1 = off)")
         if not self.temperature >= 0.0:
-            bad("temperature", ">= 0")
+            bad("temperature", ">= 0 (0 = greedy)")
         if not 0.0 < self.top_p <= 1.0:
             bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or (self.top_k < -1):
-            bad("top_k", "-1 or 0 (off) or a positive integer")
+        if not is_int(self.top_k) or self.top_k < -1:
+            bad("top_k", "0 or -1 (off) or an integer >= 1")
         if not 0.0 <= self.min_p <= 1.0:
             bad("min_p", "in [0, 1]")
+        if self.seed is not None and not is_int(self.seed):
+            bad("seed", "an integer or None")
         if self.max_tokens is not None and (
-                not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+                not is_int(self.max_tokens) or self.max_tokens < 1):
             bad("max_tokens", "an integer >= 1 or None")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
             bad("min_tokens", "an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (
-                not isinstance(self.logprobs, int) or self.logprobs < 0):
-            bad("logprobs", "an integer >= 0 or None")
-        if self.prompt_logprobs is not None and (
-                not isinstance(self.prompt_logprobs, int)
-                or self.prompt_logprobs < 0):
-            bad("prompt_logprobs", "an integer >= 0 or None")
-        if any(not s for s in self.stop):
-            bad("stop", "a list of non-empty strings")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", "an integer or None")
+        for field in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, field)
+            if value is not None and (not is_int(value) or value < 0):
+                bad(field, "an integer >= 0 or None")
+        if self.stop is not None and (
+                not isinstance(self.stop, (list, tuple))
+                or any(not isinstance(s, str) or not s for s in self.stop)):
+            bad("stop", "a string or a list of non-empty strings")
+        if self.stop and not self.detokenize:
+            bad("detokenize", "True when stop strings are given")
+        if self.stop_token_ids is not None and any(
+                not is_int(t) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "a list of token ids >= 0")
+        if self.bad_words is not None and (
+                not isinstance(self.bad_words, (list, tuple))
+                or any(not isinstance(w, str) or not w.strip()
+                       for w in self.bad_words)):
+            bad("bad_words", "a list of non-empty strings")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad("logit_bias", "a dict token id -> bias")
+            for k, v in self.logit_bias.items():
+                try:
+                    int(k)
+                except (TypeError, ValueError):
+                    bad("logit_bias", "a dict whose keys are token ids")
+                if not is_num(v):
+                    bad("logit_bias", "a dict whose values are numbers")
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, (list, tuple))
+                or not self.allowed_token_ids
+                or any(not is_int(t) or t < 0 for t in self.allowed_token_ids)):
+            bad("allowed_token_ids", "a non-empty list of token ids or None")
         if not isinstance(self.output_kind, RequestOutputKind):
-            bad("output_kind", "a RequestOutputKind")
+            bad("output_kind", "a RequestOutputKind (CUMULATIVE, DELTA, "
+                "FINAL_ONLY)")
+        if self.greedy and self.n > 1:
+            bad("n", "1 when using greedy sampling (temperature 0); use "
+                "beam search or temperature > 0 for several samples")
+
+    def verify_for_model(self, vocab_size: int, max_logprobs: int) -> None:
+        """Checks against the served model (as vLLM's input processor)."""
+        def bad(field, allowed, value):
+            raise ValueError(f"{field} must be {allowed}, got {value!r}")
+
+        for field in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, field)
+            if value is not None and value > max_logprobs:
+                bad(field, f"<= max_logprobs ({max_logprobs})", value)
+        if self.top_k > vocab_size:
+            bad("top_k", f"<= the vocabulary size ({vocab_size})", self.top_k)
+        for field, ids in (("stop_token_ids", self.stop_token_ids),
+                           ("allowed_token_ids", self.allowed_token_ids),
+                           ("logit_bias", list(self.logit_bias or ()))):
+            out = [t for t in ids or () if not 0 <= t < vocab_size]
+            if out:
+                bad(field, f"token ids in [0, {vocab_size})", out[:5])
 
     @property
     def bad_words_token_ids(self) -> list[list[int]] | None:
         """``bad_words`` as token id lists (set by update_from_tokenizer)."""
-        return getattr(self, "_bad_words_token_ids", None)
+        return self._bad_words_token_ids
 
     def update_from_tokenizer(self, tokenizer) -> None:
         """Tokenizes ``bad_words`` as vLLM does: each word alone and, when
         that gives a different first token of the same length, with a
         leading space."""
-        if not self.bad_words:
-            self._bad_words_token_ids = []
-            return
         words: list[list[int]] = []
-        for word in self.bad_words:
+        for word in self.bad_words or ():
             plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
             if plain:
                 words.append(plain)
@@ -126,12 +200,35 @@ class SamplingParams:
     def from_optional(cls, **kwargs: Any) -> "SamplingParams":
         """Builds params from a dict that may hold None for "use default"; an
         unknown field is an error naming it."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise ValueError(f"unknown sampling fields: {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(names))}")
+        _check_known(kwargs)
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
     def clone(self) -> "SamplingParams":
-        return dataclasses.replace(self)
+        new = dataclasses.replace(self)
+        new._bad_words_token_ids = self._bad_words_token_ids
+        return new
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def _check_known(kwargs) -> None:
+    unknown = sorted(set(kwargs) - _FIELD_NAMES)
+    if unknown:
+        raise ValueError(f"unknown sampling fields: {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(_FIELD_NAMES))}")
+
+
+def _rejecting_unknown(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        _check_known(kwargs)
+        if len(args) > len(_FIELD_NAMES):
+            raise ValueError(f"SamplingParams takes at most {len(_FIELD_NAMES)} "
+                             f"positional arguments, got {len(args)}")
+        init(self, *args, **kwargs)
+    return __init__
+
+
+# A misspelled field is a ValueError naming it (not the dataclass TypeError).
+SamplingParams.__init__ = _rejecting_unknown(SamplingParams.__init__)

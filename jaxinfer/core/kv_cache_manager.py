@@ -97,6 +97,10 @@ class KVCacheManager:
         and how many tokens they cover. Takes no references."""
         if not self.enable_caching or req.request_id in self.block_tables:
             return [], 0
+        if req.sampling_params.prompt_logprobs is not None:
+            # As vLLM: prompt logprobs need every prompt position's logits,
+            # so such a request computes its whole prompt (no cache hits).
+            return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         pages = []
         for h in self.block_hashes(req)[:max_blocks]:

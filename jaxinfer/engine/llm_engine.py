@@ -113,6 +113,10 @@ class LLMEngine:
             if value is not None and value > max_logprobs:
                 raise InvalidRequestError(
                     f"{field} must be <= max_logprobs ({max_logprobs}), got {value}")
+        try:
+            params.verify_for_model(self.model_config.vocab_size, max_logprobs)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
         params.update_from_tokenizer(self.tokenizer)  # bad_words -> ids
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,

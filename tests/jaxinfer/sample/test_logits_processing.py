@@ -1,0 +1,111 @@
+"""Logits after penalties, bias, allowed / bad words and min_tokens equal a
+plain NumPy reference; the host packing and the device count buffers are
+exercised together, over several steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+
+from jaxinfer.core.scheduler_output import ScheduledRequest
+from jaxinfer.request import Request
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.worker.penalties import PenaltyState, update_penalty_state
+from jaxinfer.worker.sampler import process_logits
+from jaxinfer.worker.sampling_inputs import SamplingInputs, banned_ids
+
+from .reference import processed_logits
+
+V = 64
+EOS = 2
+
+
+@jax.jit
+def _process(logits, md, state):
+    if md.penalties is not None:
+        state = update_penalty_state(state, md.penalties)
+    return process_logits(logits, md, state), state
+
+
+def _request(rid, prompt, output, **kw):
+    sp = SamplingParams(max_tokens=50, **kw)
+    sp._bad_words_token_ids = kw.get("bad_words") and [[7], [9, 10, 11]]
+    req = Request(rid, prompt, sp, eos_token_ids=(EOS,))
+    req.output_token_ids = list(output)
+    return req
+
+
+def _reference(req, logits):
+    sp = req.sampling_params
+    banned = banned_ids(req)
+    return processed_logits(
+        logits, req.prompt_token_ids, req.output_token_ids,
+        presence=sp.presence_penalty, frequency=sp.frequency_penalty,
+        repetition=sp.repetition_penalty, bias=sp.logit_bias,
+        allowed=sp.allowed_token_ids, banned=banned)
+
+
+def test_processing_matches_numpy_over_steps():
+    rng = np.random.default_rng(0)
+    reqs = [
+        _request("pen", [3, 4, 4, 5, 60], [6, 6, 7], presence_penalty=0.7,
+                 frequency_penalty=0.4, repetition_penalty=1.3),
+        _request("bias", [1, 2, 3], [9], logit_bias={5: 4.0, 9: -2.5}),
+        _request("allowed", [8, 9], [], allowed_token_ids=[1, 4, 9, 33]),
+        _request("bad", [9, 10], [3, 9, 10], bad_words=["x", "y"],
+                 min_tokens=10, stop_token_ids=[12]),
+        _request("plain", [1, 1], [2]),
+        _request("neg", [11, 12, 13], [13, 14], repetition_penalty=0.6,
+                 presence_penalty=-1.0),
+    ]
+    requests = {r.request_id: r for r in reqs}
+    inputs = SamplingInputs(V, max_num_seqs=8, engine_seed=0)
+    state = PenaltyState.zeros(inputs.slots.rows, V)
+    S = 8
+    for step in range(4):
+        sched = []
+        for r in reqs:
+            if step == 0:  # prefill (with any earlier output, as after a fork)
+                toks, start = r.all_token_ids, 0
+            else:  # decode: feeds the previous step's token
+                toks, start = r.all_token_ids[-1:], r.num_tokens - 1
+            sched.append(ScheduledRequest(r.request_id, toks, start, [], True))
+        md = inputs.build(sched, requests, S)
+        logits = rng.normal(0, 3, (S, V)).astype(np.float32)
+        got, state = _process(logits, md, state)
+        got = np.asarray(got)
+        for i, r in enumerate(reqs):
+            want = _reference(r, logits[i])
+            np.testing.assert_array_equal(np.isinf(got[i]), np.isinf(want),
+                                          err_msg=r.request_id)
+            fin = np.isfinite(want)
+            np.testing.assert_allclose(got[i][fin], want[fin], rtol=1e-5,
+                                       atol=1e-5, err_msg=r.request_id)
+        for r in reqs:  # the next token: random, sometimes a repeat
+            r.output_token_ids.append(int(rng.choice([6, 9, 10, 13, 20])))
+
+
+def test_multi_token_bad_word_bans_only_after_its_prefix():
+    req = _request("b", [1], [5, 9], bad_words=["z"])
+    assert 11 not in banned_ids(req) and 7 in banned_ids(req)
+    req.output_token_ids = [5, 9, 10]
+    assert 11 in banned_ids(req)
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    req = _request("m", [1], [4], min_tokens=2, stop_token_ids=[12])
+    assert set(banned_ids(req)) == {EOS, 12}
+    req.output_token_ids.append(5)
+    assert banned_ids(req) == []
+    req = _request("i", [1], [], min_tokens=2, ignore_eos=True)
+    assert banned_ids(req) == []
+
+
+def test_unused_features_stay_off_the_device():
+    req = _request("p", [1, 2], [])
+    md = SamplingInputs(V, 4, 0).build(
+        [ScheduledRequest("p", [1, 2], 0, [], True)], {"p": req}, 4)
+    assert md.penalties is None and md.bias_ids is None
+    assert md.allowed_ids is None and md.banned_ids is None
+    assert md.top_k is None and md.top_p is None and md.min_p is None
