@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true",
                      help="wrap each prompt in the chat template as a user turn")
     gen.set_defaults(func=_generate)
+    from .openai.cli_args import add_serve_parser
+    add_serve_parser(sub)
     return parser
 
 

@@ -1,0 +1,300 @@
+"""`AsyncLLMEngine`: an `LLMEngine` driven by one background thread, for
+asyncio servers.
+
+The engine is not thread-safe, so exactly one thread touches it: the loop
+thread. It drains a command queue (add, abort, stop), runs ``step()`` while
+work remains and hands each step's ``RequestOutput`` deltas to the asyncio
+queue of their request with one ``call_soon_threadsafe`` per step. Handlers
+therefore never block the loop and the loop never waits for a handler. JAX
+releases the GIL while a step runs, so the event loop keeps serving HTTP.
+
+An aborted request (client gone) is removed between two steps, which frees its
+KV pages at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import types
+from typing import Any, AsyncIterator
+
+from ..errors import InvalidRequestError
+from ..metrics import EngineMetrics
+from ..outputs import RequestOutput
+from ..sampling_params import RequestOutputKind, SamplingParams
+from .llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+_ACK = object()  # first item of a stream: the engine accepted the request
+
+
+class QueueFullError(RuntimeError):
+    """The optional waiting-queue limit is reached; the server answers 503."""
+
+
+class EngineDeadError(RuntimeError):
+    """The loop thread stopped after an unexpected error; the server answers
+    500 and /health fails."""
+
+
+class RequestStream:
+    """The asyncio side of one request: outputs (or an exception) in order."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+
+    async def get(self):
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if isinstance(item, RequestOutput) and item.finished:
+            self.finished = True
+        return item
+
+
+class _Tracker:
+    """Per-request timing the metrics need, kept by the loop thread."""
+    __slots__ = ("arrival", "last_token", "first_done")
+
+    def __init__(self, arrival: float):
+        self.arrival = arrival
+        self.last_token: float | None = None
+        self.first_done = False
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine, *, max_num_waiting: int | None = None,
+                 metrics: EngineMetrics | None = None):
+        if max_num_waiting is not None and max_num_waiting < 0:
+            raise ValueError(f"max_num_waiting must be >= 0 or None, got "
+                             f"{max_num_waiting}")
+        self.engine = engine
+        self.max_num_waiting = max_num_waiting
+        self.metrics = metrics or EngineMetrics(str(engine.args.model))
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # loop thread only
+        self._trackers: dict[str, _Tracker] = {}  # loop thread only
+        self._pending = 0  # adds queued but not yet taken by the loop
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.dead_error: BaseException | None = None
+
+    @classmethod
+    def from_engine_args(cls, args, **kwargs) -> "AsyncLLMEngine":
+        return cls(LLMEngine.from_engine_args(args), **kwargs)
+
+    # -- what handlers read -------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def is_running(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive()
+                and self.dead_error is None)
+
+    def num_waiting(self) -> int:
+        """Requests not yet running: queued adds plus the scheduler's waiting
+        queue (read without a lock; a length is enough here)."""
+        return self._pending + self.engine.scheduler.num_waiting
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="jaxinfer-engine-loop")
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._commands.put(("stop",))
+            self._thread.join(timeout)
+            self._thread = None
+
+    # -- requests -------------------------------------------------------------
+
+    async def add_request(self, request_id: str, prompt: Any,
+                          params: SamplingParams,
+                          arrival_time: float | None = None) -> RequestStream:
+        """Queues a request; returns its stream once the engine accepted it.
+        Raises InvalidRequestError (400), QueueFullError (503) or
+        EngineDeadError (500)."""
+        self.start()
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine loop stopped: {self.dead_error!r}")
+        if (self.max_num_waiting is not None
+                and self.num_waiting() >= self.max_num_waiting):
+            raise QueueFullError(
+                f"the server queue is full ({self.max_num_waiting} requests "
+                f"waiting, the --max-num-waiting limit); retry later")
+        params = params.clone()
+        params.output_kind = RequestOutputKind.DELTA
+        stream = RequestStream(request_id, asyncio.get_running_loop())
+        with self._lock:
+            self._pending += 1
+        arrival = time.time() if arrival_time is None else arrival_time
+        self._commands.put(("add", stream, prompt, params, arrival))
+        try:
+            ack = await stream.get()
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        assert ack is _ACK, ack
+        return stream
+
+    async def generate(self, prompt: Any, params: SamplingParams,
+                       request_id: str,
+                       arrival_time: float | None = None
+                       ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's DELTA outputs; the last one has
+        ``finished=True``. Leaving early (cancel, close) aborts the request."""
+        stream = await self.add_request(request_id, prompt, params, arrival_time)
+        async for out in self.iterate(stream):
+            yield out
+
+    async def iterate(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """The outputs of an added request; leaving early aborts it."""
+        try:
+            while True:
+                out = await stream.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not stream.finished:
+                self.abort(stream.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe and idempotent; a finished request is left alone."""
+        self._commands.put(("abort", request_id))
+
+    # -- the loop thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                commands = []
+                if not engine.has_unfinished_requests():
+                    commands.append(self._commands.get())  # idle: wait for work
+                while True:
+                    try:
+                        commands.append(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                for cmd in commands:
+                    if cmd[0] == "stop":
+                        return
+                    if cmd[0] == "add":
+                        self._do_add(*cmd[1:])
+                    else:
+                        self._do_abort(cmd[1])
+                if engine.has_unfinished_requests():
+                    self._dispatch(engine.step())
+                self.metrics.record_engine_stats(self._stats())
+        except BaseException as e:  # a bug: fail every request, loudly
+            logger.exception("engine loop stopped")
+            self.dead_error = e
+            err = EngineDeadError(f"the engine loop stopped: {e!r}")
+            self._deliver([(s, err) for s in self._streams.values()])
+            self._streams.clear()
+
+    def _stats(self):
+        """The engine's stats, with the prefix-cache totals read from the KV
+        manager when ``get_stats`` does not carry them."""
+        stats = self.engine.get_stats()
+        if getattr(stats, "prefix_cache_queries", None) is None:
+            kv = self.engine.scheduler.kv
+            stats = types.SimpleNamespace(
+                **vars(stats),
+                prefix_cache_queries=getattr(kv, "prefix_cache_queries", None),
+                prefix_cache_hits=getattr(kv, "prefix_cache_hits", None))
+        return stats
+
+    def _do_add(self, stream: RequestStream, prompt, params, arrival) -> None:
+        with self._lock:
+            self._pending -= 1
+        try:
+            self.engine.add_request(stream.request_id, prompt, params,
+                                    arrival_time=arrival)
+        except ValueError as e:
+            if not isinstance(e, InvalidRequestError):
+                e = InvalidRequestError(str(e))
+            self._deliver([(stream, e)])
+            return
+        self._streams[stream.request_id] = stream
+        self._trackers[stream.request_id] = _Tracker(arrival)
+        self._deliver([(stream, _ACK)])
+
+    def _do_abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is None:
+            return  # finished already, or never accepted
+        self.engine.abort_request([request_id])
+        self._trackers.pop(request_id, None)
+        self.metrics.record_finished("abort")
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.time()
+        items = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            self._record(out, now)
+            if out.finished:
+                del self._streams[out.request_id]
+            items.append((stream, out))
+        self._deliver(items)
+
+    def _record(self, out: RequestOutput, now: float) -> None:
+        m, tr = self.metrics, self._trackers.get(out.request_id)
+        if tr is None:
+            return
+        new_tokens = sum(len(c.token_ids) for c in out.outputs)
+        if new_tokens:
+            if not tr.first_done:
+                tr.first_done = True
+                m.prompt_tokens.inc(len(out.prompt_token_ids))
+                m.time_to_first_token.observe(now - tr.arrival)
+                sched = out.metrics.first_scheduled_time if out.metrics else None
+                m.request_queue_time.observe(max(0.0, (sched or now) - tr.arrival))
+            elif tr.last_token is not None:
+                m.inter_token_latency.observe(now - tr.last_token)
+            tr.last_token = now
+            m.generation_tokens.inc(new_tokens)
+        if out.finished:
+            self._trackers.pop(out.request_id, None)
+            m.e2e_request_latency.observe(now - tr.arrival)
+            reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
+            m.record_finished(reasons[0] if reasons else "stop")
+
+    @staticmethod
+    def _deliver(items) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, item in items:
+            by_loop.setdefault(stream.loop, []).append((stream, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # that event loop is closed: nobody listens
+                pass
+
+
+def _put_all(batch) -> None:
+    for stream, item in batch:
+        stream.queue.put_nowait(item)

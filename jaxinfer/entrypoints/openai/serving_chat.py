@@ -1,0 +1,168 @@
+"""`/v1/chat/completions`: messages -> the chat template -> one engine
+request with n samples; streaming sends the role first, then content deltas."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from .errors import APIError, sse_error
+from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
+                       ChatCompletionResponse, ChatCompletionResponseChoice,
+                       ChatCompletionStreamResponse, ChatLogprob, ChatMessage,
+                       ChatResponseMessage, ChatStreamChoice, DeltaMessage,
+                       TopLogprob, UsageInfo, random_id)
+from .serving_engine import (MIN_LOGPROB, Choice, OpenAIServing, add_all,
+                             cancel_on_disconnect, logprob_value, merge_streams,
+                             ranked)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file path or the template text itself (as vLLM)."""
+    if value is None:
+        return None
+    import os
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a "
+                         "Jinja template")
+    return value
+
+
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    d = m.model_dump(exclude_none=True)
+    if isinstance(m.content, list):  # text parts -> one string
+        d["content"] = "\n".join(part.text for part in m.content)
+    return d
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, engine, served_model_names, chat_template: str | None = None):
+        super().__init__(engine, served_model_names)
+        self.chat_template = chat_template
+
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool,
+               continue_final_message: bool,
+               kwargs: dict[str, Any] | None) -> tuple[str, list[int]]:
+        """The prompt text and ids, tokenized as `LLM.chat` tokenizes."""
+        if add_generation_prompt and continue_final_message:
+            raise APIError("add_generation_prompt and continue_final_message "
+                           "cannot both be true", param="continue_final_message")
+        conv = [_message_dict(m) for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conv, chat_template=self.chat_template, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(kwargs or {}))
+        except Exception as e:  # noqa: BLE001 - any template failure is bad input
+            raise APIError(f"could not apply the chat template: {e}. Check the "
+                           "messages, or start the server with --chat-template",
+                           param="messages") from None
+        if not isinstance(text, str):
+            raise APIError("the chat template did not render to text",
+                           param="chat_template_kwargs")
+        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _logprobs(self, token_ids, lps, k: int) -> ChatChoiceLogprobs:
+        content = []
+        for tid, entries in zip(token_ids, lps):
+            sampled = entries.get(tid)
+            tok = self.token_text(tid, sampled)
+            top = [TopLogprob(token=(t_text := self.token_text(t, e)),
+                              logprob=logprob_value(e),
+                              bytes=list(t_text.encode("utf-8")))
+                   for t, e in ranked(entries, k)]
+            content.append(ChatLogprob(
+                token=tok, bytes=list(tok.encode("utf-8")), top_logprobs=top,
+                logprob=MIN_LOGPROB if sampled is None else logprob_value(sampled)))
+        return ChatChoiceLogprobs(content=content)
+
+    async def create_chat_completion(self, req: ChatCompletionRequest,
+                                     raw_request: Request) -> Response:
+        model = self.check_model(req.model)
+        if req.chat_template is not None:
+            raise APIError("a per-request chat_template is not accepted; start "
+                           "the server with --chat-template", param="chat_template")
+        if req.tools and req.tool_choice != "none":
+            raise APIError("tool calling is not supported; omit tools or set "
+                           "tool_choice to 'none'", param="tools")
+        if req.response_format is not None and req.response_format.type != "text":
+            raise APIError("structured output (response_format "
+                           f"{req.response_format.type!r}) is not supported",
+                           param="response_format")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs to be true",
+                           param="top_logprobs")
+        top_k = (req.top_logprobs or 0) if req.logprobs else None
+        text, ids = self.render(req.messages, req.add_generation_prompt,
+                                req.continue_final_message, req.chat_template_kwargs)
+        max_tokens = (req.max_completion_tokens if req.max_completion_tokens
+                      is not None else req.max_tokens)
+        params = self.sampling_params(req, max_tokens, top_k, len(ids))
+        request_id = random_id("chatcmpl")
+        gens = await add_all(self.engine, request_id, [(text, ids)], [params])
+        choices = {j: Choice() for j in range(req.n)}
+
+        def usage() -> UsageInfo:
+            done = sum(len(c.token_ids) for c in choices.values())
+            return UsageInfo(prompt_tokens=len(ids), completion_tokens=done,
+                             total_tokens=len(ids) + done)
+
+        if req.stream:
+            include_usage = bool(req.stream_options and
+                                 req.stream_options.include_usage)
+            return StreamingResponse(
+                self._stream(gens[0], request_id, model, req, choices, top_k,
+                             usage, include_usage),
+                media_type="text/event-stream")
+
+        try:
+            async with cancel_on_disconnect(raw_request):
+                async for _, out in merge_streams(gens):
+                    for c in out.outputs:
+                        choices[c.index].add(c)
+        except asyncio.CancelledError:
+            return Response(status_code=499)  # client gone; request aborted
+        result = [ChatCompletionResponseChoice(
+            index=j, message=ChatResponseMessage(content=ch.text),
+            logprobs=(self._logprobs(ch.token_ids, ch.logprobs, top_k)
+                      if top_k is not None else None),
+            finish_reason=ch.finish_reason, stop_reason=ch.stop_reason)
+            for j, ch in sorted(choices.items())]
+        return Response(ChatCompletionResponse(
+            id=request_id, model=model, choices=result,
+            usage=usage()).model_dump_json(), media_type="application/json")
+
+    async def _stream(self, gen, request_id, model, req, choices, top_k,
+                      usage, include_usage) -> AsyncIterator[str]:
+        def chunk(choice: ChatStreamChoice | None, usage_info=None) -> str:
+            body = ChatCompletionStreamResponse(
+                id=request_id, model=model,
+                choices=[choice] if choice is not None else [], usage=usage_info)
+            return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+        try:
+            for j in range(req.n):
+                yield chunk(ChatStreamChoice(
+                    index=j, delta=DeltaMessage(role="assistant", content="")))
+            async for _, out in merge_streams([gen]):
+                for c in out.outputs:
+                    toks, lps = choices[c.index].add(c)
+                    if not c.text and not toks and c.finish_reason is None:
+                        continue
+                    yield chunk(ChatStreamChoice(
+                        index=c.index, delta=DeltaMessage(content=c.text),
+                        logprobs=(self._logprobs(toks, lps, top_k)
+                                  if top_k is not None else None),
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+            if include_usage:
+                yield chunk(None, usage())
+        except ValueError as e:
+            yield sse_error(str(e))
+        yield "data: [DONE]\n\n"
+

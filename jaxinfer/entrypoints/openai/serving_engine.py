@@ -1,0 +1,226 @@
+"""What the completion and chat handlers share: model-name checks, OpenAI
+fields -> `SamplingParams`, context-length checks, logprob formatting, merging
+the streams of several requests, and aborting on client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+
+from ...engine.async_engine import AsyncLLMEngine
+from ...outputs import CompletionOutput, RequestOutput
+from ...sampling_params import SamplingParams
+from .errors import APIError, ModelNotFoundError
+from .protocol import SamplingFields
+
+# Logprobs are JSON numbers; -inf (a masked token) is sent as vLLM sends it.
+MIN_LOGPROB = -9999.0
+
+
+def engine_supports_n() -> bool:
+    """n > 1 arrives with the sampling work (one RequestOutput, n outputs)."""
+    return False
+
+
+@dataclasses.dataclass
+class Choice:
+    """One completion assembled from DELTA outputs."""
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[dict] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: CompletionOutput) -> tuple[list[int], list[dict]]:
+        """Appends a delta; returns its tokens and their logprob dicts."""
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        lps = new_logprobs(delta)
+        self.logprobs += lps
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+        return delta.token_ids, lps
+
+
+def new_logprobs(delta: CompletionOutput) -> list[dict]:
+    """The logprob dicts of a delta's tokens (tolerates engines that send the
+    cumulative list in delta mode)."""
+    lps = delta.logprobs or []
+    return list(lps[len(lps) - len(delta.token_ids):]) if lps else []
+
+
+def logprob_value(entry) -> float:
+    value = entry if isinstance(entry, (int, float)) else entry.logprob
+    return max(float(value), MIN_LOGPROB)
+
+
+def ranked(entries: dict, k: int) -> list[tuple[int, Any]]:
+    """The top k (token id, entry) pairs of one position, best first."""
+    def key(item):
+        rank = getattr(item[1], "rank", None)
+        return (rank if rank is not None else 0, -logprob_value(item[1]))
+    return sorted(entries.items(), key=key)[:k]
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]):
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        sched = engine.engine.scheduler_config
+        self.max_num_seqs = sched.max_num_seqs
+        self.vocab_size = engine.engine.model_config.vocab_size
+
+    def check_model(self, name: str | None) -> str:
+        if name is None or name in self.served_model_names:
+            return self.served_model_names[0]
+        raise ModelNotFoundError(name, self.served_model_names)
+
+    def token_text(self, token_id: int, entry=None) -> str:
+        text = getattr(entry, "decoded_token", None)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+        return text
+
+    def _check_ids(self, field: str, ids) -> None:
+        bad = [t for t in ids or () if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise APIError(f"{field} holds token ids {bad[:5]} outside the "
+                           f"vocabulary [0, {self.vocab_size})", param=field)
+
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None,
+                        logprobs: int | None, prompt_len: int) -> SamplingParams:
+        """Maps the request onto SamplingParams; raises APIError (400) for
+        values the engine cannot serve, naming the limit."""
+        if req.n > 1 and not engine_supports_n():
+            raise APIError("n > 1 is not supported by this engine yet; send "
+                           "n=1 (and repeat the request for more samples)",
+                           param="n")
+        if req.n > self.max_num_seqs:
+            raise APIError(f"n must be <= max_num_seqs ({self.max_num_seqs}), "
+                           f"got {req.n}", param="n")
+        room = self.max_model_len - prompt_len
+        if room <= 0:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} "
+                f"tokens. However, your prompt has {prompt_len} tokens: shorten "
+                f"it to at most {self.max_model_len - 1} tokens.", param="prompt")
+        if max_tokens is not None and max_tokens > room:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} "
+                f"tokens. However, you requested {prompt_len + max_tokens} tokens "
+                f"({prompt_len} in the prompt, {max_tokens} for the completion). "
+                f"Reduce the prompt or max_tokens.", param="max_tokens")
+        self._check_ids("stop_token_ids", req.stop_token_ids)
+        self._check_ids("allowed_token_ids", req.allowed_token_ids)
+        logit_bias = None
+        if req.logit_bias:
+            try:
+                logit_bias = {int(k): v for k, v in req.logit_bias.items()}
+            except ValueError:
+                raise APIError("logit_bias keys must be token ids (integers)",
+                               param="logit_bias") from None
+            self._check_ids("logit_bias", logit_bias)
+        kwargs = dict(
+            n=req.n, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, seed=req.seed,
+            stop=req.stop, stop_token_ids=req.stop_token_ids,
+            bad_words=req.bad_words or None, ignore_eos=req.ignore_eos,
+            max_tokens=room if max_tokens is None else max_tokens,
+            min_tokens=req.min_tokens, logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=logit_bias, allowed_token_ids=req.allowed_token_ids)
+        try:
+            return SamplingParams.from_optional(**kwargs)
+        except ValueError as e:
+            raise APIError(str(e)) from None
+
+
+async def add_all(engine: AsyncLLMEngine, request_id: str,
+                  prompts: list[tuple[str | None, list[int]]],
+                  params: list[SamplingParams]) -> list[AsyncIterator[RequestOutput]]:
+    """Adds one engine request per prompt (ids ``{request_id}-{i}``); if one
+    is refused, the ones already added are aborted and the error raised."""
+    streams = []
+    try:
+        for i, ((text, ids), sp) in enumerate(zip(prompts, params)):
+            streams.append(await engine.add_request(
+                f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, sp))
+    except BaseException:
+        for s in streams:
+            engine.abort(s.request_id)
+        raise
+    return [engine.iterate(s) for s in streams]
+
+
+async def merge_streams(gens: list[AsyncIterator[RequestOutput]]
+                        ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleaves several requests' outputs as they come: (index, output).
+    Closing the merged iterator cancels (and so aborts) all of them."""
+    if len(gens) == 1:
+        async for out in gens[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, gen):
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the reader
+            await queue.put((i, e))
+            return
+        await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def cancel_on_disconnect(raw_request: Request):
+    """Runs the body; if the client hangs up first, cancels it (which aborts
+    its requests through the generators' cleanup) and raises CancelledError."""
+    task = asyncio.current_task()
+    disconnected = False
+
+    async def watch():
+        nonlocal disconnected
+        while True:
+            message = await raw_request.receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
