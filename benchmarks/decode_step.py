@@ -1,0 +1,138 @@
+"""`decode-step` workload (BENCHMARKS.md): one decode step of a real model
+shape with random weights, against the roofline measured in the same run.
+
+One command (GPU machine, repo root):
+
+    PYTHONPATH=. python benchmarks/decode_step.py --out $OUT
+
+For each (S, L): S sequences, each with L tokens already in a random (not
+zero) KV pool, decode one token each: the engine's own jitted step
+(embedding -> 32 layers with paged attention -> lm_head -> sampler), the pool
+donated. Medians of repeats after warm-up. The roofline is
+``max(bytes / BW, 2 * params * S / FLOPS)`` with
+``bytes = weight bytes + S * L * kv_bytes_per_token``; BW and FLOPS are
+torch's copy_ and 8192^3 bf16 matmul in this run. Also times the sampler
+alone with every feature on (S=256, V=128256) to compare with the step.
+
+BENCH_SMOKE=1 runs a tiny shape on CPU to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
+from jaxinfer.models import AttentionMetadata, ModelConfig, model_class  # noqa: E402
+from jaxinfer.models.dummy import random_params  # noqa: E402
+from jaxinfer.models.rope import rope_cos_sin_table  # noqa: E402
+
+SMOKE = os.environ.get("BENCH_SMOKE") == "1"
+BLOCK = 16
+
+LLAMA3_8B = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096,
+    intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8,
+    head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
+    rope_theta=500000.0)
+TINY = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=512, hidden_size=64,
+    intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+    head_dim=32, max_position_embeddings=512)
+
+
+def decode_batch(cfg: ModelConfig, S: int, L: int, key):
+    """A random page pool and the metadata of one decode step."""
+    pages_per_seq = L // BLOCK
+    num_pages = S * pages_per_seq + 1  # + the null page
+    shape = (cfg.num_kv_heads, num_pages, BLOCK, cfg.head_dim)
+    keys = jax.random.split(key, 2 * cfg.num_layers)
+    kv = [(jax.random.normal(keys[2 * i], shape, jnp.bfloat16),
+           jax.random.normal(keys[2 * i + 1], shape, jnp.bfloat16))
+          for i in range(cfg.num_layers)]
+    tables = (1 + np.arange(S * pages_per_seq, dtype=np.int32)).reshape(S, -1)
+    pos = L - 1  # the new token's position; its slot is in the last page
+    md = AttentionMetadata(
+        slot_mapping=jnp.asarray(tables[:, -1] * BLOCK + pos % BLOCK),
+        block_tables=jnp.asarray(tables), kv_lens=jnp.full(S, L, jnp.int32),
+        cu_q_lens=jnp.arange(S + 1, dtype=jnp.int32),
+        num_seqs=jnp.array([S], jnp.int32))
+    ids = jax.random.randint(key, (S,), 0, cfg.vocab_size, jnp.int32)
+    return kv, md, ids, jnp.full(S, pos, jnp.int32)
+
+
+def make_step(model):
+    def step(params, kv, cos_sin, ids, positions, md):
+        logits, kv = model.apply({"params": params}, ids, positions, kv, md,
+                                 cos_sin, jnp.arange(ids.shape[0], dtype=jnp.int32))
+        return jnp.argmax(logits, axis=-1), kv
+    return jax.jit(step, donate_argnums=(1,))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--backend", default=None, help="attention backend")
+    ap.add_argument("--sizes", default="1:1024,64:1024,256:1024,64:2048")
+    args = ap.parse_args()
+    cfg = TINY if SMOKE else LLAMA3_8B
+    sizes = [tuple(map(int, s.split(":"))) for s in args.sizes.split(",")]
+    if SMOKE:
+        sizes = [(2, 64), (4, 128)]
+    roof = roofline()
+    backend = args.backend or ("pallas_interpret" if SMOKE else "pallas")
+    model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
+    params = random_params(model, cfg, jnp.bfloat16)
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+    cos_sin = jnp.asarray(rope_cos_sin_table(cfg, max(L for _, L in sizes)))
+    step = make_step(model)
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+    rows = []
+    for S, L in sizes:
+        kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L))
+        state = {"kv": kv}
+
+        def run():
+            tok, state["kv"] = step(params, state["kv"], cos_sin, ids, pos, md)
+            return tok
+        ts = time_fn(run, repeats=7, min_s=0.05)
+        med = statistics.median(ts)
+        nbytes = weight_bytes + S * L * kv_per_token
+        t_min = max(nbytes / roof["bw"], 2 * cfg.num_params * S / roof["flops"])
+        rows.append(dict(S=S, L=L, ms=med * 1e3, repeats_s=ts,
+                         bytes=nbytes, t_min_ms=t_min * 1e3,
+                         roofline_fraction=t_min / med))
+        del kv, state
+    result = dict(
+        workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
+        backend=backend, date=datetime.datetime.now(datetime.UTC).isoformat(),
+        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout.strip(),
+        device=roof["device"], jax=jax.__version__,
+        jaxlib=__import__("jaxlib").__version__,
+        weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,
+        bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
+        copy_s=roof["copy_s"], matmul_s=roof["matmul_s"], rows=rows)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode-step.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul {roof['flops'] / 1e12:.0f} "
+          f"TFLOP/s, weights {weight_bytes / 1e9:.1f} GB, backend {backend}")
+    print(f"{'S':>5} {'L':>6} {'ms/step':>9} {'t_min ms':>9} {'roofline':>9}")
+    for r in rows:
+        print(f"{r['S']:>5} {r['L']:>6} {r['ms']:>9.2f} {r['t_min_ms']:>9.2f} "
+              f"{r['roofline_fraction']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

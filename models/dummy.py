@@ -1,0 +1,38 @@
+"""Random weights made on device: vLLM's ``--load-format dummy``.
+
+For benchmarks of real model shapes (e.g. llama3-8b) without a checkpoint:
+each param is drawn directly on its devices, in its final sharding, so
+nothing of model size passes through host memory.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from .abstract import abstract_variables
+from .config import ModelConfig
+
+
+def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
+                  std: float = 0.02) -> dict:
+    """Normal(0, std) matrices, unit norm scales, zero biases."""
+    abstract = nn.unbox(abstract_variables(model, cfg)["params"])
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    shard_leaves = (jax.tree_util.tree_leaves(shardings) if shardings is not None
+                    else [None] * len(leaves))
+    out = []
+    for i, ((path, leaf), sharding) in enumerate(zip(leaves, shard_leaves)):
+        name = jax.tree_util.keystr(path)
+        if name.endswith("['scale']"):
+            fn = lambda k, s=leaf.shape: jnp.ones(s, dtype)
+        elif name.endswith("['bias']"):
+            fn = lambda k, s=leaf.shape: jnp.zeros(s, dtype)
+        else:
+            fn = lambda k, s=leaf.shape: (
+                jax.random.normal(k, s, jnp.float32) * std).astype(dtype)
+        make = jax.jit(fn, out_shardings=sharding) if sharding is not None \
+            else jax.jit(fn)
+        out.append(make(jax.random.key(seed * 100003 + i)))
+    return jax.tree_util.tree_unflatten(treedef, out)
