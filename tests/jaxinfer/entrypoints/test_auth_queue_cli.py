@@ -1,0 +1,119 @@
+"""API key (401), the optional waiting-queue limit (503), vLLM's simple
+/generate server, and the `jaxinfer serve` flags."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import pytest
+import requests
+
+from .conftest import ServerThread, pages_all_free, start_server
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_factory):
+    server, engine = start_server(tiny_model_factory(), served_model_names=["tiny"],
+                                  api_key=KEY, max_num_waiting=2,
+                                  max_model_len=128, num_gpu_blocks_override=256,
+                                  max_num_seqs=1, max_num_batched_tokens=128)
+    yield server, engine
+    server.stop()
+
+
+def _auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_api_key_required_on_v1(guarded):
+    server, _ = guarded
+    url = server.base_url + "/v1/models"
+    for headers in ({}, _auth("wrong"), _auth(KEY + "x"), {"Authorization": KEY}):
+        r = requests.get(url, headers=headers, timeout=10)
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == 401
+    assert requests.get(url, headers=_auth(KEY), timeout=10).status_code == 200
+    # Operational routes stay open, as in vLLM.
+    assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
+    assert requests.get(server.base_url + "/metrics", timeout=10).status_code == 200
+
+
+def test_queue_limit_answers_503(guarded):
+    server, engine = guarded
+
+    def one(_):
+        return requests.post(server.base_url + "/v1/completions", headers=_auth(KEY),
+                             timeout=120, json={"model": "tiny", "prompt": "hi",
+                                                "max_tokens": 30, "ignore_eos": True})
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(one, range(10)))
+    codes = sorted(r.status_code for r in results)
+    assert set(codes) == {200, 503}, codes
+    # One running plus at most two waiting were ever admitted.
+    assert 1 <= codes.count(200) <= 3 + 2  # +2: seats freed while others queued
+    full = next(r for r in results if r.status_code == 503).json()["error"]
+    assert full["code"] == 503 and "max-num-waiting" in full["message"]
+    for r in results:
+        if r.status_code == 200:
+            assert r.json()["usage"]["completion_tokens"] == 30
+    assert pages_all_free(engine)
+
+
+def test_simple_generate_server(tiny_model_factory):
+    from jaxinfer import LLM, SamplingParams
+    from jaxinfer.config import EngineArgs
+    from jaxinfer.engine.async_engine import AsyncLLMEngine
+    from jaxinfer.entrypoints.api_server import build_app
+    kw = dict(max_model_len=128, num_gpu_blocks_override=64, max_num_seqs=4,
+              max_num_batched_tokens=64)
+    path = tiny_model_factory()
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=path, **kw))
+    server = ServerThread(build_app(engine))
+    try:
+        want = LLM(path, **kw).generate(
+            "Hello", SamplingParams(max_tokens=6, temperature=0), use_tqdm=False)
+        body = {"prompt": "Hello", "max_tokens": 6, "temperature": 0}
+        r = requests.post(server.base_url + "/generate", json=body, timeout=60)
+        assert r.status_code == 200
+        assert r.json() == {"text": ["Hello" + want[0].outputs[0].text]}
+        r = requests.post(server.base_url + "/generate", json=dict(body, stream=True),
+                          stream=True, timeout=60)
+        lines = [json.loads(x) for x in r.iter_lines() if x]
+        assert lines[-1] == {"text": ["Hello" + want[0].outputs[0].text]}
+        assert all(b["text"][0].startswith(a["text"][0])
+                   for a, b in zip(lines, lines[1:]))  # cumulative text
+        bad = requests.post(server.base_url + "/generate",
+                            json={"prompt": "x", "top_p": 5}, timeout=10)
+        assert bad.status_code == 400 and "top_p" in bad.json()["error"]
+        bad = requests.post(server.base_url + "/generate",
+                            json={"prompt": "x", "no_such_field": 1}, timeout=10)
+        assert bad.status_code == 400 and "no_such_field" in bad.json()["error"]
+        assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_serve_flags_map_to_engine_args():
+    from jaxinfer.entrypoints.cli import build_parser
+    from jaxinfer.entrypoints.openai.cli_args import (
+        UnsupportedQuantizationError, serve_engine_args)
+    ns = build_parser().parse_args([
+        "serve", "/models/x", "--port", "9001", "--host", "0.0.0.0",
+        "--api-key", "k", "--served-model-name", "a", "b", "--max-num-seqs", "7",
+        "--max-model-len", "256", "--block-size", "32", "--max-logprobs", "5",
+        "--gpu-memory-utilization", "0.5", "--no-enable-prefix-caching",
+        "--max-num-waiting", "3", "--tensor-parallel-size", "2"])
+    args = serve_engine_args(ns)
+    assert (args.model, args.max_num_seqs, args.max_model_len, args.block_size,
+            args.max_logprobs, args.gpu_memory_utilization,
+            args.enable_prefix_caching, args.tensor_parallel_size) == \
+        ("/models/x", 7, 256, 32, 5, 0.5, False, 2)
+    assert (ns.port, ns.host, ns.api_key, ns.served_model_name,
+            ns.max_num_waiting) == (9001, "0.0.0.0", "k", ["a", "b"], 3)
+    ns = build_parser().parse_args(["serve", "m", "--quantization", "awq"])
+    with pytest.raises(UnsupportedQuantizationError, match="--quantization"):
+        serve_engine_args(ns)

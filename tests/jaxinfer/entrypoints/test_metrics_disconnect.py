@@ -1,0 +1,128 @@
+"""/metrics parses with prometheus_client and counts exactly what was sent;
+a client that vanishes (streaming or not) aborts its request and frees its
+pages at once."""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import pages_all_free, start_server
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_factory):
+    server, engine = start_server(tiny_model_factory(), served_model_names=["tiny"],
+                                  max_model_len=512, num_gpu_blocks_override=256,
+                                  max_num_seqs=8, max_num_batched_tokens=128)
+    yield server, engine
+    server.stop()
+
+
+def scrape(base_url: str) -> dict[tuple, float]:
+    """{(sample name, frozen labels without model_name): value}."""
+    text = requests.get(base_url + "/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                  if k != "model_name"))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def delta(before, after, name, **labels):
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_metrics_counters_equal_what_was_sent(served):
+    server, _ = served
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x",
+                           max_retries=0)
+    before = scrape(server.base_url)
+    usages = []
+    for prompt, n in [("one two three", 5), ("a longer prompt than that one", 7),
+                      ("x", 3)]:
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=n,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length"
+        usages.append(r.usage)
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    usages.append(chunks[-1].usage)
+    after = scrape(server.base_url)
+
+    p = "jaxinfer:"
+    assert delta(before, after, p + "prompt_tokens_total") == \
+        sum(u.prompt_tokens for u in usages)
+    assert delta(before, after, p + "generation_tokens_total") == \
+        sum(u.completion_tokens for u in usages) == 5 + 7 + 3 + 4
+    assert delta(before, after, p + "request_success_total",
+                 finished_reason="length") == 4
+    assert delta(before, after, p + "request_success_total",
+                 finished_reason="abort") == 0
+    for hist in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds"):
+        assert delta(before, after, p + hist + "_count") == 4, hist
+    # one inter-token gap per token after the first
+    assert delta(before, after, p + "inter_token_latency_seconds_count") == \
+        sum(u.completion_tokens - 1 for u in usages)
+    assert after[(p + "num_requests_running", ())] == 0
+    assert after[(p + "kv_cache_usage_perc", ())] == 0
+    assert (p + "prefix_cache_queries_total", ()) in after
+    assert (p + "num_preemptions_total", ()) in after
+
+
+def _wait_for_abort(base_url, before, timeout=20.0) -> float:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        d = delta(before, scrape(base_url), "jaxinfer:request_success_total",
+                  finished_reason="abort")
+        if d:
+            return d
+        time.sleep(0.05)
+    return 0.0
+
+
+def test_streaming_disconnect_aborts_and_frees_pages(served):
+    server, engine = served
+    before = scrape(server.base_url)
+    r = requests.post(server.base_url + "/v1/chat/completions", stream=True,
+                      timeout=60, json={
+                          "model": "tiny", "stream": True, "max_tokens": 480,
+                          "ignore_eos": True,
+                          "messages": [{"role": "user", "content": "go on"}]})
+    lines = r.iter_lines()
+    got = 0
+    while got < 4:  # role chunk + a few tokens: the request is running
+        if next(lines):
+            got += 1
+    assert engine.engine.scheduler.kv.usage > 0
+    r.close()  # the client hangs up mid-stream
+    assert _wait_for_abort(server.base_url, before) == 1
+    assert pages_all_free(engine)
+    after = scrape(server.base_url)
+    assert after[("jaxinfer:num_requests_running", ())] == 0
+    # The abort came early: nowhere near the 480 tokens asked for.
+    assert delta(before, after, "jaxinfer:generation_tokens_total") < 400
+
+
+def test_non_streaming_disconnect_aborts_and_frees_pages(served):
+    server, engine = served
+    before = scrape(server.base_url)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(server.base_url + "/v1/completions", timeout=(5, 0.5), json={
+            "model": "tiny", "prompt": "count", "max_tokens": 500,
+            "ignore_eos": True})
+    assert _wait_for_abort(server.base_url, before) == 1
+    assert pages_all_free(engine)
+    after = scrape(server.base_url)
+    assert delta(before, after, "jaxinfer:generation_tokens_total") < 450
+    assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
