@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from .errors import InvalidConfigError
+
 
 def _check(cond: bool, field: str, allowed: str, value) -> None:
     if not cond:
-        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+        raise InvalidConfigError(f"{field} must be {allowed}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +46,10 @@ class SchedulerConfig:
         _check(self.max_model_len >= 1, "max_model_len", ">= 1",
                self.max_model_len)
         _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
-        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
-               ">= 1", self.max_num_batched_tokens)
+        _check(self.max_num_batched_tokens >= self.max_num_seqs,
+               "max_num_batched_tokens",
+               f">= max_num_seqs ({self.max_num_seqs})",
+               self.max_num_batched_tokens)
         _check(self.enable_chunked_prefill
                or self.max_num_batched_tokens >= self.max_model_len,
                "max_num_batched_tokens",
@@ -86,8 +90,21 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     max_logprobs: int = 20
     attention_backend: str | None = None  # None: Pallas on GPU, reference on CPU
+    # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
+    # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
     compilation_cache_dir: str | None = None
     warmup: bool = False  # compile every shape bucket at start
+
+    def __post_init__(self):
+        _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
+        _check(self.max_model_len is None or (
+            isinstance(self.max_model_len, int) and self.max_model_len >= 1),
+            "max_model_len", "a positive integer or None", self.max_model_len)
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, field)
+            _check(value is None or (isinstance(value, int) and value >= 1),
+                   field, "a positive integer or None", value)
+        _check(self.max_logprobs >= 0, "max_logprobs", ">= 0", self.max_logprobs)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -103,11 +120,12 @@ class EngineArgs:
             # On CPU a long default only costs compile time and memory.
             max_len = min(model_max_len, 2048 if on_cpu else model_max_len)
         elif max_len > model_max_len:
-            raise ValueError(
+            raise InvalidConfigError(
                 f"max_model_len ({max_len}) is larger than the model's "
                 f"max_position_embeddings ({model_max_len})")
         max_seqs = self.max_num_seqs or (32 if on_cpu else 256)
-        max_tokens = self.max_num_batched_tokens or (256 if on_cpu else 2048)
+        max_tokens = self.max_num_batched_tokens or max(
+            256 if on_cpu else 2048, max_seqs)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:
             max_tokens = max(max_tokens, max_len)
         return SchedulerConfig(

@@ -30,11 +30,16 @@ class IncrementalDetokenizer:
         # match and is therefore held back from streaming.
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.stop_reason: str | None = None
+        self._num_tokens = 0  # stop strings count only after min_tokens (vLLM)
 
     def step(self, token_id: int) -> bool:
         """Adds one token; returns True when a stop string ended the text."""
         piece = self._stream.step(self._backend, token_id)
+        self._num_tokens += 1
         if not piece:
+            return False
+        if self._num_tokens <= self.params.min_tokens:
+            self.text += piece
             return False
         start = max(0, len(self.text) - self._holdback)
         self.text += piece

@@ -12,12 +12,13 @@ from jaxinfer.models import resolve_dtype, resolve_model
 
 from ..config import EngineArgs
 from ..core.scheduler import Scheduler
-from ..errors import InvalidRequestError
+from ..errors import InvalidConfigError, InvalidRequestError
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
 from ..tokenizer import load_tokenizer
 from ..worker.model_runner import ModelRunner
+from ..worker.warmup import enable_compilation_cache, warm_up
 from .output_processor import OutputProcessor
 
 logger = logging.getLogger(__name__)
@@ -25,10 +26,18 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # share of usable pages held
-    num_preemptions: int  # since start
+    """A snapshot for monitoring; counters are totals since start."""
+    num_running: int  # requests in the running batch
+    num_waiting: int  # requests queued (new, preempted or swapped)
+    num_swapped: int  # of the waiting, those whose pages sit in host memory
+    kv_cache_usage: float  # share of usable device pages held by requests
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of which were found (not computed)
+    prefix_cache_hit_rate: float  # hits / queries (0 before any query)
+    num_preemptions: int  # preemptions, recompute and swap
+    num_swap_outs: int  # of which by swap
+    num_prompt_tokens: int  # prompt tokens of requests added
+    num_generation_tokens: int  # tokens sampled
 
 
 class LLMEngine:
@@ -42,13 +51,27 @@ class LLMEngine:
             self.model_config.max_position_embeddings, on_cpu)
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.tokenizer = load_tokenizer(self.files.tokenizer)
+        self.compilation_cache_dir = enable_compilation_cache(
+            args.compilation_cache_dir)
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
                                   tensor_parallel_size=args.tensor_parallel_size,
                                   max_logprobs=args.max_logprobs)
+        capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
+        if capacity < self.max_model_len:
+            raise InvalidConfigError(
+                f"the KV cache holds {capacity} tokens "
+                f"({self.runner.num_blocks - 1} pages of "
+                f"{self.cache_config.block_size}), fewer than max_model_len="
+                f"{self.max_model_len}: raise num_gpu_blocks_override / "
+                f"gpu_memory_utilization or lower max_model_len")
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
-                                   self.runner.num_blocks)
+                                   self.runner.num_blocks,
+                                   self.runner.num_host_blocks)
+        self.warmup_programs, self.warmup_seconds = (
+            warm_up(self.runner) if args.warmup else (0, 0.0))
+        self.num_prompt_tokens = self.num_generation_tokens = 0
         self.output_processor = OutputProcessor(self.tokenizer)
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -122,6 +145,7 @@ class LLMEngine:
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)
         self.scheduler.add_request(req)
+        self.num_prompt_tokens += len(ids)
         self.output_processor.add_request(req)
         return request_id
 
@@ -140,6 +164,7 @@ class LLMEngine:
         requests = self.scheduler.requests
         runner_out = self.runner.execute_model(sched_out, requests)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
+        self.num_generation_tokens += len(updated)
         self.output_processor.record_logprobs(runner_out, updated)
         outputs = []
         for req in updated:
@@ -152,7 +177,17 @@ class LLMEngine:
         return outputs
 
     def get_stats(self) -> EngineStats:
-        s = self.scheduler
-        return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting,
-                           kv_cache_usage=s.kv.usage,
-                           num_preemptions=s.num_preemptions)
+        s, kv = self.scheduler, self.scheduler.kv
+        return EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting,
+            num_swapped=s.num_swapped, kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            prefix_cache_hit_rate=kv.prefix_cache_hit_rate,
+            num_preemptions=s.num_preemptions, num_swap_outs=s.num_swap_outs,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_generation_tokens)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached prefix block that no request holds."""
+        self.scheduler.kv.pool.reset_prefix_cache()

@@ -23,6 +23,7 @@ from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
 from ..request import Request
 from .buckets import Buckets
+from .page_ops import PageMover
 from .placement import Placement
 from .logprob_ops import gather_logprobs
 from .penalties import PenaltyState, update_penalty_state
@@ -77,6 +78,10 @@ class ModelRunner:
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
+        # Host swap space in pages (whole pages: all kv heads, all layers).
+        self.num_host_blocks = int(cache_config.swap_space * 2**30 //
+                                   (self.page_bytes * self.placement.kv_shards))
+        self.page_mover = PageMover(self.num_blocks, self.num_host_blocks)
         self.max_pages_per_seq = cdiv(scheduler_config.max_model_len,
                                       self.block_size)
         self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
@@ -165,7 +170,9 @@ class ModelRunner:
         """Runs one step; returns the sampled token of every request whose
         chunk reached its last known token (and logprobs where asked)."""
         self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
-        if out.is_empty:
+        if out.has_copies:  # swaps and copy-on-write, before the step
+            self.kv_pages = self.page_mover.apply(self.kv_pages, out)
+        if not out.scheduled:
             return ModelRunnerOutput({})
         input_ids, positions, md, logits_idx, smd = self.prepare(out, requests)
         plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled, requests)

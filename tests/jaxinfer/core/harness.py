@@ -97,6 +97,7 @@ class Driver:
     def __init__(self, *, num_blocks=24, block_size=4, max_tokens=32,
                  max_seqs=6, policy="fcfs", mode="recompute", host_blocks=16,
                  caching=True, chunked=True, max_model_len=64, seed=0):
+        max_seqs = min(max_seqs, max_tokens)  # vLLM: seats <= token budget
         sc = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_seqs,
                              max_num_batched_tokens=max_tokens,
                              enable_chunked_prefill=chunked, policy=policy,
