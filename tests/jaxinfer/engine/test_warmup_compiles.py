@@ -1,0 +1,51 @@
+"""Done-when 4: after warm-up, 200 random requests compile nothing."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import jax
+import pytest
+
+from jaxinfer import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
+                  "/jax/core/compile/jaxpr_trace_duration")
+
+
+def test_no_compilation_after_warmup(make_llm, caplog):
+    with caplog.at_level(logging.INFO, logger="jaxinfer.worker.warmup"):
+        llm = make_llm(warmup=True, max_num_seqs=4, num_gpu_blocks_override=12,
+                       preemption_mode="swap", swap_space=0.01)
+    engine = llm.llm_engine
+    assert engine.warmup_programs > 0
+    assert any("warm-up compiled" in r.getMessage() for r in caplog.records)
+
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event in COMPILE_EVENTS:
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        rng = random.Random(0)
+        added = finished = 0
+        while finished < 200:
+            while added < 200 and rng.random() < 0.4:
+                prompt = [rng.randrange(3, 49152)
+                          for _ in range(rng.randrange(1, 100))]
+                sp = SamplingParams(max_tokens=rng.randrange(1, 16),
+                                    temperature=rng.choice([0.0, 0.8]),
+                                    seed=rng.randrange(1000))
+                engine.add_request(None, {"prompt_token_ids": prompt}, sp)
+                added += 1
+            finished += sum(o.finished for o in engine.step())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    stats = engine.get_stats()
+    assert stats.num_preemptions > 0, "the test should exercise preemption"
+    assert events == [], f"{len(events)} compilations after warm-up"
