@@ -20,6 +20,7 @@ from ..tokenizer import load_tokenizer
 from ..worker.model_runner import ModelRunner
 from ..worker.warmup import enable_compilation_cache, warm_up
 from .output_processor import OutputProcessor
+from .parallel_sampling import ParallelSampling
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class LLMEngine:
             warm_up(self.runner) if args.warmup else (0, 0.0))
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.parallel = ParallelSampling()  # n > 1 requests
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -144,13 +146,15 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)
+        req = self.parallel.add(req)  # n > 1: the first sample; others fork
         self.scheduler.add_request(req)
         self.num_prompt_tokens += len(ids)
         self.output_processor.add_request(req)
         return request_id
 
     def abort_request(self, request_ids) -> None:
-        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        self.scheduler.finish_requests(self.parallel.expand(request_ids),
+                                       RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -163,6 +167,7 @@ class LLMEngine:
             return []
         requests = self.scheduler.requests
         runner_out = self.runner.execute_model(sched_out, requests)
+        self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
         self.num_generation_tokens += len(updated)
         self.output_processor.record_logprobs(runner_out, updated)
@@ -171,7 +176,7 @@ class LLMEngine:
             if self.output_processor.detokenize(req):
                 self.scheduler.finish_requests(req.request_id,
                                                RequestStatus.FINISHED_STOPPED)
-            out = self.output_processor.make_output(req)
+            out = self.parallel.merge(self.output_processor.make_output(req))
             if out is not None:
                 outputs.append(out)
         return outputs

@@ -1,0 +1,148 @@
+"""``n > 1``: the samples of one request share the prompt's pages.
+
+The request runs as n child requests (ids ``"{i}_{request_id}"``, as vLLM).
+Child 0 computes the prompt. In the step where it samples its first token,
+children 1..n-1 are forked from it (`Scheduler.fork_request`: they hold the
+same pages, one more reference each) with their last prompt token marked
+uncomputed, so each draws its own first token from its own stream the next
+step; writing that position copies the last, partly filled page
+(copy-on-write), and the full prompt pages stay shared by all n. If the
+running batch has no seats for the children then, they are queued as
+ordinary requests instead (sharing through the prefix cache, if on).
+
+Seeded requests give child i the seed ``seed + i`` (vLLM's rule). Outputs are
+merged per parent by `ParentRequest.merge`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..outputs import CompletionOutput, RequestOutput
+from ..request import Request
+from ..sampling_params import RequestOutputKind, SamplingParams
+
+
+def child_params(params: SamplingParams, index: int) -> SamplingParams:
+    seed = None if params.seed is None else params.seed + index
+    child = dataclasses.replace(params, n=1, seed=seed)
+    child._bad_words_token_ids = params.bad_words_token_ids
+    return child
+
+
+def make_child(req: Request, index: int, params: SamplingParams) -> Request:
+    child = Request(f"{index}_{req.request_id}", req.prompt_token_ids,
+                    child_params(params, index), req.eos_token_ids,
+                    arrival_time=req.arrival_time, priority=req.priority,
+                    prompt=req.prompt, extra_keys=req.extra_keys)
+    child.max_tokens = req.max_tokens
+    return child
+
+
+class ParentRequest:
+    def __init__(self, request_id: str, params: SamplingParams):
+        self.request_id = request_id
+        self.n = params.n
+        self.kind = params.output_kind
+        self.completions: dict[int, CompletionOutput] = {}
+        self.finished: set[int] = set()
+        self.prompt_logprobs = None  # child 0's (only it scores the prompt)
+
+    def merge(self, index: int, out: RequestOutput) -> RequestOutput | None:
+        """One child's output -> the parent's output to emit (or None)."""
+        comp = out.outputs[0]
+        comp.index = index
+        self.completions[index] = comp
+        if out.finished:
+            self.finished.add(index)
+        done = len(self.finished) == self.n
+        delta = self.kind == RequestOutputKind.DELTA
+        if index == 0:
+            self.prompt_logprobs = out.prompt_logprobs
+        prompt_lp = out.prompt_logprobs if index == 0 or delta else \
+            self.prompt_logprobs
+        if self.kind == RequestOutputKind.FINAL_ONLY and not done:
+            return None
+        if delta:
+            outputs = [comp]
+        else:
+            outputs = [self.completions[i] for i in sorted(self.completions)]
+        return dataclasses.replace(out, request_id=self.request_id,
+                                   outputs=outputs, finished=done,
+                                   prompt_logprobs=prompt_lp)
+
+
+class ParallelSampling:
+    """The engine's bookkeeping for requests with n > 1."""
+
+    def __init__(self):
+        self.parents: dict[str, ParentRequest] = {}  # by parent id
+        self.child_of: dict[str, tuple[ParentRequest, int]] = {}
+        self.pending: dict[str, list[Request]] = {}  # child 0 id -> to fork
+
+    def add(self, req: Request) -> Request:
+        """Returns the request to schedule: ``req`` itself for n = 1, else
+        its child 0 (the others wait to be forked from it)."""
+        params = req.sampling_params
+        if params.n == 1:
+            return req
+        if req.request_id in self.parents:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        parent = ParentRequest(req.request_id, params)
+        self.parents[req.request_id] = parent
+        children = [make_child(req, i, params) for i in range(params.n)]
+        for i, c in enumerate(children):
+            self.child_of[c.request_id] = (parent, i)
+        self.pending[children[0].request_id] = children[1:]
+        return children[0]
+
+    def fork_ready(self, scheduler, sched_out, output_processor) -> None:
+        """Forks the waiting samples of every child 0 that samples its first
+        token in this step (call before the step's tokens are appended)."""
+        for s in sched_out.scheduled:
+            children = self.pending.get(s.request_id)
+            if not s.sample or children is None:
+                continue
+            first = scheduler.requests.get(s.request_id)
+            if first is None or first.output_token_ids:
+                continue
+            del self.pending[s.request_id]
+            seats = scheduler.config.max_num_seqs - scheduler.num_running
+            for child in children:
+                output_processor.add_request(child)
+                if seats <= 0:
+                    scheduler.add_request(child)  # computes its own prompt
+                    continue
+                scheduler.fork_request(s.request_id, child)
+                # Recompute the last prompt position: the child then draws
+                # its first token itself (and copies only the last page).
+                child.num_computed_tokens = child.num_prompt_tokens - 1
+                seats -= 1
+
+    def expand(self, request_ids) -> list[str]:
+        """Parent ids -> their children's ids (pending children dropped)."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        out = []
+        for rid in request_ids:
+            parent = self.parents.get(rid)
+            if parent is None:
+                out.append(rid)
+                continue
+            self.pending.pop(f"0_{rid}", None)
+            del self.parents[rid]
+            for i in range(parent.n):
+                self.child_of.pop(f"{i}_{rid}", None)
+                out.append(f"{i}_{rid}")
+        return out
+
+    def merge(self, out: RequestOutput | None) -> RequestOutput | None:
+        if out is None or out.request_id not in self.child_of:
+            return out
+        parent, index = self.child_of[out.request_id]
+        merged = parent.merge(index, out)
+        if merged is not None and merged.finished:
+            self.parents.pop(parent.request_id, None)
+            for i in range(parent.n):
+                self.child_of.pop(f"{i}_{parent.request_id}", None)
+        return merged
