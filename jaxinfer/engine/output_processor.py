@@ -82,6 +82,7 @@ class OutputProcessor:
             arrival_time=req.arrival_time,
             first_scheduled_time=req.first_scheduled_time,
             first_token_time=req.first_token_time,
+            last_token_time=req.last_token_time,
             finished_time=req.finished_time)
         if finished:
             self._detok.pop(req.request_id, None)
