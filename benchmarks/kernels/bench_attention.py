@@ -130,6 +130,7 @@ def correctness():
                 try:
                     out = ragged_paged_attention(*case, sm_scale=scale, **kw)
                 except Exception as e:  # record, keep benchmarking
+                    print("correctness case failed:", repr(e)[:2000])
                     rows.append(dict(dtype=jnp.dtype(dtype).name, ok=False,
                                      head_dim=head_dim, error=str(e)[:500],
                                      rel_err=float("nan")))
@@ -175,6 +176,7 @@ def time_ours(args, kind, limit=None):
         try:
             ts = time_fn(fn, *args)
         except Exception as e:  # a variant that does not compile is skipped
+            print("variant failed:", tuning, repr(e)[:2000])
             res.append(dict(tuning=repr(tuning), error=str(e)[:300]))
             continue
         res.append(dict(tuning=repr(tuning), repeats=ts,
@@ -203,6 +205,7 @@ def time_bundled(args):
         try:
             ts = time_fn(fn, q, kp, vp, tables, kv_lens)
         except Exception as e:
+            print("bundled failed:", ppcb, splits, repr(e)[:500])
             res.append(dict(ppcb=ppcb, k_splits=splits, error=str(e)[:300]))
             continue
         res.append(dict(ppcb=ppcb, k_splits=splits, repeats=ts,
@@ -283,7 +286,8 @@ def main():
                       ("prefill_only", [(c, c)] * 4),
                       ("decode_only", [(1, d)] * nd)]:
         res = time_ours(batch(mix, key, bf16), "prefill", limit=2)
-        parts[name] = dict(variants=res, median_s=best(res)["median"])
+        parts[name] = dict(variants=res, median_s=(best(res) or {}).get(
+            "median", float("nan")))
     prefill["mixed_4x512_plus_60x2048"] = dict(
         parts=parts, ratio_to_sum=parts["mixed"]["median_s"] / (
             parts["prefill_only"]["median_s"] + parts["decode_only"]["median_s"]))
@@ -301,16 +305,18 @@ def main():
         print("  FAIL", c)
     print(f"copy BW {roof['bw'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof['device']})")
+    nz = lambda x: float("nan") if x is None else x  # noqa: E731
     for name, d in decode.items():
-        print(f"{name}: ours {d['ours_median_s'] * 1e6:.1f} us "
-              f"{d['ours_tb_s']:.2f} TB/s = {d['frac_of_copy_bw']:.0%} of copy;"
-              f" bundled {d['bundled_tb_s'] or 0:.2f} TB/s; "
-              f"speedup {d['speedup_vs_bundled'] or 0:.2f}x")
+        print(f"{name}: ours {nz(d['ours_median_s']) * 1e6:.1f} us "
+              f"{nz(d['ours_tb_s']):.2f} TB/s = "
+              f"{nz(d['frac_of_copy_bw']):.0%} of copy; bundled "
+              f"{nz(d['bundled_tb_s']):.2f} TB/s; "
+              f"speedup {nz(d['speedup_vs_bundled']):.2f}x")
     p = prefill["prefill_8x2048"]
-    print(f"prefill 8x2048: ours {p['ours_median_s'] * 1e3:.3f} ms "
-          f"{p['ours_tflops']:.0f} TFLOP/s = {p['frac_of_matmul']:.0%} of "
-          f"matmul; cudnn {p['cudnn_tflops']:.0f} TFLOP/s; ours/cudnn "
-          f"{p['ratio_to_cudnn']:.2f}")
+    print(f"prefill 8x2048: ours {nz(p['ours_median_s']) * 1e3:.3f} ms "
+          f"{nz(p['ours_tflops']):.0f} TFLOP/s = {nz(p['frac_of_matmul']):.0%}"
+          f" of matmul; cudnn {p['cudnn_tflops']:.0f} TFLOP/s; ours/cudnn "
+          f"{nz(p['ratio_to_cudnn']):.2f}")
     m = prefill["mixed_4x512_plus_60x2048"]
     print("mixed: " + ", ".join(f"{k} {v['median_s'] * 1e6:.0f} us"
                                 for k, v in m["parts"].items())

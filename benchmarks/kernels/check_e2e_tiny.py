@@ -18,7 +18,8 @@ PROMPTS = ["Hello there, how are you doing today? " * 6, "x",
 def greedy_tokens(path: str, backend: str, max_tokens: int = 12) -> list:
     from jaxinfer import LLM, SamplingParams
     llm = LLM(path, attention_backend=backend, num_gpu_blocks_override=96,
-              max_model_len=256, max_num_batched_tokens=32, block_size=16)
+              max_model_len=256, max_num_batched_tokens=32, max_num_seqs=8,
+              block_size=16)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(PROMPTS, sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
