@@ -17,6 +17,7 @@ _EXPORTS = {
     "EngineArgs": ("jaxinfer.config", "EngineArgs"),
     "SamplingParams": ("jaxinfer.sampling_params", "SamplingParams"),
     "RequestOutputKind": ("jaxinfer.sampling_params", "RequestOutputKind"),
+    "BeamSearchParams": ("jaxinfer.sampling_params", "BeamSearchParams"),
     "RequestOutput": ("jaxinfer.outputs", "RequestOutput"),
     "CompletionOutput": ("jaxinfer.outputs", "CompletionOutput"),
     "InvalidRequestError": ("jaxinfer.errors", "InvalidRequestError"),

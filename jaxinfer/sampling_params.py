@@ -209,6 +209,28 @@ class SamplingParams:
         return new
 
 
+@dataclasses.dataclass
+class BeamSearchParams:
+    """Parameters of `LLM.beam_search` (vLLM's names and defaults)."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self):
+        def bad(field, allowed):
+            raise ValueError(f"{field} must be {allowed}, got "
+                             f"{getattr(self, field)!r}")
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            bad("beam_width", "an integer >= 1")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad("max_tokens", "an integer >= 1")
+        if not self.temperature >= 0.0:
+            bad("temperature", ">= 0")
+
+
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 

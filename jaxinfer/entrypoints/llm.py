@@ -61,6 +61,12 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
+    def beam_search(self, prompts, params, use_tqdm: bool = False):
+        """vLLM's beam search: ``params`` is a ``BeamSearchParams``; returns
+        one ``BeamSearchOutput`` (best sequences first) per prompt."""
+        from .beam_search import beam_search
+        return beam_search(self, prompts, params, use_tqdm)
+
     def chat(self, messages, sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
