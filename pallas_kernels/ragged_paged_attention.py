@@ -56,7 +56,9 @@ class RaggedAttentionShapeError(ValueError):
 
 def _logits(q, k, sm_scale, k_scale, logit_soft_cap):
     """[R, H] x [BK, H] -> [R, BK] f32 logits, base-2 scaled."""
-    s = pl.dot(q, k.astype(q.dtype), trans_b=True) * (sm_scale * k_scale)
+    s = jax.lax.dot_general(q, k.astype(q.dtype), (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+    s = s * (sm_scale * k_scale)
     if logit_soft_cap is not None:
         s = logit_soft_cap * jnp.tanh(s / logit_soft_cap)
     return s * _LOG2E
@@ -69,7 +71,9 @@ def _online_softmax_step(carry, s, v):
     corr = jnp.exp2(m - m_next)
     p = jnp.exp2(s - m_next[:, None])
     l_next = corr * l + p.sum(axis=1)
-    o_next = corr[:, None] * o + pl.dot(p.astype(v.dtype), v)
+    o_next = corr[:, None] * o + jax.lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+        preferred_element_type=jnp.float32)
     return o_next, m_next, l_next
 
 
