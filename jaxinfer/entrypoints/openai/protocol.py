@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 INT32_MAX = 2 ** 31 - 1
+
+
+# A token id as the schema states it; the vocabulary bound is checked per model.
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
 def random_id(prefix: str) -> str:
@@ -70,9 +75,9 @@ class SamplingFields(OpenAIBaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -81,7 +86,10 @@ class SamplingFields(OpenAIBaseModel):
 # -- completions ---------------------------------------------------------------
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)]
+             | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
+                         Field(min_length=1)])
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
@@ -245,7 +253,7 @@ class TokenizeResponse(OpenAIBaseModel):
 
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(OpenAIBaseModel):

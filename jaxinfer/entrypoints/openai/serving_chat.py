@@ -38,6 +38,8 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     d = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):  # text parts -> one string
         d["content"] = "\n".join(part.text for part in m.content)
+    elif m.content is None:  # e.g. an assistant turn that only called tools
+        d["content"] = ""
     return d
 
 
