@@ -106,22 +106,30 @@ def _decode_kernel(
     end = jnp.minimum(start + per_split, num_blocks)
     q = q_ref[...]
 
-    def body(b, carry):
+    def body(b, carry, masked):
         pages = block_tables_ref[pl.ds(b * pages_per_block, pages_per_block)]
         k = k_pages_ref[pages].reshape(bk, head_dim)
         v = v_pages_ref[pages].reshape(bk, head_dim).astype(q.dtype)
         s = _logits(q, k, sm_scale, k_scale, logit_soft_cap)
-        kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
-        mask = kv_pos < kv_len
-        if sliding_window is not None:
-            mask &= kv_pos >= kv_len - sliding_window
-        s = jnp.where(mask[None, :], s, _MASK_VALUE)
+        if masked:
+            kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
+            mask = kv_pos < kv_len
+            if sliding_window is not None:
+                mask &= kv_pos >= kv_len - sliding_window
+            s = jnp.where(mask[None, :], s, _MASK_VALUE)
         return _online_softmax_step(carry, s, v)
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32),
-            jnp.full((rows,), _MASK_VALUE, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
-    o, m, l = jax.lax.fori_loop(start, end, body, init)
+    carry = (jnp.zeros((rows, head_dim), jnp.float32),
+             jnp.full((rows,), _MASK_VALUE, jnp.float32),
+             jnp.zeros((rows,), jnp.float32))
+    # Whole blocks below kv_len need no mask; only the last one (and, with a
+    # window, every block) does.
+    full = start if sliding_window is not None else kv_len // bk
+    mid = jnp.clip(full, start, end)
+    carry = jax.lax.fori_loop(start, mid, functools.partial(body, masked=False),
+                              carry)
+    o, m, l = jax.lax.fori_loop(mid, end, functools.partial(body, masked=True),
+                                carry)
     o_ref[...] = o
     m_ref[...] = m
     l_ref[...] = l
@@ -220,23 +228,31 @@ def _prefill_kernel(
         if sliding_window is not None:
             lo = jnp.maximum(start + offset - sliding_window + 1, 0) // bk
 
-        def body(b, carry):
+        def body(b, carry, masked):
             pages = block_tables_ref[seq, pl.ds(b * pages_per_block,
                                                 pages_per_block)]
             k = k_pages_ref[pages].reshape(bk, head_dim)
             v = v_pages_ref[pages].reshape(bk, head_dim).astype(q.dtype)
             s = _logits(q, k, sm_scale, scales_ref[0], logit_soft_cap)
-            kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
-            mask = kv_pos[None, :] <= pos[:, None]
-            if sliding_window is not None:
-                mask &= kv_pos[None, :] > pos[:, None] - sliding_window
-            s = jnp.where(mask, s, _MASK_VALUE)
+            if masked:
+                kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
+                mask = kv_pos[None, :] <= pos[:, None]
+                if sliding_window is not None:
+                    mask &= kv_pos[None, :] > pos[:, None] - sliding_window
+                s = jnp.where(mask, s, _MASK_VALUE)
             return _online_softmax_step(carry, s, v)
 
-        init = (jnp.zeros((block_q, head_dim), jnp.float32),
-                jnp.full((block_q,), _MASK_VALUE, jnp.float32),
-                jnp.zeros((block_q,), jnp.float32))
-        o, _, l = jax.lax.fori_loop(lo, hi, body, init)
+        carry = (jnp.zeros((block_q, head_dim), jnp.float32),
+                 jnp.full((block_q,), _MASK_VALUE, jnp.float32),
+                 jnp.zeros((block_q,), jnp.float32))
+        # Blocks wholly at or before the tile's first position need no causal
+        # mask; the diagonal blocks (and, with a window, all) do.
+        full = lo if sliding_window is not None else (start + offset + 1) // bk
+        mid = jnp.clip(full, lo, hi)
+        carry = jax.lax.fori_loop(lo, mid, functools.partial(body, masked=False),
+                                  carry)
+        o, _, l = jax.lax.fori_loop(mid, hi, functools.partial(body, masked=True),
+                                    carry)
         o = o * (scales_ref[1] / jnp.where(l > 0, l, 1.0))[:, None]
         plgpu.store(o_ref.at[pl.ds(load, block_q), :], o.astype(o_ref.dtype),
                     mask=row_ok[:, None])
@@ -284,7 +300,8 @@ def _prefill_work_items(cu_q_lens, num_seqs, num_items, block_q):
     i = jnp.arange(num_items, dtype=jnp.int32)
     seq = jnp.searchsorted(ends, i, side="right").astype(jnp.int32)
     seq = jnp.minimum(seq, q_lens.shape[0] - 1)
-    blk = i - (ends[seq] - nblk[seq])
+    # Heaviest (last) query block of each sequence first: shorter tail.
+    blk = ends[seq] - 1 - i
     start = jnp.where(i < ends[-1], cu_q_lens[seq] + blk * block_q, -1)
     return seq, start.astype(jnp.int32)
 

@@ -71,22 +71,20 @@ class RaggedPagedAttentionTuning:
 
 # Tuned on one H200 (benchmarks/kernels/bench_attention.py), keyed by
 # (head_dim, page_size). Missing keys fall back to the defaults above.
+_T = RaggedPagedAttentionTuning
 TUNED: dict[tuple[int, int], RaggedPagedAttentionTuning] = {
-    (64, 16): RaggedPagedAttentionTuning(decode_pages_per_block=16,
-                                         prefill_pages_per_block=8),
-    (64, 32): RaggedPagedAttentionTuning(decode_pages_per_block=8,
-                                         prefill_pages_per_block=4),
-    (128, 16): RaggedPagedAttentionTuning(),
-    (128, 32): RaggedPagedAttentionTuning(decode_pages_per_block=4,
-                                          prefill_pages_per_block=2),
-    (256, 16): RaggedPagedAttentionTuning(decode_pages_per_block=4,
-                                          prefill_block_q=32,
-                                          prefill_pages_per_block=2,
-                                          prefill_num_warps=8),
-    (256, 32): RaggedPagedAttentionTuning(decode_pages_per_block=2,
-                                          prefill_block_q=32,
-                                          prefill_pages_per_block=1,
-                                          prefill_num_warps=8),
+    (64, 16): _T(decode_pages_per_block=8, prefill_block_q=128,
+                 prefill_pages_per_block=8, prefill_num_warps=8),
+    (64, 32): _T(decode_pages_per_block=4, prefill_block_q=128,
+                 prefill_pages_per_block=4, prefill_num_warps=8),
+    (128, 16): _T(decode_pages_per_block=4, prefill_block_q=128,
+                  prefill_pages_per_block=8, prefill_num_warps=8),
+    (128, 32): _T(decode_pages_per_block=2, prefill_block_q=128,
+                  prefill_pages_per_block=4, prefill_num_warps=8),
+    (256, 16): _T(decode_pages_per_block=2, prefill_block_q=64,
+                  prefill_pages_per_block=4, prefill_num_warps=8),
+    (256, 32): _T(decode_pages_per_block=1, prefill_block_q=64,
+                  prefill_pages_per_block=2, prefill_num_warps=8),
 }
 
 

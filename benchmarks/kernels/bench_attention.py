@@ -146,31 +146,40 @@ def correctness():
     return rows
 
 
-def our_variants(kind):
+def our_variants(kind, fixed=None):
+    if fixed is not None:
+        return [fixed]
     from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning as T
     if kind == "decode":
         if SMOKE:
             return [T(), T(decode_pages_per_block=4)]
-        return [T(), T(decode_pages_per_block=16), T(decode_pages_per_block=4),
-                T(decode_num_warps=8), T(decode_num_stages=3),
-                T(decode_programs_per_sm=4), T(decode_programs_per_sm=8)]
+        return [T(decode_pages_per_block=4), T(decode_pages_per_block=8),
+                T(decode_pages_per_block=4, decode_programs_per_sm=8),
+                T(decode_pages_per_block=4, decode_num_warps=8),
+                T(decode_pages_per_block=8, decode_programs_per_sm=8),
+                T(decode_pages_per_block=8, decode_num_warps=8,
+                  decode_programs_per_sm=8),
+                T(decode_pages_per_block=2, decode_programs_per_sm=8),
+                T(decode_pages_per_block=4, decode_num_stages=3,
+                  decode_programs_per_sm=8)]
     if SMOKE:
         return [T(), T(prefill_block_q=128, prefill_num_warps=8)]
-    return [T(), T(prefill_block_q=128, prefill_num_warps=8),
-            T(prefill_pages_per_block=8), T(prefill_block_q=128,
-                                           prefill_pages_per_block=8,
-                                           prefill_num_warps=8),
-            T(prefill_num_stages=3), T(prefill_block_q=128,
-                                       prefill_num_warps=8,
-                                       prefill_num_stages=3)]
+    return [T(prefill_block_q=128, prefill_pages_per_block=8,
+              prefill_num_warps=8),
+            T(prefill_block_q=128, prefill_pages_per_block=4,
+              prefill_num_warps=8),
+            T(prefill_block_q=128, prefill_pages_per_block=8,
+              prefill_num_warps=8, prefill_num_stages=3),
+            T(prefill_block_q=64, prefill_pages_per_block=8),
+            T(prefill_block_q=128, prefill_pages_per_block=8)]
 
 
-def time_ours(args, kind, limit=None):
+def time_ours(args, kind, limit=None, fixed=None):
     import functools
     import jax
     from jaxinfer.pallas_kernels import ragged_paged_attention
     res = []
-    for tuning in our_variants(kind)[:limit]:
+    for tuning in our_variants(kind, fixed)[:limit]:
         fn = jax.jit(functools.partial(ragged_paged_attention, sm_scale=H**-0.5,
                                        tuning=tuning, interpret=SMOKE))
         try:
@@ -180,7 +189,7 @@ def time_ours(args, kind, limit=None):
             res.append(dict(tuning=repr(tuning), error=str(e)[:300]))
             continue
         res.append(dict(tuning=repr(tuning), repeats=ts,
-                        median=statistics.median(ts)))
+                        median=statistics.median(ts), obj=tuning))
     return res
 
 
@@ -281,16 +290,25 @@ def main():
         ratio_to_cudnn=bo and cud["median"] / bo["median"])
     del args
     parts = {}
+    import dataclasses
+    best_dec = best(decode["decode_S64_L2048"]["ours"])["obj"]
+    combined = dataclasses.replace(best(ours)["obj"], **{
+        f.name: getattr(best_dec, f.name) for f in dataclasses.fields(best_dec)
+        if f.name.startswith("decode_")})
     c, d, nd = 512 // L_DIV, 2048 // L_DIV, 60 // L_DIV + 1
     for name, mix in [("mixed", [(c, c)] * 4 + [(1, d)] * nd),
                       ("prefill_only", [(c, c)] * 4),
                       ("decode_only", [(1, d)] * nd)]:
-        res = time_ours(batch(mix, key, bf16), "prefill", limit=2)
+        res = time_ours(batch(mix, key, bf16), "prefill", fixed=combined)
         parts[name] = dict(variants=res, median_s=(best(res) or {}).get(
             "median", float("nan")))
     prefill["mixed_4x512_plus_60x2048"] = dict(
         parts=parts, ratio_to_sum=parts["mixed"]["median_s"] / (
             parts["prefill_only"]["median_s"] + parts["decode_only"]["median_s"]))
+    for r in [*decode.values(), prefill["prefill_8x2048"], *parts.values()]:
+        for v in r.get("ours", r.get("variants", [])):
+            v.pop("obj", None)
+    prefill["mixed_4x512_plus_60x2048"]["tuning"] = repr(combined)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "kernel-decode-h200.json"), "w") as f:
         json.dump(dict(meta, workload="kernel-decode", correctness=checks,
