@@ -56,8 +56,6 @@ def build_app(engine: AsyncLLMEngine, owns_engine: bool = True) -> FastAPI:
         stream = bool(body.pop("stream", False))
         try:
             params = SamplingParams.from_optional(**body)
-            if params.n != 1:
-                raise ValueError("n > 1 is not supported by this server yet")
             gen = engine.iterate(await engine.add_request(
                 f"gen-{uuid.uuid4().hex}", prompt, params))
         except (ValueError, TypeError) as e:

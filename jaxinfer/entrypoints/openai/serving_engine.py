@@ -21,11 +21,6 @@ from .protocol import SamplingFields
 MIN_LOGPROB = -9999.0
 
 
-def engine_supports_n() -> bool:
-    """n > 1 arrives with the sampling work (one RequestOutput, n outputs)."""
-    return False
-
-
 @dataclasses.dataclass
 class Choice:
     """One completion assembled from DELTA outputs."""
@@ -98,10 +93,6 @@ class OpenAIServing:
                         logprobs: int | None, prompt_len: int) -> SamplingParams:
         """Maps the request onto SamplingParams; raises APIError (400) for
         values the engine cannot serve, naming the limit."""
-        if req.n > 1 and not engine_supports_n():
-            raise APIError("n > 1 is not supported by this engine yet; send "
-                           "n=1 (and repeat the request for more samples)",
-                           param="n")
         if req.n > self.max_num_seqs:
             raise APIError(f"n must be <= max_num_seqs ({self.max_num_seqs}), "
                            f"got {req.n}", param="n")

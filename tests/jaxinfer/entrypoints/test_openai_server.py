@@ -177,22 +177,36 @@ def test_chat_logprobs_streaming_and_not(client):
         [(c.token, round(c.logprob, 4)) for c in content]
 
 
-def test_n_greater_than_one(client):
-    from jaxinfer.entrypoints.openai.serving_engine import engine_supports_n
+def test_n_greater_than_one(client, llm):
     kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=6, temperature=1.0,
               seed=7, n=3)
-    if not engine_supports_n():
-        with pytest.raises(openai.BadRequestError, match="n > 1"):
-            client.completions.create(**kw)
-        return
     resp = client.completions.create(**kw, extra_body={"ignore_eos": True})
     assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+    want = llm.generate(PROMPTS[0], SamplingParams(
+        n=3, seed=7, temperature=1.0, max_tokens=6, ignore_eos=True),
+        use_tqdm=False)[0]
+    assert {c.index: c.text for c in resp.choices} == \
+        {c.index: c.text for c in want.outputs}
     assert resp.usage.completion_tokens == 18
     assert len({c.text for c in resp.choices}) > 1  # independent samples
     chunks = list(client.completions.create(stream=True, **kw, extra_body={"ignore_eos": True}))
     streamed = {i: "".join(c.choices[0].text for c in chunks
                            if c.choices[0].index == i) for i in range(3)}
     assert streamed == {c.index: c.text for c in resp.choices}
+
+
+def test_chat_n_streaming(client):
+    kw = dict(model="tiny", messages=CHAT, max_tokens=5, temperature=0.8, seed=3,
+              n=2)
+    full = client.chat.completions.create(**kw)
+    assert [c.index for c in full.choices] == [0, 1]
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    for c in full.choices:
+        deltas = [ch.choices[0] for ch in chunks if ch.choices[0].index == c.index]
+        assert deltas[0].delta.role == "assistant"
+        assert "".join(d.delta.content or "" for d in deltas) == c.message.content
+        assert [d.finish_reason for d in deltas if d.finish_reason] == \
+            [c.finish_reason]
 
 
 def test_models_tokenize_detokenize_health_version(server, client, llm):
