@@ -57,4 +57,4 @@ class IncrementalDetokenizer:
         turn into a stop string is held back."""
         if finished or not self.params.stop or self._holdback == 0:
             return self.text
-        return self.text[:len(self.text) - self._holdback]
+        return self.text[:max(0, len(self.text) - self._holdback)]

@@ -131,6 +131,22 @@ def test_stop_string_and_stop_token(client):
     assert "".join(c.choices[0].text for c in chunks) == text[:text.index(stop)]
 
 
+def test_stream_never_shows_text_a_long_stop_string_removes(client):
+    """A stop string longer than the text so far must hold all of it back."""
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0,
+              logprobs=0, extra_body={"ignore_eos": True})
+    tokens = client.completions.create(**kw).choices[0].logprobs.tokens
+    i = next(i for i in range(1, 7)
+             if len("".join(tokens[:i])) >= 2 and len(tokens[i]) >= 2)
+    # Matches at 0 once token i arrives; longer than the text before it.
+    stop = "".join(tokens[:i]) + tokens[i][:2]
+    del kw["logprobs"]
+    full = client.completions.create(stop=[stop], **kw).choices[0]
+    assert full.text == "" and full.finish_reason == "stop"
+    chunks = list(client.completions.create(stop=[stop], stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == ""
+
+
 def test_seed_reproducible_and_equal_to_llm(client, llm):
     kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=1.0,
               seed=1234)
