@@ -153,8 +153,9 @@ class LLMEngine:
         return request_id
 
     def abort_request(self, request_ids) -> None:
-        self.scheduler.finish_requests(self.parallel.expand(request_ids),
-                                       RequestStatus.FINISHED_ABORTED)
+        ids = self.parallel.expand(request_ids)
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        self.output_processor.abort_requests(ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

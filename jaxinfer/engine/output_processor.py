@@ -41,6 +41,13 @@ class OutputProcessor:
             if rows is not None and state is not None:
                 state.add_sample(rows)
 
+    def abort_requests(self, request_ids) -> None:
+        """Drops the state of requests that end without a final output."""
+        for rid in request_ids:
+            self._detok.pop(rid, None)
+            self._sent.pop(rid, None)
+            self._logprobs.pop(rid, None)
+
     def detokenize(self, req: Request, new_tokens: int = 1) -> bool:
         """Feeds the request's newest tokens to its detokenizer; returns True
         when a stop string matched (the caller then finishes the request)."""

@@ -108,6 +108,7 @@ def test_streaming_disconnect_aborts_and_frees_pages(served):
     r.close()  # the client hangs up mid-stream
     assert _wait_for_abort(server.base_url, before) == 1
     assert pages_all_free(engine)
+    assert not engine.engine.output_processor._detok  # no per-request state left
     after = scrape(server.base_url)
     assert after[("jaxinfer:num_requests_running", ())] == 0
     # The abort came early: nowhere near the 480 tokens asked for.
@@ -123,6 +124,7 @@ def test_non_streaming_disconnect_aborts_and_frees_pages(served):
             "ignore_eos": True})
     assert _wait_for_abort(server.base_url, before) == 1
     assert pages_all_free(engine)
+    assert not engine.engine.output_processor._detok  # no per-request state left
     after = scrape(server.base_url)
     assert delta(before, after, "jaxinfer:generation_tokens_total") < 450
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
