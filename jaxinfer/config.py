@@ -124,6 +124,9 @@ class EngineArgs:
                 f"max_model_len ({max_len}) is larger than the model's "
                 f"max_position_embeddings ({model_max_len})")
         max_seqs = self.max_num_seqs or (32 if on_cpu else 256)
+        if self.max_num_seqs is None and self.max_num_batched_tokens:
+            # The default seat count yields to an explicit token budget.
+            max_seqs = min(max_seqs, self.max_num_batched_tokens)
         max_tokens = self.max_num_batched_tokens or max(
             256 if on_cpu else 2048, max_seqs)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:

@@ -23,6 +23,7 @@ from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
 from ..request import Request
 from .buckets import Buckets
+from .packing import pack_step, unpack_step
 from .page_ops import PageMover
 from .placement import Placement
 from .logprob_ops import gather_logprobs
@@ -34,12 +35,14 @@ from .sampling_inputs import SamplingInputs
 logger = logging.getLogger(__name__)
 
 
-def _step(model, num_logprobs, params, kv_pages, penalty_state, cos_sin,
-          input_ids, positions, md: AttentionMetadata, logits_indices,
-          smd: SamplingMetadata, prompt_lp_targets):
+def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
+          packed, logits_indices, smd: SamplingMetadata, prompt_lp_targets):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
     logprobs). ``num_logprobs`` (static): None, or the top-K to return."""
+    # packed: token ids, positions and attention metadata of bucket
+    # dims = (T, S, P) in one int32 buffer (one host->device transfer).
+    input_ids, positions, md = unpack_step(packed, dims)
     logits, kv_pages = model.apply({"params": params}, input_ids, positions,
                                    kv_pages, md, cos_sin, logits_indices)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
@@ -92,7 +95,7 @@ class ModelRunner:
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
         self.penalty_state: PenaltyState | None = None  # made on first use
         self._step = jax.jit(functools.partial(_step, self.model),
-                             static_argnums=(0,), donate_argnums=(2, 3))
+                             static_argnums=(0, 1), donate_argnums=(3, 4))
 
     # -- sizing -----------------------------------------------------------
 
@@ -192,8 +195,9 @@ class ModelRunner:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
         res, prompt_lp, self.kv_pages, state = self._step(
-            num_lp, self.params, self.kv_pages, state, self.cos_sin, input_ids,
-            positions, md, logits_idx, smd, targets)
+            num_lp, (len(input_ids), *md.block_tables.shape),
+            self.params, self.kv_pages, state, self.cos_sin,
+            pack_step(input_ids, positions, md), logits_idx, smd, targets)
         if state is not None:
             self.penalty_state = state
         return self.sampling_inputs.collect(out.scheduled, requests, res,

@@ -20,6 +20,7 @@ from jaxinfer.models import AttentionMetadata
 from ..core.scheduler_output import ScheduledRequest
 from ..request import Request
 from ..sampling_params import SamplingParams
+from .packing import pack_step
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ def warm_up(runner) -> tuple[int, float]:
             sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
             smd = runner.sampling_inputs.build(sched, {"warmup": req}, S)
             _, _, runner.kv_pages, _ = runner._step(
-                None, runner.params, runner.kv_pages, None, runner.cos_sin,
-                input_ids, positions, md, logits_idx, smd, None)
+                None, (T, S, P), runner.params, runner.kv_pages, None,
+                runner.cos_sin, pack_step(input_ids, positions, md),
+                logits_idx, smd, None)
             n += 1
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap",
