@@ -12,12 +12,15 @@ import requests
 from .conftest import ServerThread, pages_all_free, start_server
 
 KEY = "s3cret-key"
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant] {% endif %}")
 
 
 @pytest.fixture(scope="module")
 def guarded(tiny_model_factory):
     server, engine = start_server(tiny_model_factory(), served_model_names=["tiny"],
                                   api_key=KEY, max_num_waiting=2,
+                                  chat_template=TEMPLATE,
                                   max_model_len=128, num_gpu_blocks_override=256,
                                   max_num_seqs=1, max_num_batched_tokens=128)
     yield server, engine
@@ -39,6 +42,19 @@ def test_api_key_required_on_v1(guarded):
     # Operational routes stay open, as in vLLM.
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
     assert requests.get(server.base_url + "/metrics", timeout=10).status_code == 200
+
+
+def test_chat_template_flag(guarded):
+    server, engine = guarded
+    messages = [{"role": "user", "content": "Hi there"}]
+    r = requests.post(server.base_url + "/tokenize", json={"messages": messages},
+                      timeout=10)
+    want = engine.tokenizer.encode("[user] Hi there\n[assistant] ",
+                                   add_special_tokens=False)
+    assert r.json()["tokens"] == want
+    r = requests.post(server.base_url + "/v1/chat/completions", headers=_auth(KEY),
+                      timeout=60, json={"messages": messages, "max_tokens": 2})
+    assert r.json()["usage"]["prompt_tokens"] == len(want)
 
 
 def test_queue_limit_answers_503(guarded):
