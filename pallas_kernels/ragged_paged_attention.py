@@ -89,7 +89,8 @@ def _decode_kernel(
     o_ref,  # [Gp, H] f32 unnormalized partial output of this split
     m_ref,  # [Gp] f32 running max (base 2)
     l_ref,  # [Gp] f32 running sum
-    *, sm_scale, sliding_window, logit_soft_cap, pages_per_block, num_splits):
+    *, sm_scale, sliding_window, logit_soft_cap, pages_per_block, num_splits,
+    prefetch):
     seq, split = pl.program_id(0), pl.program_id(2)
     rows, head_dim = q_ref.shape
     page_size = k_pages_ref.shape[1]
@@ -106,10 +107,12 @@ def _decode_kernel(
     end = jnp.minimum(start + per_split, num_blocks)
     q = q_ref[...]
 
-    def body(b, carry, masked):
+    def load(b):
         pages = block_tables_ref[pl.ds(b * pages_per_block, pages_per_block)]
-        k = k_pages_ref[pages].reshape(bk, head_dim)
-        v = v_pages_ref[pages].reshape(bk, head_dim).astype(q.dtype)
+        return (k_pages_ref[pages].reshape(bk, head_dim),
+                v_pages_ref[pages].reshape(bk, head_dim))
+
+    def attend(b, carry, k, v, masked):
         s = _logits(q, k, sm_scale, k_scale, logit_soft_cap)
         if masked:
             kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
@@ -117,19 +120,31 @@ def _decode_kernel(
             if sliding_window is not None:
                 mask &= kv_pos >= kv_len - sliding_window
             s = jnp.where(mask[None, :], s, _MASK_VALUE)
-        return _online_softmax_step(carry, s, v)
+        return _online_softmax_step(carry, s, v.astype(q.dtype))
 
     carry = (jnp.zeros((rows, head_dim), jnp.float32),
              jnp.full((rows,), _MASK_VALUE, jnp.float32),
              jnp.zeros((rows,), jnp.float32))
-    # Whole blocks below kv_len need no mask; only the last one (and, with a
-    # window, every block) does.
-    full = start if sliding_window is not None else kv_len // bk
-    mid = jnp.clip(full, start, end)
-    carry = jax.lax.fori_loop(start, mid, functools.partial(body, masked=False),
-                              carry)
-    o, m, l = jax.lax.fori_loop(mid, end, functools.partial(body, masked=True),
-                                carry)
+    if prefetch:
+        # Software double buffering: the next tile's loads are issued before
+        # this tile's math, so they are in flight while it runs.
+        def body(b, c):
+            acc, k, v = c[:3], c[3], c[4]
+            k_next, v_next = load(jnp.minimum(b + 1, end - 1))
+            return (*attend(b, acc, k, v, True), k_next, v_next)
+        k0, v0 = load(jnp.minimum(start, jnp.maximum(end - 1, 0)))
+        o, m, l, _, _ = jax.lax.fori_loop(start, end, body, (*carry, k0, v0))
+    else:
+        def body(b, c, masked):
+            return attend(b, c, *load(b), masked)
+        # Whole blocks below kv_len need no mask; only the last one (and,
+        # with a window, every block) does.
+        full = start if sliding_window is not None else kv_len // bk
+        mid = jnp.clip(full, start, end)
+        carry = jax.lax.fori_loop(start, mid,
+                                  functools.partial(body, masked=False), carry)
+        o, m, l = jax.lax.fori_loop(mid, end,
+                                    functools.partial(body, masked=True), carry)
     o_ref[...] = o
     m_ref[...] = m
     l_ref[...] = l
@@ -137,14 +152,14 @@ def _decode_kernel(
 
 def _decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales, *,
                  sm_scale, sliding_window, logit_soft_cap, pages_per_block,
-                 num_splits, num_warps, num_stages, interpret):
+                 num_splits, prefetch, num_warps, num_stages, interpret):
     num_seqs, num_kv_heads, rows, head_dim = q_dec.shape
     _, num_pages, page_size, _ = k_pages.shape
     pages_padded = block_tables.shape[1]
     kernel = functools.partial(
         _decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_block=pages_per_block,
-        num_splits=num_splits)
+        num_splits=num_splits, prefetch=prefetch)
     part = (num_seqs, num_kv_heads, num_splits)
     pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
                               lambda s, k, j: (k, 0, 0, 0))
@@ -353,6 +368,7 @@ def ragged_paged_attention(
             f"{cu_q_lens.shape} [S + 1] for block_tables {block_tables.shape}")
     if tuning is None:
         tuning = default_tuning(head_dim, page_size)
+    tuning = tuning.for_itemsize(jnp.dtype(q.dtype).itemsize)
     group = num_q_heads // num_kv_heads
     num_seqs = jnp.reshape(num_seqs, ())
     kv_lens = kv_lens.astype(jnp.int32)
@@ -382,6 +398,7 @@ def ragged_paged_attention(
         sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap,
         pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
+        prefetch=tuning.decode_prefetch,
         num_warps=tuning.decode_num_warps,
         num_stages=tuning.decode_num_stages, interpret=interpret)
     o_dec = _combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]

@@ -32,6 +32,7 @@ class RaggedPagedAttentionTuning:
     decode_programs_per_sm: int = 2  # target for the automatic split count
     decode_num_warps: int = 4
     decode_num_stages: int = 2
+    decode_prefetch: bool = False  # carry the next tile's loads in the loop
     prefill_block_q: int = 64  # query tokens per program (one query head)
     prefill_pages_per_block: int = 4  # pages per KV tile of the prefill kernel
     prefill_num_warps: int = 4
@@ -55,6 +56,15 @@ class RaggedPagedAttentionTuning:
                      "decode_programs_per_sm"):
             if getattr(self, name) < 1:
                 raise TuningError(f"{name} must be >= 1")
+
+    def for_itemsize(self, itemsize: int) -> "RaggedPagedAttentionTuning":
+        """4-byte dtypes (f32) halve the prefill tiles to fit shared memory
+        (bf16-tuned 128x128 tiles need 256 KiB in f32; an SM has 227)."""
+        if itemsize < 4:
+            return self
+        return dataclasses.replace(
+            self, prefill_block_q=max(16, self.prefill_block_q // 2),
+            prefill_pages_per_block=max(1, self.prefill_pages_per_block // 2))
 
     def kv_splits(self, num_seqs: int, num_kv_heads: int,
                   max_blocks: int) -> int:

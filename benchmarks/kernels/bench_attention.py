@@ -153,15 +153,17 @@ def our_variants(kind, fixed=None):
     if kind == "decode":
         if SMOKE:
             return [T(), T(decode_pages_per_block=4)]
-        return [T(decode_pages_per_block=4), T(decode_pages_per_block=8),
-                T(decode_pages_per_block=4, decode_programs_per_sm=8),
-                T(decode_pages_per_block=4, decode_num_warps=8),
-                T(decode_pages_per_block=8, decode_programs_per_sm=8),
+        P = dict(decode_prefetch=True)
+        return [T(decode_pages_per_block=4, decode_num_stages=3,
+                  decode_programs_per_sm=8),
+                T(decode_pages_per_block=4),
                 T(decode_pages_per_block=8, decode_num_warps=8,
                   decode_programs_per_sm=8),
-                T(decode_pages_per_block=2, decode_programs_per_sm=8),
-                T(decode_pages_per_block=4, decode_num_stages=3,
-                  decode_programs_per_sm=8)]
+                T(decode_pages_per_block=4, **P),
+                T(decode_pages_per_block=4, decode_programs_per_sm=8, **P),
+                T(decode_pages_per_block=8, **P),
+                T(decode_pages_per_block=8, decode_programs_per_sm=8, **P),
+                T(decode_pages_per_block=4, decode_num_warps=8, **P)]
     if SMOKE:
         return [T(), T(prefill_block_q=128, prefill_num_warps=8)]
     return [T(prefill_block_q=128, prefill_pages_per_block=8,

@@ -66,6 +66,10 @@ def test_split_kv_decode_combines_partials():
                                         decode_kv_splits=8)
     _check(case, tuning=tuning)
     _check(case, tuning=tuning, sliding_window=100)
+    prefetch = RaggedPagedAttentionTuning(decode_pages_per_block=2,
+                                          decode_kv_splits=4,
+                                          decode_prefetch=True)
+    _check(case, tuning=prefetch, logit_soft_cap=5.0)
 
 
 @pytest.mark.slow
