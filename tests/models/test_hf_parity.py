@@ -24,6 +24,10 @@ from tests.models.forward import packed_prefill_logits
 from tests.runners import (HfRunner, JaxInferRunner, check_logprobs_close,
                            check_outputs_equal)
 
+# One xdist worker (with --dist loadgroup) builds the shared HF reference of
+# the embedded model and the module's engines once.
+pytestmark = pytest.mark.xdist_group("hf_embedded")
+
 MAX_TOKENS = 32
 NUM_LOGPROBS = 5
 LOGITS_ATOL = 1e-3  # float32, Done-when of issue 2

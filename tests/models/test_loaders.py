@@ -21,6 +21,10 @@ from jaxinfer.models import (CheckpointError, MissingWeightError,
 from jaxinfer.models.safetensors_loader import INDEX_FILE, SINGLE_FILE
 from jaxinfer.models.weights import weight_specs
 
+# One xdist worker (with --dist loadgroup) builds the shared HF reference of
+# the embedded model and the module's engines once.
+pytestmark = pytest.mark.xdist_group("hf_embedded")
+
 
 def _leaf(params, path):
     for key in path:
