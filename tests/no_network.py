@@ -14,8 +14,10 @@ import socket
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", ""}
 
 
-class NetworkAccessError(RuntimeError):
-    """A test tried to reach a host other than this machine."""
+class NetworkAccessError(ConnectionError):
+    """A test tried to reach a host other than this machine. An OSError, as
+    an unreachable network would raise, so that socket helpers close what
+    they opened; the message says where the guard lives."""
 
 
 def is_local(host) -> bool:
