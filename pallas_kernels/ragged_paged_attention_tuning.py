@@ -79,22 +79,26 @@ class RaggedPagedAttentionTuning:
         return splits
 
 
-# Tuned on one H200 (benchmarks/kernels/bench_attention.py), keyed by
-# (head_dim, page_size). Missing keys fall back to the defaults above.
-_T = RaggedPagedAttentionTuning
+# Tuned on one H200 (benchmarks/kernels/bench_attention.py, see NOTES.md),
+# keyed by (head_dim, page_size); measured at H=128 page 16, the other keys
+# keep the same tile bytes (a 64-token x 128 decode tile, a 128 x 128 prefill
+# tile). Missing keys fall back to the defaults above.
+
+
+def _t(decode_pages, block_q, prefill_pages, **kw):
+    return RaggedPagedAttentionTuning(
+        decode_prefetch=True, decode_pages_per_block=decode_pages,
+        prefill_block_q=block_q, prefill_pages_per_block=prefill_pages,
+        prefill_num_warps=8, **kw)
+
+
 TUNED: dict[tuple[int, int], RaggedPagedAttentionTuning] = {
-    (64, 16): _T(decode_pages_per_block=8, prefill_block_q=128,
-                 prefill_pages_per_block=8, prefill_num_warps=8),
-    (64, 32): _T(decode_pages_per_block=4, prefill_block_q=128,
-                 prefill_pages_per_block=4, prefill_num_warps=8),
-    (128, 16): _T(decode_pages_per_block=4, prefill_block_q=128,
-                  prefill_pages_per_block=8, prefill_num_warps=8),
-    (128, 32): _T(decode_pages_per_block=2, prefill_block_q=128,
-                  prefill_pages_per_block=4, prefill_num_warps=8),
-    (256, 16): _T(decode_pages_per_block=2, prefill_block_q=64,
-                  prefill_pages_per_block=4, prefill_num_warps=8),
-    (256, 32): _T(decode_pages_per_block=1, prefill_block_q=64,
-                  prefill_pages_per_block=2, prefill_num_warps=8),
+    (64, 16): _t(8, 128, 8),
+    (64, 32): _t(4, 128, 4),
+    (128, 16): _t(4, 128, 8),  # measured: NOTES.md v3
+    (128, 32): _t(2, 128, 4),
+    (256, 16): _t(2, 64, 4),
+    (256, 32): _t(1, 64, 2),
 }
 
 

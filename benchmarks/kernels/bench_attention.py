@@ -244,6 +244,7 @@ def main():
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--correctness-only", action="store_true")
     a = ap.parse_args()
     roof = roofline()
     import jax
@@ -256,6 +257,11 @@ def main():
                 bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
                 copy_repeats_s=roof["copy_s"], matmul_repeats_s=roof["matmul_s"])
     checks = [] if a.skip_correctness or SMOKE else correctness()
+    if a.correctness_only:
+        bad = [c for c in checks if not c["ok"]]
+        print(f"correctness: {len(checks) - len(bad)}/{len(checks)} ok; worst"
+              f" rel err {max(c['rel_err'] for c in checks):.2e}", bad)
+        return
     key = jax.random.PRNGKey(0)
     decode = {}
     for name, s, l in [("decode_S64_L2048", 64 // L_DIV, 2048 // L_DIV),
