@@ -23,16 +23,23 @@ def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
     shard_leaves = (jax.tree_util.tree_leaves(shardings) if shardings is not None
                     else [None] * len(leaves))
     out = []
+    makers: dict = {}  # one compiled initializer per (kind, shape, sharding)
     for i, ((path, leaf), sharding) in enumerate(zip(leaves, shard_leaves)):
         name = jax.tree_util.keystr(path)
-        if name.endswith("['scale']"):
-            fn = lambda k, s=leaf.shape: jnp.ones(s, dtype)
-        elif name.endswith("['bias']"):
-            fn = lambda k, s=leaf.shape: jnp.zeros(s, dtype)
-        else:
-            fn = lambda k, s=leaf.shape: (
-                jax.random.normal(k, s, jnp.float32) * std).astype(dtype)
-        make = jax.jit(fn, out_shardings=sharding) if sharding is not None \
-            else jax.jit(fn)
-        out.append(make(jax.random.key(seed * 100003 + i)))
+        kind = ("ones" if name.endswith("['scale']") else
+                "zeros" if name.endswith("['bias']") else "normal")
+        key = (kind, leaf.shape, sharding)
+        if key not in makers:
+            makers[key] = _initializer(kind, leaf.shape, dtype, std, sharding)
+        out.append(makers[key](jax.random.key(seed * 100003 + i)))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _initializer(kind, shape, dtype, std, sharding):
+    def fn(k):
+        if kind == "ones":
+            return jnp.ones(shape, dtype)
+        if kind == "zeros":
+            return jnp.zeros(shape, dtype)
+        return (jax.random.normal(k, shape, jnp.float32) * std).astype(dtype)
+    return jax.jit(fn, out_shardings=sharding) if sharding is not None else jax.jit(fn)
