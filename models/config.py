@@ -30,6 +30,9 @@ class RopeScaling:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    # llama.cpp's per-frequency divisors (a GGUF's rope_freqs tensor, how
+    # Llama 3.1+ GGUF files carry their llama3 scaling): inv_freq / factors.
+    freq_factors: tuple[float, ...] | None = None
 
     SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -81,6 +84,11 @@ class ModelConfig:
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ModelConfigError(
                 f"sliding_window must be > 0 or None, got {self.sliding_window}")
+        factors = self.rope_scaling.freq_factors
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ModelConfigError(
+                f"rope freq_factors has {len(factors)} entries; head_dim "
+                f"{self.head_dim} needs {self.head_dim // 2}")
         if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not supported; "
@@ -106,7 +114,8 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling]:
     theta = float(merged.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = merged.pop("rope_type", merged.pop("type", "default"))
     fields = {f.name for f in dataclasses.fields(RopeScaling)}
-    kwargs = {k: v for k, v in merged.items() if k in fields and v is not None}
+    kwargs = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in merged.items() if k in fields and v is not None}
     return theta, RopeScaling(rope_type=rope_type, **kwargs)
 
 

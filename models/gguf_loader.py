@@ -130,6 +130,15 @@ class GGUFReader:
                 "original_max_position_embeddings": get(
                     "rope.scaling.original_context_length"),
             }
+        # Llama 3.1+ files carry their llama3 scaling as a tensor of
+        # per-frequency divisors, not as metadata.
+        freqs = next((t for t in self._reader.tensors
+                      if t.name == "rope_freqs.weight"), None)
+        if freqs is not None:
+            factors = np.asarray(self._gguf.quants.dequantize(
+                freqs.data, freqs.tensor_type), np.float32).reshape(-1)
+            cfg.setdefault("rope_scaling", {"rope_type": "default"})[
+                "freq_factors"] = [float(f) for f in factors]
         return cfg
 
     def get(self, hf_name: str):

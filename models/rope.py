@@ -71,6 +71,14 @@ def _llama3_inv_freq(cfg: ModelConfig, inv_freq: np.ndarray) -> np.ndarray:
 
 def rope_inv_freq(cfg: ModelConfig, max_model_len: int) -> tuple[np.ndarray, float]:
     """Inverse frequencies [H/2] and the cos/sin scale (YaRN's mscale)."""
+    inv_freq, scale = _scaled_inv_freq(cfg, max_model_len)
+    factors = cfg.rope_scaling.freq_factors
+    if factors is not None:  # llama.cpp divides theta by them
+        inv_freq = inv_freq / np.asarray(factors, np.float32)
+    return inv_freq.astype(np.float32), scale
+
+
+def _scaled_inv_freq(cfg: ModelConfig, max_model_len: int):
     dim = cfg.head_dim
     base = cfg.rope_theta
     rs = cfg.rope_scaling

@@ -156,6 +156,96 @@ def test_gguf_loads_and_equals_hf_gguf_loader(hf_embedded, embedded_gguf_path):
         assert not np.allclose(raw, want), name
 
 
+def _write_llama_gguf(hf_dir, path):
+    """Converts an HF Llama folder to an F32 GGUF the way llama.cpp's
+    convert_hf_to_gguf.py does: q/k rows permuted for its rotary layout and
+    llama3 rope scaling stored as a rope_freqs tensor of divisors."""
+    import math
+
+    import gguf
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hp = json.load(f)
+    sd = {k: v.float().numpy() for k, v in
+          load_file(os.path.join(hf_dir, SINGLE_FILE)).items()}
+    N, K = hp["num_attention_heads"], hp["num_key_value_heads"]
+    H = hp.get("head_dim") or hp["hidden_size"] // N
+    rope = hp["rope_parameters"]
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(N)
+    w.add_head_count_kv(K)
+    w.add_key_length(H)
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_vocab_size(hp["vocab_size"])
+
+    def permute(x, heads):  # llama.cpp's LlamaModel.permute
+        return (x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:])
+                .swapaxes(1, 2).reshape(x.shape))
+
+    factors = []
+    old = rope["original_max_position_embeddings"]
+    for i in range(0, H, 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (i / H)
+        if wavelen < old / rope["high_freq_factor"]:
+            factors.append(1.0)
+        elif wavelen > old / rope["low_freq_factor"]:
+            factors.append(rope["factor"])
+        else:
+            smooth = (old / wavelen - rope["low_freq_factor"]) / (
+                rope["high_freq_factor"] - rope["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm":
+             "ffn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj":
+             "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj":
+             "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj":
+             "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, x in sd.items():
+        if name in names:
+            w.add_tensor(names[name], x)
+            continue
+        i, rest = name[len("model.layers."):].split(".", 1)
+        part = rest.rsplit(".", 1)[0]
+        if part == "self_attn.q_proj":
+            x = permute(x, N)
+        elif part == "self_attn.k_proj":
+            x = permute(x, K)
+        w.add_tensor(f"blk.{i}.{layer[part]}.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
+    """A Llama 3.1-style GGUF (llama3 scaling as rope_freqs, permuted q/k)
+    gives the logits of the HF checkpoint it was converted from."""
+    from tests.models.forward import packed_prefill_logits
+    from tests.runners import HfRunner
+    from jaxinfer.models import model_class, rope_cos_sin_table
+    hf_dir = tiny_model_factory("llama", "llama3")
+    path = str(tmp_path / "tiny-llama3.gguf")
+    _write_llama_gguf(hf_dir, path)
+    files = resolve_model(path)
+    cfg = files.config
+    assert cfg.rope_scaling.freq_factors is not None
+    assert max(cfg.rope_scaling.freq_factors) == 8.0
+    params = load_params(files, jnp.float32)
+    model = model_class(cfg.architecture)(cfg)
+    ids = list(range(100, 300))  # 200 positions, past the original 64
+    got = packed_prefill_logits(model, params, jnp.asarray(
+        rope_cos_sin_table(cfg, 256)), [ids], 16, jnp.float32)[0]
+    want = HfRunner(hf_dir).prefill_logits([ids])[0]
+    assert float(np.abs(got - want).max()) < 1e-3
+
+
 def test_malformed_gguf_names_the_path(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 12)
