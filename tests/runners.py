@@ -24,7 +24,6 @@ from typing import Sequence
 
 import numpy as np
 
-Prompt = "str | list[int]"
 GreedyOutput = tuple[list[int], str]
 LogprobsOutput = tuple[list[int], str, list[dict[int, float]]]
 

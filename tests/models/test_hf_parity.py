@@ -110,6 +110,11 @@ def test_tiny_greedy_equals_hf(tiny):
     assert sum(len(ids) for ids, _, _ in hf) >= MAX_TOKENS * len(PROMPTS) // 2
     check_logprobs_close(hf, ours, "hf", "jaxinfer", logprob_atol=LOGPROB_ATOL)
     check_outputs_equal(hf, ours, "hf", "jaxinfer")
+    if tiny.name == "llama":
+        # The plain greedy path (no logprobs variant) gives the same tokens
+        # (checked once: it costs one more compile).
+        check_outputs_equal(hf, tiny.ours.generate_greedy(PROMPTS, MAX_TOKENS),
+                            "hf", "jaxinfer")
 
 
 def test_tiny_prefill_logits_match_hf(tiny):
@@ -119,37 +124,31 @@ def test_tiny_prefill_logits_match_hf(tiny):
     ours = tiny.ours.prefill_logits(ids)
     assert [o.shape for o in ours] == [h.shape for h in hf]
     assert _max_abs_diff(hf, ours) < LOGITS_ATOL
+    # The comparison would notice a missing rope scaling or sliding window:
+    # without them our logits are far from HF's.
+    wrong = _without_scaling_or_window(tiny, ids)
+    if wrong is not None:
+        assert _max_abs_diff(hf, wrong) > 100 * LOGITS_ATOL
 
 
-def test_tiny_scaling_and_window_are_exercised(tiny):
-    """The comparison above would notice a missing rope scaling or sliding
-    window: without them our logits are far from HF's."""
+def _without_scaling_or_window(tiny, ids):
+    """Our prefill logits with unscaled rope (or no sliding window); None
+    when the case has neither (dynamic is unscaled below max positions)."""
     runner = tiny.ours.engine.runner
     cfg = runner.cfg
-    ids = [tiny.hf.encode(p) for p in PROMPTS]
+    model, cos_sin = runner.model, runner.cos_sin
     if cfg.rope_scaling.rope_type not in ("default", "dynamic"):
-        model, cos_sin = runner.model, jnp.asarray(rope_cos_sin_table(
+        cos_sin = jnp.asarray(rope_cos_sin_table(
             dataclasses.replace(cfg, rope_scaling=type(cfg.rope_scaling)()),
             runner.scheduler_config.max_model_len))
     elif cfg.sliding_window is not None:
         assert cfg.sliding_window < max(len(i) for i in ids)
         model = type(runner.model)(dataclasses.replace(cfg, sliding_window=None),
                                    backend=runner.backend, dtype=runner.dtype)
-        cos_sin = runner.cos_sin
     else:
-        pytest.skip("no scaling or window in this case")
-    wrong = packed_prefill_logits(model, runner.params, cos_sin, ids,
-                                  runner.block_size, runner.dtype)
-    assert _max_abs_diff(tiny.hf.prefill_logits(ids), wrong) > 100 * LOGITS_ATOL
-
-
-def test_greedy_path_without_logprobs(tiny):
-    """The plain greedy path (no logprobs variant) gives the same tokens."""
-    if tiny.name != "llama":
-        pytest.skip("checked on one case only (it costs one more compile)")
-    ours = tiny.ours.generate_greedy(PROMPTS, MAX_TOKENS)
-    check_outputs_equal(tiny.hf.generate_greedy(PROMPTS, MAX_TOKENS), ours,
-                        "hf", "jaxinfer")
+        return None
+    return packed_prefill_logits(model, runner.params, cos_sin, ids,
+                                 runner.block_size, runner.dtype)
 
 
 def test_dynamic_rope_past_max_position_embeddings(tiny_model_factory):
