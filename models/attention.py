@@ -11,7 +11,7 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxinfer.pallas_kernels import kv_cache
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
@@ -68,12 +68,44 @@ def paged_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     logit_soft_cap: float | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Writes k/v at ``md.slot_mapping`` then attends; returns (out [T, N, H],
-    the updated page pair)."""
+    the updated page pair). ``mesh``: the tensor-parallel mesh, under which
+    the Pallas kernels run per shard (the reference is left to XLA's SPMD
+    partitioner)."""
     k_pages, v_pages = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
-    out = _attention_fn(backend)(
-        q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,
-        md.num_seqs, sm_scale=sm_scale, sliding_window=sliding_window,
-        logit_soft_cap=logit_soft_cap)
+    fn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
+                           sliding_window=sliding_window,
+                           logit_soft_cap=logit_soft_cap)
+    if backend != "reference" and _splits_heads(mesh, k_pages.shape[0]):
+        fn = _per_shard(fn, mesh)
+    out = fn(q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,
+             md.num_seqs)
     return out, (k_pages, v_pages)
+
+
+def _splits_heads(mesh, num_kv_heads: int) -> bool:
+    """True when tensor parallelism splits the kv heads (and so the pages)."""
+    if mesh is None or "model" not in mesh.shape or mesh.shape["model"] == 1:
+        return False
+    return num_kv_heads % mesh.shape["model"] == 0
+
+
+def _per_shard(fn, mesh):
+    """Runs a Pallas kernel once per model-axis shard on its own heads.
+
+    XLA cannot partition a custom kernel call, so under tensor parallelism
+    each device calls it on its slice of query heads and the matching kv
+    heads (GQA groups never straddle a shard, since both head counts divide
+    evenly); the metadata is replicated.
+    """
+    heads = PartitionSpec(None, "model", None)
+    pages = PartitionSpec("model")
+    rep = PartitionSpec()
+    specs = dict(mesh=mesh, in_specs=(heads, pages, pages, rep, rep, rep, rep),
+                 out_specs=heads)
+    if hasattr(jax, "shard_map"):  # jax >= 0.7
+        return jax.shard_map(fn, check_vma=False, **specs)
+    from jax.experimental.shard_map import shard_map  # pragma: no cover
+    return shard_map(fn, check_rep=False, **specs)

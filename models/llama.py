@@ -12,6 +12,8 @@ Logical axis names (mapped to mesh axes by ``jaxinfer.sharding``):
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -74,6 +76,7 @@ class Attention(nn.Module):
     cfg: ModelConfig
     backend: str
     dtype: jnp.dtype
+    mesh: Any = None
 
     @nn.compact
     def __call__(self, x, cos_sin, kv, md: AttentionMetadata):
@@ -91,7 +94,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         out, kv = paged_attention(q, k, v, kv, md, backend=self.backend,
                                   sm_scale=H**-0.5,
-                                  sliding_window=c.sliding_window)
+                                  sliding_window=c.sliding_window,
+                                  mesh=self.mesh)
         out = Projection((N, H), (D,), ("heads", "head_dim", "embed"), False,
                          self.dtype, name="o_proj")(out)
         return out, kv
@@ -118,13 +122,15 @@ class DecoderLayer(nn.Module):
     cfg: ModelConfig
     backend: str
     dtype: jnp.dtype
+    mesh: Any = None
 
     @nn.compact
     def __call__(self, x, cos_sin, kv, md):
         c = self.cfg
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
                     name="input_layernorm")(x)
-        h, kv = Attention(c, self.backend, self.dtype, name="self_attn")(
+        h, kv = Attention(c, self.backend, self.dtype, self.mesh,
+                          name="self_attn")(
             h, cos_sin, kv, md)
         x = x + h
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
@@ -138,6 +144,7 @@ class LlamaForCausalLM(nn.Module):
     cfg: ModelConfig
     backend: str = "reference"
     dtype: jnp.dtype = jnp.float32
+    mesh: Any = None  # tensor-parallel mesh; Pallas kernels run per shard
 
     @nn.compact
     def __call__(
@@ -156,7 +163,7 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = jnp.take(cos_sin_table, positions, axis=0)
         new_pages = []
         for i in range(c.num_layers):
-            x, kv = DecoderLayer(c, self.backend, self.dtype,
+            x, kv = DecoderLayer(c, self.backend, self.dtype, self.mesh,
                                  name=f"layers_{i}")(x, cos_sin, kv_pages[i], md)
             new_pages.append(kv)
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)

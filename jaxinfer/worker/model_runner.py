@@ -73,6 +73,7 @@ class ModelRunner:
         self.model = model_class(self.cfg.architecture)(
             self.cfg, backend=self.backend, dtype=dtype)
         self.placement = Placement(self.model, self.cfg, tensor_parallel_size)
+        self.model = self.model.clone(mesh=self.placement.mesh)
         self.params = load_params(files, dtype, place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)

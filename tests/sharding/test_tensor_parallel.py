@@ -46,18 +46,18 @@ _SCRIPT = textwrap.dedent("""
     import json, os, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     from jaxinfer import LLM, SamplingParams
-    path, kv_heads = sys.argv[1], int(sys.argv[2])
+    path, backend = sys.argv[1], sys.argv[2]
     prompts = ["Hello there, how are you doing", "x", "The capital of France is"]
     sp = SamplingParams(max_tokens=8, temperature=0)
     out = {}
     for tp in (1, 2):
         llm = LLM(path, num_gpu_blocks_override=64, max_model_len=128,
-                  tensor_parallel_size=tp)
+                  tensor_parallel_size=tp, attention_backend=backend)
         r = llm.llm_engine.runner
         out[tp] = {
             "tokens": [o.outputs[0].token_ids
                        for o in llm.generate(prompts, sp, use_tqdm=False)],
-            "kv_spec": str(r.kv_pages[0][0].sharding.spec),
+            "kv_spec": list(r.kv_pages[0][0].sharding.spec),
             "devices": len(r.params["embedding"].sharding.device_set),
         }
     print("RESULT" + json.dumps(out))
@@ -65,11 +65,14 @@ _SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_two_device_mesh_matches_one_device(tiny_model_factory, kv_heads):
+@pytest.mark.parametrize("kv_heads,backend", [(2, "reference"), (1, "reference"),
+                                              (2, "pallas_interpret")])
+def test_two_device_mesh_matches_one_device(tiny_model_factory, kv_heads,
+                                            backend):
+    """Pallas kernels run per shard (shard_map) when kv heads split."""
     path = tiny_model_factory("llama", num_key_value_heads=kv_heads)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, path, str(kv_heads)],
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, path, backend],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
@@ -77,5 +80,4 @@ def test_two_device_mesh_matches_one_device(tiny_model_factory, kv_heads):
     assert res["2"]["tokens"] == res["1"]["tokens"]
     assert res["2"]["devices"] == 2
     # 2 kv heads split over 2 devices; 1 kv head is replicated.
-    assert res["2"]["kv_spec"] == ("PartitionSpec('model',)" if kv_heads == 2
-                                   else "PartitionSpec()")
+    assert res["2"]["kv_spec"] == (["model"] if kv_heads == 2 else [])
