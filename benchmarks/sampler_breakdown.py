@@ -1,0 +1,55 @@
+"""Where the sampler's time goes at S=256, V=128256: each stage timed alone.
+
+    PYTHONPATH=<package layout> python3 benchmarks/sampler_breakdown.py
+
+Companion of sampler_bench.py (which times the whole sampler); random float32
+logits, medians of repeats after warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.kernels.bench_attention import time_fn  # noqa: E402
+from benchmarks.sampler_bench import metadata  # noqa: E402
+from jaxinfer.worker.logprob_ops import gather_logprobs  # noqa: E402
+from jaxinfer.worker.penalties import PenaltyState  # noqa: E402
+from jaxinfer.worker.sampler import _draw, filter_logits, process_logits  # noqa: E402
+
+SMOKE = os.environ.get("BENCH_SMOKE") == "1"
+
+
+def main():
+    S, V = (8, 1024) if SMOKE else (256, 128256)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(0, 4, (S, V)).astype(np.float32))
+    md = jax.device_put(metadata(S, V, rng, True))
+    counts = np.zeros((S + 1, V), np.int32)
+    state = PenaltyState(jnp.asarray(counts), jnp.zeros((S + 1, V), bool))
+    tok = jnp.zeros(S, jnp.int32)
+    stages = {
+        "process_logits": jax.jit(lambda x, md, st: process_logits(x, md, st)),
+        "filter_logits": jax.jit(lambda x, md, st: filter_logits(x, md)),
+        "sort_rows": jax.jit(lambda x, md, st: jnp.sort(x, axis=-1)),
+        "cumsum_rows": jax.jit(lambda x, md, st: jnp.cumsum(x, axis=-1)),
+        "softmax_rows": jax.jit(lambda x, md, st: jax.nn.softmax(x, axis=-1)),
+        "top_k_20": jax.jit(lambda x, md, st: jax.lax.top_k(x, 20)),
+        "top_k_16": jax.jit(lambda x, md, st: jax.lax.top_k(x, 16)),
+        "gather_logprobs_20": jax.jit(lambda x, md, st: gather_logprobs(x, tok, 20)),
+        "draw": jax.jit(lambda x, md, st: _draw(md.seeds, md.positions, x)),
+    }
+    print(f"S={S} V={V} device={jax.devices()[0].device_kind}")
+    for name, fn in stages.items():
+        ms = statistics.median(time_fn(fn, x, md, state)) * 1e3
+        print(f"{name:20s} {ms:8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
