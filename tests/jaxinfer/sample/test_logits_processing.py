@@ -109,3 +109,20 @@ def test_unused_features_stay_off_the_device():
     assert md.penalties is None and md.bias_ids is None
     assert md.allowed_ids is None and md.banned_ids is None
     assert md.top_k is None and md.top_p is None and md.min_p is None
+
+
+def test_top_k_in_rounds_equals_lax_top_k():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxinfer.worker.logprob_ops import top_k_in_rounds
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 2, (5, 300)).astype(np.float32)
+    x[0, :40] = 1.5  # ties spanning rounds
+    x[1] = np.round(x[1])
+    for k in (1, 16, 17, 20, 33):
+        v, i = top_k_in_rounds(jnp.asarray(x), k)
+        ev, ei = jax.lax.top_k(jnp.asarray(x), k)
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(ev))
+        np.testing.assert_array_equal(np.asarray(i), np.asarray(ei))
