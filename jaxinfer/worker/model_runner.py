@@ -24,10 +24,10 @@ from ..core.scheduler_output import SchedulerOutput
 from ..request import Request
 from .buckets import Buckets
 from .packing import pack_step, unpack_step
-from .page_ops import PageMover
-from .placement import Placement
 from .logprob_ops import gather_logprobs
+from .page_ops import PageMover
 from .penalties import PenaltyState, update_penalty_state
+from .placement import Placement
 from .runner_output import ModelRunnerOutput
 from .sampler import SamplingMetadata, sample
 from .sampling_inputs import SamplingInputs
