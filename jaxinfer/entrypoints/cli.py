@@ -4,6 +4,7 @@ register their subcommands here as they land."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # transformers warns at import that torch is absent; the CLI never needs
+    # torch, so keep its output to the generated text and real errors.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
