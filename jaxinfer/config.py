@@ -74,6 +74,8 @@ class ParallelConfig:
 class EngineArgs:
     """vLLM's engine arguments (the same names and meanings)."""
     model: str = "smollm2-135m-instruct"
+    tokenizer: str | None = None  # a model reference for the tokenizer; None = model's
+    load_format: str = "auto"  # "auto" or "dummy" (random weights, config only)
     dtype: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
@@ -97,6 +99,8 @@ class EngineArgs:
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
+        _check(self.load_format in ("auto", "dummy"), "load_format",
+               "'auto' or 'dummy'", self.load_format)
         _check(self.max_model_len is None or (
             isinstance(self.max_model_len, int) and self.max_model_len >= 1),
             "max_model_len", "a positive integer or None", self.max_model_len)

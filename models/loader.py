@@ -30,17 +30,25 @@ class ModelFiles:
     """A resolved model reference."""
     config: ModelConfig
     tokenizer: TokenizerSource
-    reader: object  # has .get(hf_name)
+    reader: object | None  # has .get(hf_name); None for load_format="dummy"
     source: str
 
 
-def resolve_model(model: str) -> ModelFiles:
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
     """A local folder (HF safetensors), a .gguf file, or an embedded name.
-    Nothing is downloaded."""
+    Nothing is downloaded. ``load_format="dummy"`` (vLLM's name) needs only
+    the folder's config.json: the weights are random (see ``dummy.py``)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
+                         f"got {load_format!r}")
     path = embedded_model_path(model) if is_embedded(model) else model
     if os.path.isdir(path):
         cfg = model_config_from_hf(load_hf_config(path))
-        return ModelFiles(cfg, TokenizerSource(path), SafetensorsReader(path), path)
+        reader = None if load_format == "dummy" else SafetensorsReader(path)
+        return ModelFiles(cfg, TokenizerSource(path), reader, path)
     if os.path.isfile(path) and path.endswith(".gguf"):
         reader = GGUFReader(path)
         cfg = model_config_from_hf(reader.hf_config())

@@ -44,21 +44,24 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
-        self.files = resolve_model(args.model)
+        self.files = resolve_model(args.model, args.load_format)
         self.model_config = self.files.config
         on_cpu = jax.default_backend() == "cpu"
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(
             self.model_config.max_position_embeddings, on_cpu)
         self.dtype = resolve_dtype(args.dtype, self.model_config)
-        self.tokenizer = load_tokenizer(self.files.tokenizer)
+        self.tokenizer = load_tokenizer(
+            resolve_model(args.tokenizer, "dummy").tokenizer
+            if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
                                   tensor_parallel_size=args.tensor_parallel_size,
-                                  max_logprobs=args.max_logprobs)
+                                  max_logprobs=args.max_logprobs,
+                                  load_format=args.load_format)
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
         if capacity < self.max_model_len:
             raise InvalidConfigError(

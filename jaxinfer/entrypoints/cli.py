@@ -1,5 +1,4 @@
-"""The `jaxinfer` command: `generate` now; `serve`, `bench` and `convert`
-register their subcommands here as they land."""
+"""The `jaxinfer` command: `generate`, `serve`, `bench`."""
 
 from __future__ import annotations
 
@@ -12,6 +11,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """vLLM's engine flags, with vLLM's names."""
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="local HF folder, .gguf file, or embedded model name")
+    p.add_argument("--tokenizer", default=None,
+                   help="where the tokenizer comes from (default: the model)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                   help="dummy: random weights from the model's config.json")
     p.add_argument("--dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16", "half"])
     p.add_argument("--seed", type=int, default=0)
@@ -32,7 +35,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_args_from(ns: argparse.Namespace):
     from ..config import EngineArgs
     return EngineArgs(
-        model=ns.model, dtype=ns.dtype, seed=ns.seed,
+        model=ns.model, tokenizer=ns.tokenizer, load_format=ns.load_format,
+        dtype=ns.dtype, seed=ns.seed,
         max_model_len=ns.max_model_len, block_size=ns.block_size,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
@@ -44,11 +48,9 @@ def engine_args_from(ns: argparse.Namespace):
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from ..engine.llm_engine import LLMEngine
     from ..entrypoints.llm import LLM
     from ..sampling_params import SamplingParams
-    llm = LLM.__new__(LLM)
-    llm.llm_engine = LLMEngine(engine_args_from(ns))
+    llm = LLM.from_engine_args(engine_args_from(ns))
     sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature,
                         top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed)
     prompts = ns.prompt or ["The capital of France is"]
@@ -80,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     from .openai.cli_args import add_serve_parser
     add_serve_parser(sub)
+    from .bench import add_bench_parser
+    add_bench_parser(sub)
     return parser
 
 

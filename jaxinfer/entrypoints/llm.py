@@ -26,6 +26,12 @@ class LLM:
             raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
 
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLM":
+        llm = cls.__new__(cls)
+        llm.llm_engine = LLMEngine.from_engine_args(args)
+        return llm
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
                              model_class, resolve_backend, rope_cos_sin_table)
+from jaxinfer.models.dummy import random_params
 
 from ..config import CacheConfig, SchedulerConfig
 from ..core.kv_cache_manager import cdiv
@@ -60,7 +61,8 @@ class ModelRunner:
     def __init__(self, files: ModelFiles, dtype, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, seed: int = 0,
                  attention_backend: str | None = None,
-                 tensor_parallel_size: int = 1, max_logprobs: int = 20):
+                 tensor_parallel_size: int = 1, max_logprobs: int = 20,
+                 load_format: str = "auto"):
         self.cfg = files.config
         self.dtype = dtype
         self.scheduler_config = scheduler_config
@@ -74,7 +76,13 @@ class ModelRunner:
             self.cfg, backend=self.backend, dtype=dtype)
         self.placement = Placement(self.model, self.cfg, tensor_parallel_size)
         self.model = self.model.clone(mesh=self.placement.mesh)
-        self.params = load_params(files, dtype, place=self.placement.place_param)
+        if load_format == "dummy":  # random weights, drawn in their sharding
+            self.params = random_params(self.model, self.cfg, dtype,
+                                        self.placement.param_shardings,
+                                        seed=seed)
+        else:
+            self.params = load_params(files, dtype,
+                                      place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
         self.cos_sin = jnp.asarray(
