@@ -40,12 +40,21 @@ def test_throughput_runs_every_request_to_its_length(config_only_model, tmp_path
     assert rec["warmup_programs"] > 0  # compiles stayed out of the timing
 
 
+def test_throughput_dry_run_warmup(config_only_model, tmp_path):
+    out = tmp_path / "d.json"
+    assert main(["bench", "throughput", *_common(config_only_model, out),
+                 "--num-prompts", "3", "--input-len", "9", "--output-len", "4",
+                 "--warmup", "dry-run"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["output_tokens"] == 12 and rec["warmup_programs"] == 0
+
+
 def test_latency_reports_each_iteration(config_only_model, tmp_path):
     out = tmp_path / "l.json"
     assert main(["bench", "latency", *_common(config_only_model, out),
                  "--batch-size", "2", "--input-len", "8", "--output-len", "3",
                  "--num-iters", "3", "--num-iters-warmup", "1",
-                 "--no-warmup"]) == 0
+                 "--warmup", "none"]) == 0
     rec = json.loads(out.read_text())
     assert len(rec["latencies_s"]) == 3
     assert min(rec["latencies_s"]) <= rec["median_s"] <= max(rec["latencies_s"])
