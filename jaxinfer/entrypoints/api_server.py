@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import uuid
 
@@ -23,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
 from ..sampling_params import SamplingParams
-from .openai.serving_engine import cancel_on_disconnect
+from .openai.serving_engine import cancel_on_disconnect, engine_lifespan
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -31,14 +30,7 @@ def _error(message: str, status: int) -> JSONResponse:
 
 
 def build_app(engine: AsyncLLMEngine, owns_engine: bool = True) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        engine.start()
-        yield
-        if owns_engine:
-            engine.shutdown()
-
-    app = FastAPI(title="jaxinfer simple API server", lifespan=lifespan)
+    app = FastAPI(title="jaxinfer simple API server", lifespan=engine_lifespan(engine, owns_engine))
 
     @app.get("/health")
     async def health() -> Response:

@@ -14,7 +14,6 @@ first (or, with ``--warmup dry-run``, runs the workload once untimed). ``--outpu
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json

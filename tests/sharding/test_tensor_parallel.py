@@ -12,7 +12,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxinfer.sharding import kv_pages_sharding, make_mesh, param_shardings
+from jaxinfer.sharding import make_mesh, param_shardings
 
 
 def _abstract(tiny_path):

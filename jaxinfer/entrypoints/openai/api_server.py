@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 
@@ -25,6 +24,7 @@ from .protocol import (ChatCompletionRequest, CompletionRequest,
                        TokenizeCompletionRequest, TokenizeResponse)
 from .serving_chat import OpenAIServingChat, load_chat_template
 from .serving_completion import OpenAIServingCompletion
+from .serving_engine import engine_lifespan
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +41,8 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
     completion = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names, template)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        engine.start()
-        yield
-        if owns_engine:
-            engine.shutdown()
-
     app = FastAPI(title="jaxinfer OpenAI-compatible server", version=__version__,
-                  lifespan=lifespan)
+                  lifespan=engine_lifespan(engine, owns_engine))
     app.state.engine = engine
     install_error_handlers(app)
 

@@ -215,3 +215,15 @@ async def cancel_on_disconnect(raw_request: Request):
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def engine_lifespan(engine: AsyncLLMEngine, owns_engine: bool):
+    """A FastAPI lifespan that runs the engine loop while the app serves
+    (and stops it after, when the app owns the engine)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        engine.start()
+        yield
+        if owns_engine:
+            engine.shutdown()
+    return lifespan
