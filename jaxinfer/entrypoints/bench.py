@@ -1,4 +1,5 @@
-"""`jaxinfer bench {throughput,latency}`: vLLM's offline benchmarks.
+"""`jaxinfer bench {throughput,latency}`: vLLM's offline benchmarks
+(`serving`, the online one, is in bench_serving.py).
 
     jaxinfer bench throughput --model M --input-len 1000 --output-len 1000 --num-prompts 1000
     jaxinfer bench throughput --model M --dataset sharegpt-synthetic --num-prompts 1000
@@ -140,6 +141,8 @@ def add_bench_parser(sub) -> None:
     from .cli import add_engine_args
     bench = sub.add_parser("bench", help="offline throughput / latency benchmarks")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    from .bench_serving import add_serving_parser
+    add_serving_parser(kinds)
     for name, func, help_ in (("throughput", run_throughput, "requests run to completion"),
                               ("latency", run_latency, "one batch, end to end")):
         p = kinds.add_parser(name, help=help_)

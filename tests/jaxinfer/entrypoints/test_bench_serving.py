@@ -1,0 +1,47 @@
+"""`jaxinfer bench serving` against a real server on localhost."""
+
+import json
+
+import pytest
+
+from jaxinfer.entrypoints.cli import main
+
+from .conftest import pages_all_free, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_factory):
+    srv, engine = start_server(tiny_model_factory("llama"),
+                               served_model_names=["tiny"],
+                               num_gpu_blocks_override=128, max_model_len=128)
+    yield srv, engine
+    srv.stop()
+
+
+@pytest.mark.parametrize("rate", ["inf", "40"])
+def test_every_request_completes_with_consistent_timings(server, tmp_path, rate):
+    srv, engine = server
+    out = tmp_path / "serving.json"
+    assert main(["bench", "serving", "--base-url", srv.base_url, "--model", "tiny",
+                 "--num-prompts", "8", "--input-len", "12", "--output-len", "5",
+                 "--request-rate", rate, "--max-model-len", "128",
+                 "--output-json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["completed"] == 8 and rec["failed"] == 0
+    assert rec["total_output_tokens"] == 8 * 5  # ignore_eos: full length
+    assert rec["total_input_tokens"] == 8 * 12
+    for r in rec["per_request"]:
+        assert 0 < r["ttft"] <= r["e2el"]
+        assert len(r["itl"]) >= 1  # more than one streamed chunk
+    assert rec["ttft"]["median_ms"] <= rec["e2el"]["median_ms"]
+    assert rec["tpot"]["median_ms"] > 0
+    assert pages_all_free(engine)
+
+
+def test_unknown_model_counts_as_failed(server, tmp_path):
+    srv, _ = server
+    assert main(["bench", "serving", "--base-url", srv.base_url, "--model",
+                 "nope", "--num-prompts", "2", "--input-len", "4",
+                 "--output-len", "2", "--output-json", str(tmp_path / "f.json")]) == 1
+    rec = json.loads((tmp_path / "f.json").read_text())
+    assert rec["failed"] == 2 and "NotFound" in rec["errors"][0]
