@@ -11,6 +11,7 @@ from .config import ModelConfig, load_hf_config, model_config_from_hf
 from .embedded import embedded_model_path, is_embedded
 from .errors import CheckpointError
 from .gguf_loader import GGUFReader
+from .orbax_checkpoint import is_orbax_model
 from .safetensors_loader import SafetensorsReader
 from .weights import build_params
 
@@ -30,8 +31,10 @@ class ModelFiles:
     """A resolved model reference."""
     config: ModelConfig
     tokenizer: TokenizerSource
-    reader: object | None  # has .get(hf_name); None for load_format="dummy"
+    reader: object | None  # has .get(hf_name); None for orbax and load_format="dummy"
     source: str
+    hf_config: dict  # the HF-style config.json the config was built from
+    format: str = "safetensors"  # "safetensors" | "gguf" | "orbax"
 
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -46,14 +49,19 @@ def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
                          f"got {load_format!r}")
     path = embedded_model_path(model) if is_embedded(model) else model
     if os.path.isdir(path):
-        cfg = model_config_from_hf(load_hf_config(path))
+        hf = load_hf_config(path)
+        cfg = model_config_from_hf(hf)
+        if is_orbax_model(path):  # written by `jaxinfer convert`
+            return ModelFiles(cfg, TokenizerSource(path), None, path, hf, "orbax")
         reader = None if load_format == "dummy" else SafetensorsReader(path)
-        return ModelFiles(cfg, TokenizerSource(path), reader, path)
+        return ModelFiles(cfg, TokenizerSource(path), reader, path, hf)
     if os.path.isfile(path) and path.endswith(".gguf"):
         reader = GGUFReader(path)
-        cfg = model_config_from_hf(reader.hf_config())
+        hf = reader.hf_config()
+        cfg = model_config_from_hf(hf)
         directory, name = os.path.split(os.path.abspath(path))
-        return ModelFiles(cfg, TokenizerSource(directory, name), reader, path)
+        return ModelFiles(cfg, TokenizerSource(directory, name), reader, path,
+                          hf, "gguf")
     raise CheckpointError(
         f"model {model!r} is neither a local HF model folder, a .gguf file, "
         "nor an embedded model name (jaxinfer never downloads from a hub; "

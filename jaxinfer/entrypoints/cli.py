@@ -1,4 +1,4 @@
-"""The `jaxinfer` command: `generate`, `serve`, `bench`."""
+"""The `jaxinfer` command: `generate`, `serve`, `bench`, `convert`."""
 
 from __future__ import annotations
 
@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     from .bench import add_bench_parser
     add_bench_parser(sub)
+    from .convert import add_convert_parser
+    add_convert_parser(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
                              model_class, resolve_backend, rope_cos_sin_table)
 from jaxinfer.models.dummy import random_params
+from jaxinfer.models.orbax_checkpoint import restore_params
 
 from ..config import CacheConfig, SchedulerConfig
 from ..core.kv_cache_manager import cdiv
@@ -80,6 +81,9 @@ class ModelRunner:
             self.params = random_params(self.model, self.cfg, dtype,
                                         self.placement.param_shardings,
                                         seed=seed)
+        elif files.format == "orbax":  # restored straight into the sharding
+            self.params = restore_params(files.source, self.model, self.cfg,
+                                         dtype, self.placement.param_shardings)
         else:
             self.params = load_params(files, dtype,
                                       place=self.placement.place_param)
