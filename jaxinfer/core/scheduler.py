@@ -184,7 +184,7 @@ class Scheduler:
             start = req.num_computed_tokens
             out.scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
-                token_ids=req.all_token_ids[start:start + n],
+                token_ids=req.token_ids_between(start, start + n),
                 start_pos=start,
                 block_table=list(self.kv.block_table(req.request_id)),
                 sample=start + n == req.num_tokens))

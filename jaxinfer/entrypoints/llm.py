@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from ..config import EngineArgs
 from ..engine.llm_engine import LLMEngine
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -55,6 +55,9 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for "
                                  f"{len(prompts)} prompts")
+        # Offline runs only read final outputs: like vLLM, ask for nothing
+        # else, so no per-step RequestOutput copies the growing token lists.
+        params = [_final_only(sp) for sp in params]
         engine = self.llm_engine
         ids = []
         try:
@@ -118,3 +121,9 @@ def _as_ids(rendered) -> list[int]:
     if isinstance(rendered, dict) or hasattr(rendered, "keys"):
         rendered = rendered["input_ids"]
     return list(rendered)
+
+
+def _final_only(sp: SamplingParams) -> SamplingParams:
+    sp = sp.clone()
+    sp.output_kind = RequestOutputKind.FINAL_ONLY
+    return sp
