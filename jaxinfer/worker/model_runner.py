@@ -8,6 +8,7 @@ NumPy arrays padded to the step's bucket, transfers them once, and runs
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 
@@ -154,28 +155,35 @@ class ModelRunner:
         n_tok = sum(len(s.token_ids) for s in sched)
         n_pages = max(len(s.block_table) for s in sched)
         T, S, P = self.buckets.pick(n_tok, len(sched), n_pages)
-        B = self.block_size
-        input_ids = np.zeros(T, np.int32)
-        positions = np.zeros(T, np.int32)
-        slots = np.zeros(T, np.int32)  # padding -> the null page
-        tables = np.zeros((S, P), np.int32)
-        kv_lens = np.zeros(S, np.int32)
+        B, R = self.block_size, len(sched)
+        # Vectorized over requests: per-request NumPy calls cost ~8 us each,
+        # which at 256 sequences was most of the host's share of a step.
+        q_lens = np.fromiter((len(s.token_ids) for s in sched), np.int32, R)
+        starts = np.fromiter((s.start_pos for s in sched), np.int32, R)
+        t_lens = np.fromiter((len(s.block_table) for s in sched), np.int32, R)
         cu = np.zeros(S + 1, np.int32)
+        np.cumsum(q_lens, out=cu[1:R + 1])
+        cu[R + 1:] = n_tok
+        seq_of = np.repeat(np.arange(R, dtype=np.int32), q_lens)  # [n_tok]
+        pos = starts[seq_of] + np.arange(n_tok, dtype=np.int32) - cu[seq_of]
+        tables = np.zeros((S, P), np.int32)
+        rows = np.repeat(np.arange(R), t_lens)
+        cols = np.arange(rows.size) - np.repeat(np.cumsum(t_lens) - t_lens, t_lens)
+        tables[rows, cols] = np.fromiter(
+            itertools.chain.from_iterable(s.block_table for s in sched),
+            np.int32, rows.size)
+        input_ids = np.zeros(T, np.int32)
+        input_ids[:n_tok] = np.fromiter(
+            itertools.chain.from_iterable(s.token_ids for s in sched),
+            np.int32, n_tok)
+        positions = np.zeros(T, np.int32)
+        positions[:n_tok] = pos
+        slots = np.zeros(T, np.int32)  # padding -> the null page
+        slots[:n_tok] = tables[seq_of, pos // B] * B + pos % B
+        kv_lens = np.zeros(S, np.int32)
+        kv_lens[:R] = starts + q_lens
         logits_idx = np.zeros(S, np.int32)
-        t = 0
-        for i, s in enumerate(sched):
-            n = len(s.token_ids)
-            table = np.asarray(s.block_table, np.int32)
-            pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int32)
-            input_ids[t:t + n] = s.token_ids
-            positions[t:t + n] = pos
-            slots[t:t + n] = table[pos // B] * B + pos % B
-            tables[i, :len(table)] = table
-            kv_lens[i] = s.start_pos + n
-            t += n
-            cu[i + 1] = t
-            logits_idx[i] = t - 1
-        cu[len(sched) + 1:] = t
+        logits_idx[:R] = cu[1:R + 1] - 1
         md = AttentionMetadata(slots, tables, kv_lens, cu,
                                np.array([len(sched)], np.int32))
         smd = self.sampling_inputs.build(sched, requests, S)
