@@ -3,7 +3,8 @@ shape with random weights, against the roofline measured in the same run.
 
 One command (GPU machine, repo root):
 
-    PYTHONPATH=. python benchmarks/decode_step.py --out $OUT
+    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    python3 benchmarks/decode_step.py --out $OUT
 
 For each (S, L): S sequences, each with L tokens already in a random (not
 zero) KV pool, decode one token each: the engine's own jitted step

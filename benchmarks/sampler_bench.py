@@ -3,7 +3,8 @@ feature on it costs <= 10% of a llama3-8b decode step at S=256).
 
 One command (GPU machine, repo root):
 
-    PYTHONPATH=. python benchmarks/sampler_bench.py --out $OUT [--step-ms 13.5]
+    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    python3 benchmarks/sampler_bench.py --out $OUT [--step-ms 13.5]
 
 Times, on random (not zero) float32 logits, medians of repeats after
 warm-up: greedy only; temperature only; every feature (temperature, top-k,

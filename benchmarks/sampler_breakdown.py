@@ -1,6 +1,7 @@
 """Where the sampler's time goes at S=256, V=128256: each stage timed alone.
 
-    PYTHONPATH=<package layout> python3 benchmarks/sampler_breakdown.py
+    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    python3 benchmarks/sampler_breakdown.py
 
 Companion of sampler_bench.py (which times the whole sampler); random float32
 logits, medians of repeats after warm-up.

@@ -2,7 +2,8 @@
 
 One command (GPU machine, repo root):
 
-    PYTHONPATH=. python benchmarks/kernels/bench_attention.py --out $OUT
+    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    python3 benchmarks/kernels/bench_attention.py --out $OUT
 
 1. roofline of this run: torch ``copy_`` of 2 GiB (bytes read + written / time)
    and a torch 8192^3 bf16 matmul;

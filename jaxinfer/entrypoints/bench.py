@@ -41,10 +41,15 @@ def synthetic_lengths(dataset: str, n: int, input_len: int, output_len: int,
     return list(zip(ins.tolist(), outs.tolist()))
 
 
+def random_token_prompts(lengths, vocab: int, rng) -> list[list[int]]:
+    """One random token-id prompt per (prompt_len, output_len); the lowest
+    ids are skipped, since tokenizers keep their special tokens there."""
+    return [rng.integers(100, vocab, n).tolist() for n, _ in lengths]
+
+
 def _prompts(lengths, vocab: int, rng):
-    # Skip the lowest ids, where tokenizers keep their special tokens.
-    return [{"prompt_token_ids": rng.integers(100, vocab, n).tolist()}
-            for n, _ in lengths]
+    return [{"prompt_token_ids": ids}
+            for ids in random_token_prompts(lengths, vocab, rng)]
 
 
 def _llm(ns):

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .bench import synthetic_lengths
+from .bench import random_token_prompts, synthetic_lengths
 
 
 @dataclasses.dataclass
@@ -79,7 +79,7 @@ async def run_load(base_url: str, model: str, lengths, request_rate: float,
         raise ValueError("jaxinfer bench serving needs the openai client: "
                          "pip install 'jaxinfer[bench]'") from e
     rng = np.random.default_rng(seed)
-    prompts = [rng.integers(100, input_vocab, n).tolist() for n, _ in lengths]
+    prompts = random_token_prompts(lengths, input_vocab, rng)
     client = AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1",
                          api_key=api_key or "unused", max_retries=0,
                          timeout=3600)
