@@ -20,6 +20,7 @@ BENCH_SMOKE=1 runs a small shape on CPU to check the script.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -34,7 +35,11 @@ import numpy as np  # noqa: E402
 from benchmarks.kernels.bench_attention import time_fn  # noqa: E402
 from jaxinfer.worker.penalties import (PenaltyParams, PenaltyState,  # noqa: E402
                                        update_penalty_state)
-from jaxinfer.worker.sampler import SamplingMetadata, sample  # noqa: E402
+from jaxinfer.worker.sampler import (SamplingMetadata,  # noqa: E402
+                                     _temperature_and_min_p,
+                                     _threshold_from_candidates,
+                                     process_logits, sample)
+from jaxinfer.worker.top_candidates import BLOCK_SIZE, KEPT_BLOCKS  # noqa: E402
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 
@@ -75,6 +80,14 @@ def metadata(S, V, rng, every_feature: bool) -> SamplingMetadata:
     return SamplingMetadata(**kw)
 
 
+@jax.jit
+def decided(logits, md, state):
+    """Fraction of sampled rows whose top-k/top-p the candidates decide."""
+    x = _temperature_and_min_p(process_logits(logits, md, state), md)
+    _, exact = _threshold_from_candidates(x, md, KEPT_BLOCKS, BLOCK_SIZE)
+    return jnp.mean(exact.astype(jnp.float32))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -92,10 +105,15 @@ def main():
     state = PenaltyState(jnp.asarray(counts),
                          jnp.asarray(rng.random((S + 1, V)) < 0.002))
     step = jax.jit(_step, static_argnums=(3,))
+    every = metadata(S, V, rng, True)
     cases = {
         "greedy": (SamplingMetadata(), None),
         "temperature": (metadata(S, V, rng, False), None),
-        "every_feature": (metadata(S, V, rng, True), args.max_logprobs),
+        "every_feature": (every, args.max_logprobs),
+        # top-p without top-k on these flat random rows reaches past the
+        # candidates' head: the full-row sort runs (the slow path's cost).
+        "top_p_only": (dataclasses.replace(
+            metadata(S, V, rng, False), top_p=every.top_p), None),
     }
     results = {}
     for name, (md, k) in cases.items():
@@ -103,8 +121,11 @@ def main():
         ts = time_fn(lambda lg, m, st: step(lg, m, st, k), logits, md, state)
         ms = statistics.median(ts) * 1e3
         results[name] = {"ms": ms, "fraction_of_step": ms / args.step_ms}
+        if md.top_k is not None or md.top_p is not None:
+            results[name]["rows_decided_by_candidates"] = float(decided(logits, md,
+                                                                        state))
         print(f"{name:14s} {ms:8.3f} ms  ({100 * ms / args.step_ms:.1f}% of a "
-              f"{args.step_ms} ms step)")
+              f"{args.step_ms} ms step) {results[name].get('rows_decided_by_candidates', '')}")
     record = {
         "workload": "sampler", "S": S, "V": V,
         "max_logprobs": args.max_logprobs, "step_ms": args.step_ms,

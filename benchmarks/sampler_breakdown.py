@@ -9,6 +9,8 @@ logits, medians of repeats after warm-up.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 
@@ -20,14 +22,20 @@ import numpy as np  # noqa: E402
 
 from benchmarks.kernels.bench_attention import time_fn  # noqa: E402
 from benchmarks.sampler_bench import metadata  # noqa: E402
-from jaxinfer.worker.logprob_ops import gather_logprobs  # noqa: E402
+from jaxinfer.worker.logprob_ops import gather_logprobs, top_k_in_rounds  # noqa: E402
 from jaxinfer.worker.penalties import PenaltyState  # noqa: E402
-from jaxinfer.worker.sampler import _draw, filter_logits, process_logits  # noqa: E402
+from jaxinfer.worker.sampler import (_draw, _filter_by_sorting_rows,  # noqa: E402
+                                     _temperature_and_min_p, filter_logits,
+                                     process_logits)
+from jaxinfer.worker.top_candidates import top_candidates  # noqa: E402
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="folder for sampler_breakdown.json")
+    args = ap.parse_args()
     S, V = (8, 1024) if SMOKE else (256, 128256)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(0, 4, (S, V)).astype(np.float32))
@@ -38,6 +46,14 @@ def main():
     stages = {
         "process_logits": jax.jit(lambda x, md, st: process_logits(x, md, st)),
         "filter_logits": jax.jit(lambda x, md, st: filter_logits(x, md)),
+        "filter_by_sorting_rows": jax.jit(lambda x, md, st: _filter_by_sorting_rows(
+            _temperature_and_min_p(x, md), md)),
+        **{f"filter_kept{kb}_block{bs}": jax.jit(
+            lambda x, md, st, kb=kb, bs=bs: filter_logits(
+                x, md, kept_blocks=kb, block_size=bs))
+           for kb, bs in ((64, 64), (128, 32), (256, 32), (128, 128))},
+        "top_candidates_128x64": jax.jit(lambda x, md, st: top_candidates(x)),
+        "top_k_in_rounds_20": jax.jit(lambda x, md, st: top_k_in_rounds(x, 20)),
         "sort_rows": jax.jit(lambda x, md, st: jnp.sort(x, axis=-1)),
         "cumsum_rows": jax.jit(lambda x, md, st: jnp.cumsum(x, axis=-1)),
         "softmax_rows": jax.jit(lambda x, md, st: jax.nn.softmax(x, axis=-1)),
@@ -47,9 +63,16 @@ def main():
         "draw": jax.jit(lambda x, md, st: _draw(md.seeds, md.positions, x)),
     }
     print(f"S={S} V={V} device={jax.devices()[0].device_kind}")
+    out = {}
     for name, fn in stages.items():
         ms = statistics.median(time_fn(fn, x, md, state)) * 1e3
-        print(f"{name:20s} {ms:8.3f} ms")
+        out[name] = round(ms, 4)
+        print(f"{name:24s} {ms:8.3f} ms")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "sampler_breakdown.json"), "w") as f:
+            json.dump({"S": S, "V": V, "device": jax.devices()[0].device_kind,
+                       "jax": jax.__version__, "ms": out}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .top_candidates import top_k_values_and_ids
+
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["token_ids", "logprobs", "ranks"],
@@ -59,7 +61,7 @@ def gather_logprobs(logits: jax.Array, chosen: jax.Array,
                           dtype=jnp.int32)[:, None]
     ids, lps, ranks = [chosen[:, None]], [chosen_lp], [chosen_rank]
     if num_logprobs > 0:
-        top_lp, top_ids = top_k_in_rounds(logprobs, num_logprobs)
+        top_lp, top_ids = top_k_values_and_ids(logprobs, num_logprobs)
         rows = logits.shape[0]
         ids.append(top_ids.astype(jnp.int32))
         lps.append(top_lp)

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from .logprob_ops import LogprobArrays, gather_logprobs
 from .penalties import (PenaltyParams, PenaltyState, apply_penalties,
                         update_penalty_state)
+from .top_candidates import (BLOCK_SIZE, KEPT_BLOCKS, count_at_least,
+                             top_candidates)
 
 _FIELDS = ["temperature", "seeds", "positions", "top_k", "top_p", "min_p",
            "allowed_ids", "banned_ids", "bias_ids", "bias_values", "penalties"]
@@ -85,18 +87,19 @@ def process_logits(logits: jax.Array, md: SamplingMetadata,
     return logits
 
 
-def filter_logits(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
-    """Temperature, min-p, top-k, top-p: the logits the draw uses, with
-    filtered-out tokens at -inf. Top-p acts on the distribution already cut
-    by min-p and top-k (renormalized), as in vLLM."""
+def _temperature_and_min_p(logits: jax.Array, md: SamplingMetadata):
     temp = jnp.where(md.temperature > 0, md.temperature, 1.0)
     x = logits / temp[:, None]
     if md.min_p is not None:
-        probs = jax.nn.softmax(x, axis=-1)
-        floor = md.min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True)
-        x = jnp.where(probs < floor, -jnp.inf, x)
-    if md.top_k is None and md.top_p is None:
-        return x
+        # p < min_p * p_max  <=>  x < x_max + log(min_p); min_p = 0 keeps all.
+        floor = jnp.max(x, axis=-1, keepdims=True) + jnp.log(md.min_p)[:, None]
+        x = jnp.where(x < floor, -jnp.inf, x)
+    return x
+
+
+def _filter_by_sorting_rows(x: jax.Array, md: SamplingMetadata) -> jax.Array:
+    """Top-k then top-p on temperature-scaled, min-p-cut logits, by sorting
+    whole rows: the general path, taken when the candidates cannot decide."""
     vocab = x.shape[-1]
     sorted_x = -jnp.sort(-x, axis=-1)  # descending; one sort serves both
     threshold = jnp.full((x.shape[0], 1), -jnp.inf, x.dtype)
@@ -109,11 +112,78 @@ def filter_logits(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
         probs = jax.nn.softmax(sorted_x, axis=-1)
         mass_before = jnp.cumsum(probs, axis=-1) - probs
         # The smallest prefix whose mass reaches top_p (always >= 1 token).
-        keep = mass_before < md.top_p[:, None]
+        # top_p = 1 is off: without this, tokens whose mass rounds away
+        # behind a sum of 1.0 would be cut.
+        keep = (mass_before < md.top_p[:, None]) | (md.top_p[:, None] >= 1.0)
         cutoff = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1,
                          keepdims=True)
         threshold = jnp.maximum(threshold, cutoff)
     return jnp.where(x >= threshold, x, -jnp.inf)
+
+
+def _threshold_from_candidates(x, md, kept_blocks, block_size):
+    """Per row the top-k/top-p threshold computed from the row's candidates
+    (see top_candidates), and whether the candidates decided it exactly."""
+    s, vocab = x.shape
+    c = top_candidates(x, kept_blocks, block_size)
+    floor = c.floor[:, None]
+    in_head = c.count_at_least_floor()  # candidates >= floor, all exact
+    neg_inf = jnp.full((s,), -jnp.inf, x.dtype)
+    k = (jnp.zeros((s,), jnp.int32) if md.top_k is None
+         else jnp.where(md.top_k >= vocab, 0, md.top_k))
+    k_on = k > 0
+    k_inside = k_on & (k <= in_head)
+    kth = jnp.take_along_axis(c.values, jnp.clip(k - 1, 0)[:, None],
+                              axis=-1)[:, 0]
+    # k beyond the head is exact only when the head is every finite entry
+    # (floor = -inf): then top-k keeps them all.
+    threshold = jnp.where(k_inside, kth, neg_inf)
+    exact = ~k_on | k_inside | (c.floor == -jnp.inf)
+    # One pass over the row: does the head hold every entry >= floor (ties
+    # of floor may sit in blocks that were not kept), and the softmax
+    # normalizer of the top-k survivors.
+    complete = count_at_least(x, c.floor) == in_head
+    exact &= complete
+    if md.top_p is not None:
+        row_max = c.values[:, :1]
+        z = jnp.sum(jnp.where(x >= threshold[:, None], jnp.exp(x - row_max),
+                              0.0), axis=-1, keepdims=True)
+        alive = (c.values >= threshold[:, None]) & (c.values > -jnp.inf)
+        probs = jnp.where(alive, jnp.exp(c.values - row_max) / z, 0.0)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep = alive & (mass_before < md.top_p[:, None])
+        cutoff = jnp.min(jnp.where(keep, c.values, jnp.inf), axis=-1)
+        head_mass = jnp.sum(jnp.where(c.values >= floor, probs, 0.0), axis=-1)
+        # The cut lies in the exact head if the head's mass reaches top_p,
+        # or if every survivor is in the head.
+        p_on = md.top_p < 1.0
+        exact &= ~p_on | (head_mass >= md.top_p) | (threshold >= c.floor)
+        threshold = jnp.where(p_on, jnp.maximum(threshold, cutoff), threshold)
+    return threshold, exact
+
+
+def filter_logits(logits: jax.Array, md: SamplingMetadata, *,
+                  kept_blocks: int = KEPT_BLOCKS,
+                  block_size: int = BLOCK_SIZE) -> jax.Array:
+    """Temperature, min-p, top-k, top-p: the logits the draw uses, with
+    filtered-out tokens at -inf. Top-p acts on the distribution already cut
+    by min-p and top-k (renormalized), as in vLLM.
+
+    Top-k/top-p thresholds come from each row's candidates (its
+    ``kept_blocks`` best blocks, see top_candidates) whenever they decide
+    them exactly: top-k up to the head's size, top-p when the cut falls in
+    the head. Otherwise (a larger top_k, a flat distribution whose nucleus
+    reaches past the head) the whole batch takes the full-row sort instead,
+    so results never depend on the shortcut."""
+    x = _temperature_and_min_p(logits, md)
+    if md.top_k is None and md.top_p is None:
+        return x
+    threshold, exact = _threshold_from_candidates(x, md, kept_blocks,
+                                                  block_size)
+    undecided = jnp.any(~exact & (md.temperature > 0))
+    return jax.lax.cond(
+        undecided, lambda: _filter_by_sorting_rows(x, md),
+        lambda: jnp.where(x >= threshold[:, None], x, -jnp.inf))
 
 
 def _draw(seeds, positions, x):
