@@ -132,14 +132,16 @@ class SamplingInputs:
                 seeds[i] = self.request_seed(req)
                 pos[i] = len(req.output_token_ids)
             kw.update(temperature=temp, seeds=seeds, positions=pos)
-            if any(sp.top_k > 0 for sp in sps):
+            if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0
+                   for sp in sps):
+                # The three filters travel together (off values where unused):
+                # one compiled variant, which warm-up covers, instead of
+                # seven; an unused filter costs little (sampler-h200.json).
                 kw["top_k"] = np.pad(np.array([max(sp.top_k, 0) for sp in sps],
                                               np.int32), (0, S - n))
-            if any(sp.top_p < 1.0 for sp in sps):
                 kw["top_p"] = np.pad(np.array([sp.top_p for sp in sps],
                                               np.float32), (0, S - n),
                                      constant_values=1.0)
-            if any(sp.min_p > 0.0 for sp in sps):
                 kw["min_p"] = np.pad(np.array([sp.min_p for sp in sps],
                                               np.float32), (0, S - n))
         if any(sp.allowed_token_ids for sp in sps):

@@ -1,8 +1,8 @@
 """Compile-ahead: the persistent XLA compilation cache and warm-up.
 
-Warm-up runs the step once at every reachable (T, S, P) bucket, for greedy
-and for sampled batches, so that serving never waits on a compile; with the
-persistent cache the second start of the same model loads those programs
+Warm-up runs the step once at every reachable (T, S, P) bucket, for greedy,
+sampled and filtered (top-k / top-p / min-p) batches, so that serving never
+waits on a compile; with the persistent cache the second start of the same model loads those programs
 from disk instead of compiling them.
 """
 
@@ -85,7 +85,10 @@ def warm_up(runner) -> tuple[int, float]:
     variants) and the page-copy programs. Returns (programs, seconds)."""
     t0 = time.perf_counter()
     shapes = reachable_shapes(runner.buckets, runner.block_size)
-    variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)]
+    # Greedy, plain sampling, and sampling with top-k / top-p / min-p (one
+    # variant: sampling_inputs sends the three filters together).
+    variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+                SamplingParams(temperature=1.0, top_p=0.9)]
     n = 0
     for T, S, P in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)

@@ -1,4 +1,5 @@
-"""Done-when 4: after warm-up, 200 random requests compile nothing."""
+"""Done-when 4: after warm-up, 200 random requests (greedy, sampled, with
+and without top-k / top-p / min-p) compile nothing."""
 
 from __future__ import annotations
 
@@ -38,9 +39,13 @@ def test_no_compilation_after_warmup(make_llm, caplog):
             while added < 200 and rng.random() < 0.4:
                 prompt = [rng.randrange(3, 49152)
                           for _ in range(rng.randrange(1, 100))]
+                temperature = rng.choice([0.0, 0.8])
+                filters = {} if temperature == 0 else rng.choice(
+                    [{}, {"top_p": 0.9}, {"top_k": 20}, {"min_p": 0.05},
+                     {"top_k": 5, "top_p": 0.8, "min_p": 0.1}])
                 sp = SamplingParams(max_tokens=rng.randrange(1, 16),
-                                    temperature=rng.choice([0.0, 0.8]),
-                                    seed=rng.randrange(1000))
+                                    temperature=temperature,
+                                    seed=rng.randrange(1000), **filters)
                 engine.add_request(None, {"prompt_token_ids": prompt}, sp)
                 added += 1
             finished += sum(o.finished for o in engine.step())
