@@ -108,6 +108,9 @@ class ModelRunner:
         self.sampling_inputs = SamplingInputs(
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
         self.penalty_state: PenaltyState | None = None  # made on first use
+        # Seconds from launching each step to its tokens being ready: with
+        # no host/device overlap, the device's busy time.
+        self.device_seconds = 0.0
         self._step = jax.jit(functools.partial(_step, self.model),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
 
@@ -215,10 +218,15 @@ class ModelRunner:
         if plan is not None:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
+        t0 = time.perf_counter()
         res, prompt_lp, self.kv_pages, state = self._step(
             num_lp, (len(input_ids), *md.block_tables.shape),
             self.params, self.kv_pages, state, self.cos_sin,
             pack_step(input_ids, positions, md), logits_idx, smd, targets)
+        # The host waits here anyway (collect reads the tokens); timing the
+        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
+        jax.block_until_ready(res.token_ids)
+        self.device_seconds += time.perf_counter() - t0
         if state is not None:
             self.penalty_state = state
         return self.sampling_inputs.collect(out.scheduled, requests, res,
