@@ -6,30 +6,49 @@ pages; query token ``i`` of ``q_len`` sits at position ``kv_len - q_len + i``
 and attends causally (optionally within a sliding window); padding rows get
 zeros.
 
-Two kernels run on every step, each skipping the sequences of the other:
+A decode and a prefill kernel run on every step, each skipping the
+sequences of the other:
 
-* decode (``q_len == 1``): grid (S, K, splits). One program reads each K/V tile
-  of one kv head once and serves every query head of its GQA group (the group
-  is padded to 16 rows for the tensor cores). For small batches the KV axis is
-  split across programs (split count from S*K and the SM count) and a jnp
-  combine step merges the partial softmaxes (flash-decoding).
+* decode (``q_len == 1``), two kernels, one chosen per call from the platform
+  and the case (``_use_mosaic_decode``):
+
+  - Mosaic GPU (``ragged_paged_attention_mgpu.py``), the default on Hopper
+    (compute capability 9.x) for bf16/f16 pages of 16 tokens, head dims
+    64/128/256, GQA groups up to 64: one program per (sequence, kv head,
+    split) reads each K/V page once for the whole GQA group through per-page
+    TMA copies into a multi-stage smem ring (a producer warpgroup issues the
+    copies, a consumer warpgroup runs wgmma + online softmax), split-KV with
+    a jnp combine for small batches. Why it is the default: on one H200 (jax
+    0.11.2, copy BW 4.13 TB/s, same run) it reached 3.30 TB/s (80% of copy)
+    through this function at S=64 L=2048 against 2.48 TB/s (60%) for the
+    Triton kernel, and 54-58% at S=1 L=32768 (the kernel alone 67%) against
+    42%; see ``benchmarks/results/kernel-decode-mgpu-h200.json`` and
+    NOTES.md v4. ``k_scale`` is folded into its query rows.
+  - Triton (this file), everywhere else: f32 (wgmma takes 16-bit operands),
+    fp8 or other page dtypes differing from q, page size 32 (the Mosaic
+    kernel faults there on jax 0.11.2, cause not found yet), other GPUs, and
+    interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
+    tile of one kv head once and serves every query head of its GQA group
+    (padded to 16 rows for the tensor cores); for small batches the KV axis
+    is split across programs (split count from S*K and the SM count) and a
+    jnp combine step merges the partial softmaxes (flash-decoding).
+  ``tuning.decode_backend`` ("auto", "mosaic", "triton") overrides the
+  choice; "mosaic" with ``interpret=True`` runs the Mosaic kernel in jax's
+  GPU interpreter (CPU tests).
 * prefill (``q_len > 1``, chunked prefill and prefix hits alike): grid
   (N, work items), a work item being ``block_q`` query rows of one sequence;
   the program walks the sequence's pages (the cached prefix and this step's
   tokens) up to its causal limit with an online softmax on the tensor cores.
 
-Backend: Pallas' Triton lowering (``pl.pallas_call`` + ``plgpu.CompilerParams``),
-not Mosaic GPU. Why: it runs unchanged on jax 0.10 (interpret mode, CPU tests)
-and jax 0.11 (GPU); indirect page gathers (``k_pages_ref[page_ids]``) lower
-directly to Triton pointer gathers, where Mosaic GPU needs TMA descriptors per
-page; and within this issue's time and device budget one working kernel pair
-measured end to end beat two half-built ones. Measured on one H200 (copy BW
-4.16 TB/s, bf16 matmul 786 TFLOP/s, same run): decode S=64 L=2048 2.13 TB/s
-(51%; JAX's bundled Triton ``paged_attention`` 2.19 TB/s), S=1 L=32768
-1.85 TB/s (45%; bundled 1.52), prefill 8x2048 causal 263 TFLOP/s (33%; cuDNN
-470). The Triton path is therefore a working baseline, not the end state:
-Mosaic GPU (TMA page copies, wgmma) is the next step; see
-``pallas_kernels/NOTES.md`` and ``benchmarks/results/kernel-*.json``.
+Backend of the prefill kernel: Pallas' Triton lowering (``pl.pallas_call`` +
+``plgpu.CompilerParams``). Why: it runs unchanged on jax 0.10 (interpret mode,
+CPU tests) and jax 0.11 (GPU), indirect page gathers lower directly to Triton
+pointer gathers, and no Mosaic prefill kernel exists yet. Measured on one H200
+(copy BW 4.16 TB/s, bf16 matmul 786 TFLOP/s, same run): prefill 8x2048 causal
+263 TFLOP/s (33%; cuDNN 470); the Triton decode kernel reached 2.13 TB/s
+(51%) at S=64 and 1.85 TB/s (45%) at S=1 L=32768 in that run. Mosaic GPU
+(wgmma, TMA) is the next step for prefill; see ``pallas_kernels/NOTES.md`` and
+``benchmarks/results/kernel-*.json``.
 
 K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are per-tensor scalars
 (the quantization issue may widen them to per-page); the pages are upcast to
@@ -40,6 +59,7 @@ outputs by ``v_scale``.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import jax
@@ -47,6 +67,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from . import ragged_paged_attention_mgpu as _mgpu
 from .ragged_paged_attention_reference import ragged_paged_attention_reference
 from .ragged_paged_attention_tuning import (RaggedPagedAttentionTuning,
                                             default_tuning)
@@ -318,7 +339,11 @@ def _prefill_work_items(cu_q_lens, num_seqs, num_items, block_q):
     nblk = jnp.where(real & (q_lens > 1), pl.cdiv(q_lens, block_q), 0)
     ends = jnp.cumsum(nblk)
     i = jnp.arange(num_items, dtype=jnp.int32)
-    seq = jnp.searchsorted(ends, i, side="right").astype(jnp.int32)
+    # compare_all: one fused [I, S] comparison (the default binary search is
+    # a loop, which XLA on GPU runs as a while loop with a host round trip
+    # per iteration).
+    seq = jnp.searchsorted(ends, i, side="right",
+                           method="compare_all").astype(jnp.int32)
     seq = jnp.minimum(seq, q_lens.shape[0] - 1)
     # Heaviest (last) query block of each sequence first: shorter tail.
     blk = ends[seq] - 1 - i
@@ -327,6 +352,36 @@ def _prefill_work_items(cu_q_lens, num_seqs, num_items, block_q):
 
 
 # ----------------------------------------------------------------- public ---
+
+@functools.cache
+def _hopper() -> bool:
+    """Whether the default device is a Hopper GPU (compute capability 9.x:
+    TMA and wgmma) with Mosaic GPU importable."""
+    try:
+        dev = jax.devices()[0]
+        importlib.import_module("jax.experimental.pallas.mosaic_gpu")
+    except Exception:  # pragma: no cover - no device / no Mosaic GPU
+        return False
+    cc = getattr(dev, "compute_capability", None)
+    return (dev.platform == "gpu" and cc is not None
+            and 9.0 <= float(cc) < 10.0)
+
+
+def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
+                       page_size, group) -> bool:
+    """The decode backend, chosen once per trace from the platform: the
+    Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
+    if tuning.decode_backend == "triton":
+        return False
+    why = _mgpu.supports(q_dtype, kv_dtype, head_dim, page_size, group,
+                         tuning.mosaic_decode.tokens_per_step)
+    if tuning.decode_backend == "mosaic":
+        if why:
+            raise RaggedAttentionShapeError(
+                f"decode_backend='mosaic' does not take this case: {why}")
+        return True
+    return why is None and not interpret and _hopper()
+
 
 @functools.partial(
     jax.jit,
@@ -393,28 +448,44 @@ def ragged_paged_attention(
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_dec = (q_lens == 1) & (jnp.arange(num_seq_rows) < num_seqs)
     dec_rows = jnp.minimum(cu_q_lens[:-1], num_tokens - 1)
-    rows = max(16, 1 << (group - 1).bit_length())
     q_dec = q[dec_rows].reshape(num_seq_rows, num_kv_heads, group, head_dim)
-    q_dec = jnp.pad(q_dec, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
-    splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
-                              pages_padded // tuning.decode_pages_per_block)
-    o_dec, m_dec, l_dec = _decode_call(
-        q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0), tables, scales,
-        sm_scale=sm_scale, sliding_window=sliding_window,
-        logit_soft_cap=logit_soft_cap,
-        pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
-        prefetch=tuning.decode_prefetch,
-        num_warps=tuning.decode_num_warps,
-        num_stages=tuning.decode_num_stages, interpret=interpret)
-    o_dec = _combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
+    if _use_mosaic_decode(tuning, interpret, q.dtype, k_pages.dtype,
+                          head_dim, page_size, group):
+        if k_scale is not None:  # folded into the rows, as (q k) * k_scale
+            q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q.dtype)
+        o_dec = _mgpu.decode_attention(
+            q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0),
+            block_tables, sm_scale=sm_scale, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
+            interpret=interpret) * scales[1]
+    else:
+        rows = max(16, 1 << (group - 1).bit_length())
+        q_dec = jnp.pad(q_dec, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+        splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
+                                  pages_padded // tuning.decode_pages_per_block)
+        o_dec, m_dec, l_dec = _decode_call(
+            q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0), tables,
+            scales, sm_scale=sm_scale, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap,
+            pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
+            prefetch=tuning.decode_prefetch,
+            num_warps=tuning.decode_num_warps,
+            num_stages=tuning.decode_num_stages, interpret=interpret)
+        o_dec = _combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
     o_dec = o_dec.reshape(num_seq_rows, num_q_heads, head_dim).astype(q.dtype)
 
     # Prefill: rows of sequences with q_len > 1, written over the decode rows.
     block_q = tuning.prefill_block_q
     q_rows = max(num_tokens, block_q)
     q_pad = jnp.pad(q, ((0, q_rows - num_tokens), (0, 0), (0, 0)))
-    out = jnp.zeros_like(q_pad).at[jnp.where(is_dec, dec_rows, q_rows)].set(
-        o_dec, mode="drop")
+    # Decode rows gathered into place (one fusion; a scatter into zeros is
+    # two kernels): token t is sequence seq_of[t]'s decode row or zeros.
+    t = jnp.arange(q_rows, dtype=jnp.int32)
+    seq_of = jnp.minimum(jnp.searchsorted(
+        cu_q_lens[1:], t, side="right", method="compare_all"),
+        num_seq_rows - 1).astype(jnp.int32)
+    tok_dec = is_dec[seq_of] & (t == cu_q_lens[seq_of])
+    out = jnp.where(tok_dec[:, None, None], o_dec[seq_of], 0).astype(q.dtype)
     num_items = pl.cdiv(num_tokens, block_q) + num_seq_rows
     item_seq, item_start = _prefill_work_items(cu_q_lens, num_seqs, num_items,
                                                block_q)

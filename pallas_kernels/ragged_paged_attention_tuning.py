@@ -15,6 +15,9 @@ import dataclasses
 # kernel splits the KV axis until about this many programs run at once per SM.
 NUM_SMS = 132
 
+# Rows of the Mosaic decode kernel's wgmma tile (the GQA group is padded).
+MOSAIC_ROWS = 64
+
 
 class TuningError(ValueError):
     """A tuning value the kernels cannot use; the message names the field."""
@@ -22,6 +25,51 @@ class TuningError(ValueError):
 
 def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicDecodeTuning:
+    """Static launch parameters of the Mosaic GPU decode kernel
+    (``ragged_paged_attention_mgpu.py``)."""
+    tokens_per_step: int = 64  # KV tokens per pipeline step (of 64 and of B)
+    num_stages: int = 0  # ring depth in steps; 0 = as many as fit smem_budget
+    smem_budget: int = 200 * 1024  # bytes of shared memory per program
+    kv_splits: int = 0  # programs per (sequence, kv head); 0 = from S*K
+    programs_per_sm: int = 1  # target of the automatic split count
+    producer_warpgroup: bool = True  # a second warpgroup issues the copies
+    # Mosaic's unsafe_no_auto_barriers (no warpgroup barrier around each
+    # copy and smem store; the kernel orders its smem traffic itself).
+    no_auto_barriers: bool = False
+
+    def __post_init__(self):
+        if self.tokens_per_step % 64 or self.tokens_per_step < 64:
+            raise TuningError(f"tokens_per_step={self.tokens_per_step} must be"
+                              " a positive multiple of 64 (the K dimension "
+                              "of the PV wgmma)")
+        if self.num_stages < 0 or self.num_stages == 1:
+            raise TuningError(f"num_stages={self.num_stages} must be 0 "
+                              "(automatic) or >= 2")
+        if self.kv_splits < 0 or self.programs_per_sm < 1:
+            raise TuningError("kv_splits must be >= 0 and programs_per_sm >= 1")
+
+    def stages(self, head_dim: int, itemsize: int) -> int:
+        if self.num_stages:
+            return self.num_stages
+        step = 2 * self.tokens_per_step * head_dim * itemsize
+        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        return max(2, min(8, (self.smem_budget - fixed) // step))
+
+    def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
+        if self.kv_splits:
+            return self.kv_splits
+        want = self.programs_per_sm * NUM_SMS // max(1, num_seqs * num_kv_heads)
+        splits = 1
+        while splits * 2 <= min(want, max_steps, 64):
+            splits *= 2
+        return splits
+
+
+DECODE_BACKENDS = ("auto", "mosaic", "triton")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +85,15 @@ class RaggedPagedAttentionTuning:
     prefill_pages_per_block: int = 4  # pages per KV tile of the prefill kernel
     prefill_num_warps: int = 4
     prefill_num_stages: int = 2
+    # Decode kernel: "auto" = Mosaic GPU on Hopper for the cases it takes,
+    # else Triton; "mosaic" forces it (interpreted when interpret=True).
+    decode_backend: str = "auto"
+    mosaic_decode: MosaicDecodeTuning = MosaicDecodeTuning()
 
     def __post_init__(self):
+        if self.decode_backend not in DECODE_BACKENDS:
+            raise TuningError(f"decode_backend={self.decode_backend!r} must be"
+                              f" one of {DECODE_BACKENDS}")
         for name in ("decode_pages_per_block", "prefill_pages_per_block",
                      "prefill_block_q", "decode_num_warps",
                      "prefill_num_warps"):

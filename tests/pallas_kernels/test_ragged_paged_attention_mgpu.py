@@ -1,0 +1,118 @@
+"""The Mosaic GPU decode kernel against the jnp reference.
+
+On CPU it runs in Mosaic GPU's interpret mode (jax's GPU interpreter: TMA
+copies, barriers and the smem ring are simulated; the two matmuls are plain
+dots there, since the interpreter takes no transposed or register wgmma
+operand). On a Hopper GPU the same cases run compiled, plus the ``gpu`` cases.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
+                                     RaggedPagedAttentionTuning, TuningError,
+                                     ragged_paged_attention,
+                                     ragged_paged_attention_reference)
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+    MosaicDecodeTuning)
+from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
+
+ON_GPU = jax.default_backend() == "gpu"
+INTERPRET = not ON_GPU
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+
+# Decodes at one page, at a page boundary, at many pages, plus a prefill
+# chunk (served by the Triton prefill kernel in the same call).
+MIX = [(1, 1), (1, 64), (1, 129), (5, 18), (1, 300)]
+
+
+def _mosaic(**kw):
+    # One warpgroup unless asked: the interpreter runs two far slower.
+    kw.setdefault("producer_warpgroup", False)
+    return RaggedPagedAttentionTuning(decode_backend="mosaic",
+                                      mosaic_decode=MosaicDecodeTuning(**kw))
+
+
+def _check(case, tuning, **kw):
+    scale = case[0].shape[-1] ** -0.5
+    out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,
+                                 interpret=INTERPRET, **kw)
+    ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
+    assert out.shape == ref.shape and out.dtype == case[0].dtype
+    err = rel_error(out, ref)
+    assert err < TOLERANCE[jnp.dtype(case[0].dtype)], err
+    num_real = int(case[5][int(case[6][0])])
+    assert not jnp.any(out[num_real:])
+
+
+@pytest.mark.parametrize("page_size,group,head_dim,tuning", [
+    (16, 4, 64, dict(num_stages=2)),
+    (16, 1, 64, dict(num_stages=3, kv_splits=4)),
+    (16, 8, 128, dict(num_stages=2, tokens_per_step=128, kv_splits=2)),
+])
+def test_mosaic_decode_matches_reference(page_size, group, head_dim, tuning):
+    case = make_case(MIX, num_q_heads=2 * group, num_kv_heads=2,
+                     head_dim=head_dim, page_size=page_size,
+                     dtype=jnp.bfloat16)
+    _check(case, _mosaic(**tuning))
+
+
+def test_mosaic_decode_window_cap_and_scales():
+    case = make_case(MIX, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                     dtype=jnp.bfloat16, seed=4)
+    tuning = _mosaic(num_stages=2, kv_splits=4)
+    _check(case, tuning, sliding_window=70, logit_soft_cap=5.0)
+    _check(case, tuning, k_scale=0.5, v_scale=2.0)
+
+
+def test_mosaic_decode_long_table_in_pieces():
+    """One split over 263 pages: the table slice takes two TMA pieces."""
+    case = make_case([(1, 4200), (1, 3)], num_q_heads=2, num_kv_heads=1,
+                     head_dim=64, dtype=jnp.bfloat16, seed=5)
+    _check(case, _mosaic(num_stages=4, kv_splits=1, tokens_per_step=128))
+
+
+def test_mosaic_decode_producer_warpgroup():
+    """The warp-specialized variant (a copy-issuing warpgroup beside the
+    computing one), with a ring shorter than the sequences."""
+    case = make_case([(1, 200), (1, 7)], num_q_heads=4, num_kv_heads=1,
+                     head_dim=64, page_size=16, dtype=jnp.bfloat16, seed=6)
+    _check(case, _mosaic(num_stages=2, kv_splits=2, producer_warpgroup=True))
+
+
+def test_mosaic_decode_rejects_what_it_cannot_take():
+    case = make_case([(1, 20)], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                     dtype=jnp.float32)
+    with pytest.raises(RaggedAttentionShapeError, match="dtype"):
+        ragged_paged_attention(*case, sm_scale=0.1, tuning=_mosaic(),
+                               interpret=True)
+    # Page 32 faults on GPU (NOTES.md v4): the automatic backend keeps it
+    # on Triton, a forced Mosaic backend refuses it.
+    case = make_case([(1, 20)], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                     page_size=32, dtype=jnp.bfloat16)
+    with pytest.raises(RaggedAttentionShapeError, match="page size"):
+        ragged_paged_attention(*case, sm_scale=0.1, tuning=_mosaic(),
+                               interpret=True)
+    with pytest.raises(TuningError):
+        MosaicDecodeTuning(num_stages=1)
+    with pytest.raises(TuningError, match="multiple of 64"):
+        MosaicDecodeTuning(tokens_per_step=32)
+    with pytest.raises(TuningError):
+        RaggedPagedAttentionTuning(decode_backend="cuda")
+
+
+@gpu
+@pytest.mark.parametrize("page_size,group,head_dim", [
+    (16, 1, 64), (16, 4, 128), (32, 8, 128), (16, 4, 256), (32, 8, 64)])
+@pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
+def test_mosaic_decode_on_gpu(page_size, group, head_dim, window, cap):
+    """Compiled, at model-like lengths, through the automatic backend
+    (Mosaic for page 16, Triton for page 32)."""
+    mix = [(1, 1), (1, 129), (1, 2048), (7, 40), (1, 5000)]
+    case = make_case(mix, num_q_heads=4 * group, num_kv_heads=4,
+                     head_dim=head_dim, page_size=page_size,
+                     dtype=jnp.bfloat16, seed=head_dim + group)
+    _check(case, None, sliding_window=window, logit_soft_cap=cap)
