@@ -40,15 +40,15 @@ sequences of the other:
   the program walks the sequence's pages (the cached prefix and this step's
   tokens) up to its causal limit with an online softmax on the tensor cores.
 
-Backend of the prefill kernel: Pallas' Triton lowering (``pl.pallas_call`` +
-``plgpu.CompilerParams``). Why: it runs unchanged on jax 0.10 (interpret mode,
-CPU tests) and jax 0.11 (GPU), indirect page gathers lower directly to Triton
-pointer gathers, and no Mosaic prefill kernel exists yet. Measured on one H200
-(copy BW 4.16 TB/s, bf16 matmul 786 TFLOP/s, same run): prefill 8x2048 causal
-263 TFLOP/s (33%; cuDNN 470); the Triton decode kernel reached 2.13 TB/s
-(51%) at S=64 and 1.85 TB/s (45%) at S=1 L=32768 in that run. Mosaic GPU
-(wgmma, TMA) is the next step for prefill; see ``pallas_kernels/NOTES.md`` and
-``benchmarks/results/kernel-*.json``.
+Backend of the prefill kernel: on Hopper, for the cases it takes (bf16/f16,
+H 64/128, page a multiple of 8 dividing 128), the Mosaic GPU kernel of
+``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page):
+8x2048 causal 0.640 ms = 55% of the bf16 matmul rate through this function,
+0.96x cuDNN's speed for the kernel and its wrapper (NOTES.md v5). Elsewhere
+(f32, H=256, other GPUs, interpret mode on CPU) Pallas' Triton lowering
+(``pl.pallas_call`` + ``plgpu.CompilerParams``), which runs unchanged on jax
+0.10 and 0.11 and gathers pages with pointer gathers: 263 TFLOP/s (33%) on
+the same shape. ``tuning.prefill_backend`` forces either.
 
 K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are per-tensor scalars
 (the quantization issue may widen them to per-page); the pages are upcast to
@@ -68,6 +68,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from . import ragged_paged_attention_mgpu as _mgpu
+from . import ragged_paged_attention_prefill_mgpu as _pf
 from .ragged_paged_attention_reference import ragged_paged_attention_reference
 from .ragged_paged_attention_tuning import (RaggedPagedAttentionTuning,
                                             default_tuning)
@@ -383,6 +384,22 @@ def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
     return why is None and not interpret and _hopper()
 
 
+def _use_mosaic_prefill(tuning, interpret, q_dtype, kv_dtype, head_dim,
+                        page_size, pages_per_seq) -> bool:
+    """The prefill backend, chosen once per trace from the platform: the
+    Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
+    if tuning.prefill_backend == "triton" or interpret:
+        return False
+    why = _pf.supports(q_dtype, kv_dtype, head_dim, page_size,
+                       tuning.mosaic_prefill, pages_per_seq)
+    if tuning.prefill_backend == "mosaic":
+        if why:
+            raise RaggedAttentionShapeError(
+                f"prefill_backend='mosaic' does not take this case: {why}")
+        return True
+    return why is None and _hopper()
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("sm_scale", "sliding_window", "logit_soft_cap",
@@ -473,6 +490,15 @@ def ragged_paged_attention(
             num_stages=tuning.decode_num_stages, interpret=interpret)
         o_dec = _combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
     o_dec = o_dec.reshape(num_seq_rows, num_q_heads, head_dim).astype(q.dtype)
+    if _use_mosaic_prefill(tuning, interpret, q.dtype, k_pages.dtype,
+                           head_dim, page_size, pages_per_seq):
+        # Prefill rows from the kernel; decode rows and padding placed by its
+        # wrapper (one small scatter, no pass over all rows).
+        return _pf.prefill_attention(
+            q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
+            o_dec, sm_scale=sm_scale, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, k_scale=scales[0],
+            v_scale=scales[1], tuning=tuning.mosaic_prefill)
 
     # Prefill: rows of sequences with q_len > 1, written over the decode rows.
     block_q = tuning.prefill_block_q

@@ -52,7 +52,6 @@ leaves garbage that the next real step's correction factor zeroes).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 
@@ -60,41 +59,19 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .ragged_paged_attention_tuning import MosaicPrefillTuning
+
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _LOG2E = math.log2(math.e)
 _TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
+__all__ = ["MosaicPrefillTuning", "MosaicPrefillUnsupported", "supports",
+           "prefill_attention", "prefill_work_items"]
 
 
 class MosaicPrefillUnsupported(ValueError):
     """A case the Mosaic GPU prefill kernel does not take (the caller falls
     back to the Triton kernel); the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicPrefillTuning:
-    """Static launch parameters of the Mosaic GPU prefill kernel."""
-    block_q: int = 64  # query rows per compute warpgroup (2 per program)
-    tokens_per_step: int = 128  # KV tokens per pipeline step
-    num_stages: int = 2  # K/V ring depth in steps
-    schedule_barrier: bool = True  # ping-pong the two compute warpgroups
-
-    def __post_init__(self):
-        if self.block_q != 64:
-            raise ValueError(f"block_q={self.block_q} must be 64 (one wgmma "
-                             "M tile per compute warpgroup)")
-        if self.tokens_per_step % 64 or not 64 <= self.tokens_per_step <= 256:
-            raise ValueError(f"tokens_per_step={self.tokens_per_step} must be"
-                             " 64, 128, 192 or 256 (wgmma K and N tiles)")
-        if self.num_stages < 2:
-            raise ValueError(f"num_stages={self.num_stages} must be >= 2")
-
-    def smem_bytes(self, head_dim: int, itemsize: int, table: int) -> int:
-        tiles = 2 * self.block_q * head_dim * itemsize  # q (then o), 2 wgs
-        ring = 2 * self.num_stages * self.tokens_per_step * head_dim * itemsize
-        # + barriers and alignment: t128_s3 at H=128 measured 232576 bytes
-        # against this estimate's 230528 (H200, jax 0.11.2).
-        return tiles + ring + 4 * table + 4096
 
 
 def supports(q_dtype, kv_dtype, head_dim: int, page_size: int,

@@ -19,7 +19,12 @@ that faults or deadlocks costs its phase only:
 3. ``correct``: ragged mixes (q_len, kv_len) with decodes among them, pages
    16/32, GQA 1/4/8, H 64/128, window, soft-cap, k/v scales, f16.
 
-Prints a table last; writes kernel-prefill-mgpu-h200.json to --out.
+``--phases api`` instead: the public ``ragged_paged_attention`` (automatic
+backends) against the reference on two mixed batches and its time on the
+8 x 2048 shape next to ``prefill_backend="triton"``.
+
+Prints a table last; writes kernel-prefill-mgpu-h200.json (or, for
+``--phases api``, kernel-prefill-mgpu-api-h200.json) to --out.
 """
 
 from __future__ import annotations
@@ -194,19 +199,76 @@ def phase_time():
                 device=roof["device"], rows=rows)
 
 
+def phase_api():
+    """The public ragged_paged_attention with the automatic backends (Mosaic
+    prefill and decode on Hopper) against the reference, and its time on
+    8 x 2048 next to the forced Triton prefill."""
+    import dataclasses
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.kernels.bench_attention import batch, roofline, time_fn
+    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
+                                         ragged_paged_attention,
+                                         ragged_paged_attention_reference)
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+        default_tuning)
+    from tests.pallas_kernels.cases import make_case, rel_error
+    res = dict(correct=[], time={})
+    mix = [(2048, 2048), (512, 2048), (1, 129), (120, 597), (5, 18),
+           (1, 3000)]
+    for group, hd, page, kw in [(4, 128, 16, {}), (8, 64, 16, dict(
+            sliding_window=300, logit_soft_cap=30.0, k_scale=0.5,
+            v_scale=1.5))]:
+        case = make_case(mix, num_q_heads=2 * group, num_kv_heads=2,
+                         head_dim=hd, page_size=page, dtype=jnp.bfloat16,
+                         seed=hd)
+        try:
+            out = jax.jit(functools.partial(
+                ragged_paged_attention, sm_scale=hd**-0.5, **kw))(*case)
+            ref = ragged_paged_attention_reference(*case, sm_scale=hd**-0.5,
+                                                   **kw)
+            err = rel_error(out, ref)
+            r = dict(group=group, head_dim=hd, rel_err=err, ok=err < 2e-2)
+        except Exception as e:
+            r = dict(group=group, head_dim=hd, ok=False, error=_err(e))
+        res["correct"].append(r)
+        print("api correct", {k: v for k, v in r.items() if k != "error"},
+              flush=True)
+    roof = roofline()
+    flops = 4 * SEQS * (L * (L + 1) // 2) * N * H
+    args = batch([(L, L)] * SEQS, jax.random.PRNGKey(0), jnp.bfloat16)
+    base = default_tuning(H, B)
+    for name, t in [("api_auto", base), ("api_triton_prefill",
+                    dataclasses.replace(base, prefill_backend="triton"))]:
+        try:
+            ts = time_fn(jax.jit(functools.partial(
+                ragged_paged_attention, sm_scale=H**-0.5, tuning=t)), *args)
+            med = statistics.median(ts)
+            res["time"][name] = dict(median_s=med, repeats=ts,
+                                     tflops=flops / med / 1e12,
+                                     frac_of_matmul=flops / med / roof["flops"])
+        except Exception as e:
+            res["time"][name] = dict(error=_err(e))
+        print("api time", name, {k: v for k, v in res["time"][name].items()
+                                 if k not in ("repeats", "error")}, flush=True)
+    res["matmul_flops_per_s"] = roof["flops"]
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--phase", default="")
     ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--limits", default="150,200,200")
+    ap.add_argument("--limits", default="150,200,200,150")
+    ap.add_argument("--phases", default="probe,time,correct")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.phase:
         import jax
         print("jax", jax.__version__, jax.devices(), flush=True)
-        res = dict(probe=phase_probe, time=phase_time,
-                   correct=phase_correct)[a.phase]()
+        res = dict(probe=phase_probe, time=phase_time, correct=phase_correct,
+                   api=phase_api)[a.phase]()
         with open(os.path.join(a.out, f"part_{a.phase}.json"), "w") as f:
             json.dump(res, f, indent=1)
         return
@@ -215,10 +277,10 @@ def main():
                                               page=B, dtype="bfloat16",
                                               causal=True),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    limits = dict(zip(("probe", "time", "correct"),
+    limits = dict(zip(("probe", "time", "correct", "api"),
                       map(int, a.limits.split(","))))
-    for phase in ("probe", "time", "correct"):
-        if phase != "probe" and not any(
+    for phase in a.phases.split(","):
+        if phase not in ("probe", "api") and not any(
                 r.get("ok") for r in record.get("probe", [])):
             print(f"skipping {phase}: probe failed", flush=True)
             break
@@ -235,7 +297,15 @@ def main():
             os.remove(part)
         else:
             record[phase] = {"error": "no result (crash or time-out)"}
-    with open(os.path.join(a.out, "kernel-prefill-mgpu-h200.json"), "w") as f:
+    if "api" in record:
+        print("api:", json.dumps({k: v for k, v in record["api"].items()
+                                  if k != "time"})[:600])
+        for name, r in record["api"].get("time", {}).items():
+            print(f"  {name:34s} {r.get('median_s', float('nan')) * 1e3:7.3f}"
+                  f" ms {r.get('frac_of_matmul', float('nan')):6.1%}")
+    name = ("kernel-prefill-mgpu-h200.json" if a.phases != "api"
+            else "kernel-prefill-mgpu-api-h200.json")
+    with open(os.path.join(a.out, name), "w") as f:
         json.dump(record, f, indent=1)
     print("\nprobe:", [(r["name"], r.get("ok"), r.get("rel_err"))
                        for r in record.get("probe", []) if isinstance(r, dict)])

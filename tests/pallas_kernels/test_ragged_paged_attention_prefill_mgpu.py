@@ -121,3 +121,23 @@ def test_prefill_matches_reference_on_gpu(group, head_dim, page, kw, dtype):
     dec_seqs = [s for s, (q, _) in enumerate(MIX) if q == 1]
     assert bool(jnp.all(out[cu[dec_seqs]] == dec[np.asarray(dec_seqs)]))
     assert not bool(jnp.any(out[cu[len(MIX)]:]))  # padding rows
+
+
+def test_public_api_lowers_with_the_mosaic_prefill():
+    """ragged_paged_attention with prefill_backend='mosaic' builds the
+    Mosaic prefill kernel for Hopper (both kernels Mosaic: lowerable without
+    a GPU); interpret mode keeps the Triton prefill."""
+    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
+                                         ragged_paged_attention)
+    case = make_case([(5, 18), (1, 40), (130, 200)], num_q_heads=8,
+                     num_kv_heads=2, head_dim=128, page_size=16,
+                     dtype=jnp.bfloat16)
+    tuning = RaggedPagedAttentionTuning(decode_backend="mosaic",
+                                        prefill_backend="mosaic")
+    fn = jax.jit(functools.partial(ragged_paged_attention, sm_scale=0.1,
+                                   tuning=tuning))
+    text = fn.trace(*case).lower(lowering_platforms=("cuda",)).as_text()
+    assert "ragged_paged_attention_prefill_mgpu" in text
+    assert "ragged_paged_attention_prefill\"" not in text  # no Triton call
+    with pytest.raises(ValueError, match="prefill_backend"):
+        RaggedPagedAttentionTuning(prefill_backend="cuda")
