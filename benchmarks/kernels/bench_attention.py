@@ -148,33 +148,24 @@ def correctness():
 
 
 def our_variants(kind, fixed=None):
+    """The engine's default tuning (on Hopper: the Mosaic GPU kernels where
+    they take the case) and the best Triton-lowered tuning of earlier runs,
+    so that one run compares both backends."""
     if fixed is not None:
         return [fixed]
     from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning as T
-    if kind == "decode":
-        if SMOKE:
-            return [T(), T(decode_pages_per_block=4)]
-        P = dict(decode_prefetch=True)
-        return [T(decode_pages_per_block=4, decode_num_stages=3,
-                  decode_programs_per_sm=8),
-                T(decode_pages_per_block=4),
-                T(decode_pages_per_block=8, decode_num_warps=8,
-                  decode_programs_per_sm=8),
-                T(decode_pages_per_block=4, **P),
-                T(decode_pages_per_block=4, decode_programs_per_sm=8, **P),
-                T(decode_pages_per_block=8, **P),
-                T(decode_pages_per_block=8, decode_programs_per_sm=8, **P),
-                T(decode_pages_per_block=4, decode_num_warps=8, **P)]
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+        default_tuning)
     if SMOKE:
-        return [T(), T(prefill_block_q=128, prefill_num_warps=8)]
-    return [T(prefill_block_q=128, prefill_pages_per_block=8,
-              prefill_num_warps=8),
-            T(prefill_block_q=128, prefill_pages_per_block=4,
-              prefill_num_warps=8),
-            T(prefill_block_q=128, prefill_pages_per_block=8,
-              prefill_num_warps=8, prefill_num_stages=3),
-            T(prefill_block_q=64, prefill_pages_per_block=8),
-            T(prefill_block_q=128, prefill_pages_per_block=8)]
+        return [T(), T(decode_pages_per_block=4, prefill_block_q=128,
+                       prefill_num_warps=8)]
+    if kind == "decode":
+        return [default_tuning(H, B),
+                T(decode_backend="triton", decode_pages_per_block=4,
+                  decode_prefetch=True)]
+    return [default_tuning(H, B),
+            T(prefill_backend="triton", prefill_block_q=128,
+              prefill_pages_per_block=8, prefill_num_warps=8)]
 
 
 def time_ours(args, kind, limit=None, fixed=None):
