@@ -91,7 +91,9 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     tensor_parallel_size: int = 1
     max_logprobs: int = 20
-    attention_backend: str | None = None  # None: Pallas on GPU, reference on CPU
+    # None: Pallas kernels on GPU (Triton lowering, models/attention.py says
+    # why), reference on CPU; "pallas": Mosaic GPU kernels where they apply.
+    attention_backend: str | None = None
     # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
     # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
     compilation_cache_dir: str | None = None

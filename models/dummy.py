@@ -37,9 +37,13 @@ def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
 
 def _initializer(kind, shape, dtype, std, sharding):
     def fn(k):
-        if kind == "ones":
-            return jnp.ones(shape, dtype)
-        if kind == "zeros":
-            return jnp.zeros(shape, dtype)
-        return (jax.random.normal(k, shape, jnp.float32) * std).astype(dtype)
+        noise = jax.random.normal(k, shape, jnp.float32)
+        if kind in ("ones", "zeros"):
+            # Computed from the key like the matrices rather than a constant
+            # output, which XLA may serve from the executable's constants; a
+            # suspect for the misaligned-input error of the llama3-8b engine
+            # run with the Mosaic GPU kernels (models/attention.py).
+            base = 1.0 if kind == "ones" else 0.0
+            return (base + 0.0 * noise).astype(dtype)
+        return (noise * std).astype(dtype)
     return jax.jit(fn, out_shardings=sharding) if sharding is not None else jax.jit(fn)

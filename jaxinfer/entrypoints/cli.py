@@ -30,6 +30,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    default=True)
     p.add_argument("--swap-space", type=float, default=4.0)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    from jaxinfer.models.attention import BACKENDS
+    p.add_argument("--attention-backend", default=None, choices=BACKENDS,
+                   help="default: pallas_triton on GPU, reference on CPU; "
+                        "pallas adds the Mosaic GPU kernels on Hopper")
 
 
 def engine_args_from(ns: argparse.Namespace):
@@ -44,7 +48,8 @@ def engine_args_from(ns: argparse.Namespace):
         max_num_batched_tokens=ns.max_num_batched_tokens,
         enable_prefix_caching=ns.enable_prefix_caching,
         enable_chunked_prefill=ns.enable_chunked_prefill,
-        swap_space=ns.swap_space, tensor_parallel_size=ns.tensor_parallel_size)
+        swap_space=ns.swap_space, tensor_parallel_size=ns.tensor_parallel_size,
+        attention_backend=ns.attention_backend)
 
 
 def _generate(ns: argparse.Namespace) -> int:
