@@ -13,19 +13,39 @@ import numpy as np
 from jaxinfer.models import AttentionMetadata
 
 
+# Every field starts on a 256-byte boundary of the buffer: the Mosaic GPU
+# kernels check that each operand is 256-byte aligned, and XLA may hand a
+# kernel a slice of this buffer (the block table, say) without copying it.
+ALIGN = 64  # int32 elements = 256 bytes
+
+
+def _layout(dims: tuple[int, int, int]):
+    """(offset, size) of each field for bucket (T, S, P), and the length."""
+    T, S, P = dims
+    spans, at = [], 0
+    for size in (T, T, T, S * P, S, S + 1, 1):
+        spans.append((at, size))
+        at += -(-size // ALIGN) * ALIGN
+    return spans, at
+
+
 def pack_step(input_ids, positions, md: AttentionMetadata) -> np.ndarray:
-    """[T], [T], metadata of bucket (T, S, P) -> flat int32 [3T + S*P + 2S + 2]."""
-    return np.concatenate([
-        input_ids, positions, md.slot_mapping, md.block_tables.reshape(-1),
-        md.kv_lens, md.cu_q_lens, md.num_seqs]).astype(np.int32, copy=False)
+    """[T], [T], metadata of bucket (T, S, P) -> one flat int32 buffer."""
+    S, P = md.block_tables.shape
+    spans, total = _layout((len(input_ids), S, P))
+    out = np.zeros(total, np.int32)
+    fields = (input_ids, positions, md.slot_mapping, md.block_tables.reshape(-1),
+              md.kv_lens, md.cu_q_lens, md.num_seqs)
+    for (at, size), field in zip(spans, fields):
+        out[at:at + size] = field
+    return out
 
 
 def unpack_step(packed, dims: tuple[int, int, int]):
     """The inverse of `pack_step` (works on jax and numpy arrays)."""
     T, S, P = dims
-    sizes = (T, T, T, S * P, S, S + 1, 1)
-    offsets = np.cumsum((0,) + sizes)
-    parts = [packed[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
+    spans, _ = _layout(dims)
+    parts = [packed[at:at + size] for at, size in spans]
     input_ids, positions, slots, tables, kv_lens, cu, num_seqs = parts
     return input_ids, positions, AttentionMetadata(
         slots, tables.reshape(S, P), kv_lens, cu, num_seqs)
