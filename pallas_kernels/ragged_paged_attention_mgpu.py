@@ -35,18 +35,17 @@ query rows by the caller, ``v_scale`` applied to the output.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
+                            mosaic_register_helpers, round_up,
+                            swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-_LOG2E = math.log2(math.e)
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
-_TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
 # Rows of one K/V TMA copy (a page of 16 is one copy).
 _COPY_ROWS = 16
 # Page sizes verified on GPU. Page 32 faults with an illegal instruction on
@@ -92,14 +91,7 @@ def _decode_kernel(
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def cast(x, layout):  # register layouts mean nothing when interpreted
-        return x if interpret else plgpu.layout_cast(x, layout)
-
-    def iota(shape, dim):
-        if interpret:
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim,
-                                      layout=plgpu.Layout.WGMMA)
+    cast, iota = mosaic_register_helpers(interpret)
 
     seq = lax.axis_index("seq")
     kv_head = lax.axis_index("kv_head")
@@ -125,11 +117,8 @@ def _decode_kernel(
                             tables_ref.shape[1] - table_chunk)
     tbl_shift = start * pages_per_step - tbl_start
 
-    swizzle = 128
-    transforms = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)),
-                  plgpu.SwizzleTransform(swizzle))
-    num_pieces = table_chunk // _TABLE_PIECE if table_chunk > _TABLE_PIECE else 1
-    piece = table_chunk // num_pieces
+    transforms = swizzled_smem_transforms(dtype)
+    num_pieces, piece = table_pieces(table_chunk)
 
     def scoped(q_smem, k_smem, v_smem, tbl_smem, lse_smem, q_bar, tbl_bar,
                k_bar, v_bar, free_bar):
@@ -175,7 +164,7 @@ def _decode_kernel(
             plgpu.barrier_wait(q_bar.at[0])
             acc = cast(jnp.zeros((_ROWS, head_dim), jnp.float32),
                        plgpu.Layout.WGMMA)
-            m = cast(jnp.full((_ROWS,), _MASK_VALUE, jnp.float32),
+            m = cast(jnp.full((_ROWS,), MASK_VALUE, jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
             l = cast(jnp.zeros((_ROWS,), jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
@@ -225,15 +214,15 @@ def _decode_kernel(
                 s = pl.run_scoped(qk, plgpu.ACC((_ROWS, bk), jnp.float32))
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
-                s = s * (logit_soft_cap * _LOG2E)
+                s = s * (logit_soft_cap * LOG2E)
             else:
-                s = s * (sm_scale * _LOG2E)
+                s = s * (sm_scale * LOG2E)
             if masked:
                 pos = (start + i) * bk + iota((_ROWS, bk), 1)
                 valid = pos < kv_len
                 if sliding_window is not None:
                     valid = valid & (pos >= kv_len - sliding_window)
-                s = jnp.where(valid, s, _MASK_VALUE)
+                s = jnp.where(valid, s, MASK_VALUE)
 
             m_next = jnp.maximum(m, s.max(axis=1))
             alpha = jnp.exp2(m - m_next)
@@ -308,10 +297,6 @@ def _decode_kernel(
     )
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def decode_attention(
     q: jax.Array,  # [S, K, G, H] one decode row per sequence, grouped
     k_pages: jax.Array,  # [K, num_pages, B, H]
@@ -345,17 +330,17 @@ def decode_attention(
     splits = tuning.splits(num_seqs, num_kv_heads, max_steps)
     # Pages one split may read: the table slice copied to smem (whole TMA
     # pieces of 32+ entries: a copy moves a multiple of 128 bytes).
-    chunk = _round_up(-(-max_steps // splits) * pages_per_step, 32)
-    if chunk > _TABLE_PIECE:
-        chunk = _round_up(chunk, _TABLE_PIECE)
+    chunk = round_up(-(-max_steps // splits) * pages_per_step, 32)
+    if chunk > TABLE_PIECE:
+        chunk = round_up(chunk, TABLE_PIECE)
     # Every page a program reads lies in the table, and its slice is kept
     # inside it; the table is padded only when it is too narrow for a slice
     # or for TMA (row stride a multiple of 16 bytes, whole steps).
     tables = block_tables.astype(jnp.int32)
-    width = max(_round_up(max_steps * pages_per_step, 4), chunk)
+    width = max(round_up(max_steps * pages_per_step, 4), chunk)
     if width != pages_per_seq:
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
-    rows_out = _round_up(group, 8)
+    rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
 
     kernel = functools.partial(

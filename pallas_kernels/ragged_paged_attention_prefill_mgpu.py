@@ -53,17 +53,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
+                            mosaic_register_helpers, round_up,
+                            sequence_work_items, swizzled_smem_transforms,
+                            table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-_LOG2E = math.log2(math.e)
-_TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
 __all__ = ["MosaicPrefillTuning", "MosaicPrefillUnsupported", "supports",
            "prefill_attention", "prefill_work_items"]
@@ -95,15 +95,11 @@ def supports(q_dtype, kv_dtype, head_dim: int, page_size: int,
     return None
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def _table_chunk(pages_per_seq: int, pages_per_step: int) -> int:
     """Block-table entries one program copies to smem: whole TMA pieces of
     32+ entries (a copy moves a multiple of 128 bytes)."""
-    chunk = _round_up(max(1, _round_up(pages_per_seq, pages_per_step)), 32)
-    return _round_up(chunk, _TABLE_PIECE) if chunk > _TABLE_PIECE else chunk
+    chunk = round_up(max(1, round_up(pages_per_seq, pages_per_step)), 32)
+    return round_up(chunk, TABLE_PIECE) if chunk > TABLE_PIECE else chunk
 
 
 def _prefill_kernel(
@@ -123,14 +119,7 @@ def _prefill_kernel(
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def cast(x, layout):  # register layouts mean nothing when interpreted
-        return x if interpret else plgpu.layout_cast(x, layout)
-
-    def iota(shape, dim):
-        if interpret:
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim,
-                                      layout=plgpu.Layout.WGMMA)
+    cast, iota = mosaic_register_helpers(interpret)
 
     head = lax.axis_index("head")
     item = lax.axis_index("item")
@@ -161,11 +150,8 @@ def _prefill_kernel(
         lo = lax.div(jnp.maximum(first - sliding_window + 1, 0), bk)
     kv_head = lax.div(head, group)
 
-    swizzle = 128
-    transforms = (plgpu.TilingTransform((8, swizzle // dtype.itemsize)),
-                  plgpu.SwizzleTransform(swizzle))
-    num_pieces = table_chunk // _TABLE_PIECE if table_chunk > _TABLE_PIECE else 1
-    piece = table_chunk // num_pieces
+    transforms = swizzled_smem_transforms(dtype)
+    num_pieces, piece = table_pieces(table_chunk)
 
     def scoped(q_smem, k_smem, v_smem, tbl_smem, q_bar, tbl_bar,
                k_bar, v_bar, k_free, v_free, sched):
@@ -207,7 +193,7 @@ def _prefill_kernel(
             plgpu.barrier_wait(q_bar.at[wg])
             acc = cast(jnp.zeros((block_q, head_dim), jnp.float32),
                        plgpu.Layout.WGMMA)
-            m = cast(jnp.full((block_q,), _MASK_VALUE, jnp.float32),
+            m = cast(jnp.full((block_q,), MASK_VALUE, jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
             l = cast(jnp.zeros((block_q,), jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
@@ -234,10 +220,10 @@ def _prefill_kernel(
 
                 if logit_soft_cap is not None:
                     s = jnp.tanh(s * (qk_scale / logit_soft_cap))
-                    s = s * (logit_soft_cap * _LOG2E)
+                    s = s * (logit_soft_cap * LOG2E)
                     masked_s = True
                 elif masked:
-                    s = s * (qk_scale * _LOG2E)
+                    s = s * (qk_scale * LOG2E)
                     masked_s = True
                 else:  # scaled inside the exp2 below (one FMA per logit)
                     masked_s = False
@@ -247,12 +233,12 @@ def _prefill_kernel(
                     ok = kv_pos <= pos
                     if sliding_window is not None:
                         ok = ok & (kv_pos > pos - sliding_window)
-                    s = jnp.where(ok, s, _MASK_VALUE)
+                    s = jnp.where(ok, s, MASK_VALUE)
                 if masked_s:
                     m_next = jnp.maximum(m, s.max(axis=1))
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_next, s.shape, [0]))
                 else:
-                    c = qk_scale * _LOG2E
+                    c = qk_scale * LOG2E
                     m_next = jnp.maximum(m, s.max(axis=1) * c)
                     p = jnp.exp2(s * c - lax.broadcast_in_dim(m_next, s.shape,
                                                               [0]))
@@ -400,20 +386,12 @@ def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
     causal) item of each sequence comes first."""
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     real = jnp.arange(q_lens.shape[0]) < num_seqs
-    base = cu_q_lens[:-1] // 8 * 8
-    nblk = jnp.where(real & (q_lens > 1), -(-(cu_q_lens[1:] - base) // tile),
-                     0)
-    ends = jnp.cumsum(nblk)
-    i = jnp.arange(num_items, dtype=jnp.int32)
-    # compare_all: one fused [I, S] comparison, no while loop on GPU.
-    seq = jnp.searchsorted(ends, i, side="right",
-                           method="compare_all").astype(jnp.int32)
-    seq = jnp.minimum(seq, q_lens.shape[0] - 1)
-    blk = ends[seq] - 1 - i
-    start = jnp.where(i < ends[-1], base[seq] + blk * tile, -1)
+    seq, start, used = sequence_work_items(
+        cu_q_lens[:-1] // 8 * 8, cu_q_lens[1:], real & (q_lens > 1), tile,
+        num_items)
     zero_start = -(-cu_q_lens[num_seqs] // 8) * 8
     num_zero = -(-(num_rows - zero_start) // tile)
-    z = i - ends[-1]
+    z = jnp.arange(num_items, dtype=jnp.int32) - used
     is_zero = (z >= 0) & (z < num_zero)
     start = jnp.where(is_zero, zero_start + z * tile, start)
     seq = jnp.where(is_zero, -1, seq)
@@ -460,14 +438,14 @@ def prefill_attention(
     pages_per_step = tuning.tokens_per_step // page_size
     chunk = _table_chunk(pages_per_seq, pages_per_step)
     # Any program's slice [lo * pages_per_step, + chunk) stays in the table.
-    width = _round_up(pages_per_seq, pages_per_step) + chunk
+    width = round_up(pages_per_seq, pages_per_step) + chunk
     tables = jnp.pad(block_tables.astype(jnp.int32),
                      ((0, 0), (0, width - pages_per_seq)))
     cu_q_lens = cu_q_lens.astype(jnp.int32)
     tile = 2 * tuning.block_q
     # TMA boxes over q and the output need the row count a multiple of the
     # 8-row smem tiling: pad (a copy) only when the step's T is not.
-    rows = _round_up(num_tokens, 8)
+    rows = round_up(num_tokens, 8)
     if rows != num_tokens:
         q = jnp.pad(q, ((0, rows - num_tokens), (0, 0), (0, 0)))
     # Sequence items: at most one per tile of rows plus one per sequence;

@@ -1,0 +1,69 @@
+"""Pieces the attention kernels share: constants, the prefill work-item split,
+and the Mosaic GPU helpers both Mosaic kernels use."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from jax import lax
+
+# A finite "minus infinity": masked logits stay finite, so a row with every
+# entry masked gives zeros instead of NaNs.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2
+TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def table_pieces(table_chunk: int) -> tuple[int, int]:
+    """(pieces, elements per piece) of a block-table slice copied by TMA."""
+    num = table_chunk // TABLE_PIECE if table_chunk > TABLE_PIECE else 1
+    return num, table_chunk // num
+
+
+def sequence_work_items(base, end, eligible, tile: int, num_items: int):
+    """Splits the rows [base[s], end[s]) of every eligible sequence into
+    ``tile``-row items, the last (heaviest, causal) item of each sequence
+    first: (item_seq [I], item_start [I] = -1 past the last item, the number
+    of items used)."""
+    nblk = jnp.where(eligible, -(-(end - base) // tile), 0)
+    ends = jnp.cumsum(nblk)
+    i = jnp.arange(num_items, dtype=jnp.int32)
+    # compare_all: one fused [I, S] comparison (the default binary search is
+    # a loop, which XLA on GPU runs as a while loop with a host round trip
+    # per iteration).
+    seq = jnp.searchsorted(ends, i, side="right",
+                           method="compare_all").astype(jnp.int32)
+    seq = jnp.minimum(seq, base.shape[0] - 1)
+    blk = ends[seq] - 1 - i
+    start = jnp.where(i < ends[-1], base[seq] + blk * tile, -1)
+    return seq, start.astype(jnp.int32), ends[-1]
+
+
+def mosaic_register_helpers(interpret: bool):
+    """(cast, iota) for Mosaic GPU kernel bodies: register layouts mean
+    nothing in jax's GPU interpreter, so there both are plain jnp."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def cast(x, layout):
+        return x if interpret else plgpu.layout_cast(x, layout)
+
+    def iota(shape, dim):
+        if interpret:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim,
+                                      layout=plgpu.Layout.WGMMA)
+
+    return cast, iota
+
+
+def swizzled_smem_transforms(dtype):
+    """Tiling + 128-byte swizzle of a shared-memory tile that wgmma reads."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    swizzle = 128
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plgpu.SwizzleTransform(swizzle))
