@@ -127,7 +127,7 @@ def _threshold_from_candidates(x, md, kept_blocks, block_size):
     s, vocab = x.shape
     c = top_candidates(x, kept_blocks, block_size)
     floor = c.floor[:, None]
-    in_head = c.count_at_least_floor()  # candidates >= floor, all exact
+    in_head = count_at_least(c.values, c.floor)  # candidates >= floor, all exact
     neg_inf = jnp.full((s,), -jnp.inf, x.dtype)
     k = (jnp.zeros((s,), jnp.int32) if md.top_k is None
          else jnp.where(md.top_k >= vocab, 0, md.top_k))

@@ -44,11 +44,6 @@ class Candidates:
     ids: jax.Array  # [S, M] int32 ids of `values`; >= V for the -inf pad
     floor: jax.Array  # [S] smallest kept block maximum; -inf = all finite kept
 
-    def count_at_least_floor(self) -> jax.Array:
-        """[S] candidates that are finite and >= floor."""
-        return jnp.sum((self.values >= self.floor[:, None])
-                       & (self.values > -jnp.inf), axis=-1, dtype=jnp.int32)
-
 
 def top_candidates(x: jax.Array, kept_blocks: int = KEPT_BLOCKS,
                    block_size: int = BLOCK_SIZE) -> Candidates:
@@ -72,7 +67,8 @@ def top_candidates(x: jax.Array, kept_blocks: int = KEPT_BLOCKS,
 
 
 def count_at_least(x: jax.Array, floor: jax.Array) -> jax.Array:
-    """[S] finite entries of each row of x that are >= floor (over the row)."""
+    """[S] finite entries of each row of x (a row of logits, or of its
+    candidates) that are >= floor."""
     return jnp.sum((x >= floor[:, None]) & (x > -jnp.inf), axis=-1,
                    dtype=jnp.int32)
 

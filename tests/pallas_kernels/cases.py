@@ -9,7 +9,13 @@ token rows, as the model runner's buckets produce.
 from __future__ import annotations
 
 import numpy as np
+import jax
 import jax.numpy as jnp
+import pytest
+
+ON_GPU = jax.default_backend() == "gpu"
+INTERPRET = not ON_GPU  # the kernels run interpreted on CPU, compiled on GPU
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
 
 # Relative L2 error allowed per dtype: f32 leaves room for tf32 tensor-core
 # dots on GPU; bf16 for bf16 probabilities and output rounding.
@@ -49,3 +55,22 @@ def rel_error(out, ref) -> float:
     out = np.asarray(out, np.float64)
     ref = np.asarray(ref, np.float64)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def check_against_reference(case, tuning=None, **kw):
+    """Runs ``ragged_paged_attention`` on ``case`` and asserts it matches the
+    jnp reference within the dtype's tolerance, with padding rows exactly
+    zero. Returns the kernel's output."""
+    from jaxinfer.pallas_kernels import (ragged_paged_attention,
+                                         ragged_paged_attention_reference)
+    scale = case[0].shape[-1] ** -0.5
+    out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,
+                                 interpret=INTERPRET, **kw)
+    ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
+    assert out.shape == ref.shape and out.dtype == case[0].dtype
+    err = rel_error(out, ref)
+    assert err < TOLERANCE[jnp.dtype(case[0].dtype)], err
+    # Padding rows past the last sequence are exactly zero.
+    num_real = int(case[5][int(case[6][0])])
+    assert not jnp.any(out[num_real:])
+    return out

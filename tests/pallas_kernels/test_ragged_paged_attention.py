@@ -6,38 +6,20 @@ On CPU the kernels run in interpret mode; on a GPU the same cases run compiled
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      RaggedPagedAttentionTuning, TuningError,
-                                     ragged_paged_attention,
-                                     ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
-
-ON_GPU = jax.default_backend() == "gpu"
-INTERPRET = not ON_GPU
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+                                     ragged_paged_attention)
+from tests.pallas_kernels.cases import check_against_reference, gpu, make_case
 
 # (q_len, kv_len): decodes at one and at many pages, a short and a long chunk
 # of a prefill whose prefix is already cached, and a fresh prefill.
 MIX = [(1, 1), (1, 129), (5, 18), (120, 597), (33, 33)]
 
 
-def _check(case, **kw):
-    scale = case[0].shape[-1] ** -0.5
-    out = ragged_paged_attention(*case, sm_scale=scale, interpret=INTERPRET,
-                                 **kw)
-    kw.pop("tuning", None)
-    ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
-    assert out.shape == ref.shape and out.dtype == case[0].dtype
-    err = rel_error(out, ref)
-    assert err < TOLERANCE[jnp.dtype(case[0].dtype)], err
-    # Padding rows past the last sequence are exactly zero.
-    num_real = int(case[5][int(case[6][0])])
-    assert not jnp.any(out[num_real:])
-    return out
+_check = check_against_reference
 
 
 @pytest.mark.parametrize("page_size,group,head_dim,dtype", [

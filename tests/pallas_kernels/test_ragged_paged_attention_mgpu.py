@@ -8,21 +8,15 @@ operand). On a Hopper GPU the same cases run compiled, plus the ``gpu`` cases.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      RaggedPagedAttentionTuning, TuningError,
-                                     ragged_paged_attention,
-                                     ragged_paged_attention_reference)
+                                     ragged_paged_attention)
 from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
     MosaicDecodeTuning)
-from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
-
-ON_GPU = jax.default_backend() == "gpu"
-INTERPRET = not ON_GPU
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA GPU")
+from tests.pallas_kernels.cases import check_against_reference, gpu, make_case
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -36,16 +30,7 @@ def _mosaic(**kw):
                                       mosaic_decode=MosaicDecodeTuning(**kw))
 
 
-def _check(case, tuning, **kw):
-    scale = case[0].shape[-1] ** -0.5
-    out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,
-                                 interpret=INTERPRET, **kw)
-    ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
-    assert out.shape == ref.shape and out.dtype == case[0].dtype
-    err = rel_error(out, ref)
-    assert err < TOLERANCE[jnp.dtype(case[0].dtype)], err
-    num_real = int(case[5][int(case[6][0])])
-    assert not jnp.any(out[num_real:])
+_check = check_against_reference
 
 
 @pytest.mark.parametrize("page_size,group,head_dim,tuning", [
