@@ -22,14 +22,13 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
 # "pallas_triton": the Triton-lowered kernels only; "pallas_interpret": the
 # kernels interpreted (CPU tests).
 BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret")
-# The engine's GPU default. Why Triton and not "pallas": the Mosaic GPU
-# kernels pass their GPU correctness checks, the tiny-model end-to-end check
-# and beat the Triton ones (pallas_kernels/NOTES.md), but the one llama3-8b
-# engine run made with them (bench throughput, dummy weights, H200) failed at
-# the first step with "Input buffer 1 is not 256-byte aligned"; the Triton
-# kernels ran that workload. Until an engine-scale run passes, the engine
-# defaults to Triton and `--attention-backend pallas` opts in.
-GPU_DEFAULT_BACKEND = "pallas_triton"
+# The engine's GPU default: the Mosaic GPU kernels on Hopper for the cases
+# they take, Triton for the rest. They beat the Triton kernels in
+# bench_attention (decode 72-80% of copy bandwidth against 56-60%, prefill
+# 56% of the matmul rate against 33%; pallas_kernels/NOTES.md) and ran the
+# llama3-8b throughput workload on one H200 once their operands were
+# 256-byte aligned (benchmarks/results/throughput-backends-h200.json).
+GPU_DEFAULT_BACKEND = "pallas"
 
 
 @functools.partial(jax.tree_util.register_dataclass,

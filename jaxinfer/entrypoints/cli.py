@@ -32,8 +32,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     from jaxinfer.models.attention import BACKENDS
     p.add_argument("--attention-backend", default=None, choices=BACKENDS,
-                   help="default: pallas_triton on GPU, reference on CPU; "
-                        "pallas adds the Mosaic GPU kernels on Hopper")
+                   help="default: pallas on GPU (Mosaic GPU kernels on Hopper, "
+                        "Triton elsewhere), reference on CPU; pallas_triton "
+                        "keeps both kernels on the Triton lowering")
 
 
 def engine_args_from(ns: argparse.Namespace):
