@@ -34,7 +34,7 @@ GPU_DEFAULT_BACKEND = "pallas"
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["slot_mapping", "block_tables", "kv_lens",
                                 "cu_q_lens", "num_seqs"],
-                   meta_fields=[])
+                   meta_fields=["decode_only"])
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:
     """Where this step's tokens live in the page pool. All int32, padded to
@@ -44,6 +44,10 @@ class AttentionMetadata:
     kv_lens: jax.Array  # [S] tokens in each sequence's pages after this step's write
     cu_q_lens: jax.Array  # [S + 1] token rows of sequence s: cu_q_lens[s]:cu_q_lens[s+1]
     num_seqs: jax.Array  # [1] real sequences; rows S beyond are padding
+    # Static: every real sequence has one new token (a decode-only step), so
+    # the Pallas kernels run the decode kernel alone. Part of the step's
+    # compile key, like the bucket shape.
+    decode_only: bool = False
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -103,6 +107,8 @@ def paged_attention(
     fn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
                            sliding_window=sliding_window,
                            logit_soft_cap=logit_soft_cap)
+    if backend != "reference":
+        fn = functools.partial(fn, decode_only=md.decode_only)
     if backend != "reference" and _splits_heads(mesh, k_pages.shape[0]):
         fn = _per_shard(fn, mesh)
     out = fn(q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,

@@ -130,7 +130,7 @@ def _use_mosaic_prefill(tuning, interpret, q_dtype, kv_dtype, head_dim,
 @functools.partial(
     jax.jit,
     static_argnames=("sm_scale", "sliding_window", "logit_soft_cap",
-                     "tuning", "interpret"))
+                     "tuning", "interpret", "decode_only"))
 def ragged_paged_attention(
     q: jax.Array,  # [T, N, H]
     k_pages: jax.Array,  # [K, num_pages, B, H]
@@ -147,8 +147,16 @@ def ragged_paged_attention(
     v_scale: jax.Array | float | None = None,
     tuning: RaggedPagedAttentionTuning | None = None,
     interpret: bool = False,
+    decode_only: bool = False,
 ) -> jax.Array:  # [T, N, H]
-    """Attention of a ragged batch over the paged KV pool (see module doc)."""
+    """Attention of a ragged batch over the paged KV pool (see module doc).
+
+    ``decode_only`` (static): the caller's promise that every real sequence
+    has ``q_len == 1``, so sequence ``s`` owns row ``s`` (``cu_q_lens[s] ==
+    s``). Only the decode kernel runs then: no prefill work items, no
+    prefill launch, no row gather or scatter around it (NOTES.md v7). Rows
+    of a sequence with ``q_len > 1`` would come back wrong, so the engine
+    sets it only for steps it scheduled as decodes alone."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, _, page_size, head_dim_k = k_pages.shape
     num_seq_rows, pages_per_seq = block_tables.shape
@@ -192,7 +200,12 @@ def ragged_paged_attention(
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_dec = (q_lens == 1) & (jnp.arange(num_seq_rows) < num_seqs)
     dec_rows = jnp.minimum(cu_q_lens[:-1], num_tokens - 1)
-    q_dec = q[dec_rows].reshape(num_seq_rows, num_kv_heads, group, head_dim)
+    if decode_only:  # row s is sequence s's token
+        q_dec = q[:num_seq_rows] if num_tokens >= num_seq_rows else jnp.pad(
+            q, ((0, num_seq_rows - num_tokens), (0, 0), (0, 0)))
+    else:
+        q_dec = q[dec_rows]
+    q_dec = q_dec.reshape(num_seq_rows, num_kv_heads, group, head_dim)
     if _use_mosaic_decode(tuning, interpret, q.dtype, k_pages.dtype,
                           head_dim, page_size, group):
         if k_scale is not None:  # folded into the rows, as (q k) * k_scale
@@ -217,6 +230,11 @@ def ragged_paged_attention(
             num_stages=tuning.decode_num_stages, interpret=interpret)
         o_dec = combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
     o_dec = o_dec.reshape(num_seq_rows, num_q_heads, head_dim).astype(q.dtype)
+    if decode_only:
+        out = jnp.where(is_dec[:, None, None], o_dec, 0).astype(q.dtype)
+        if num_tokens <= num_seq_rows:
+            return out[:num_tokens]
+        return jnp.pad(out, ((0, num_tokens - num_seq_rows), (0, 0), (0, 0)))
     if _use_mosaic_prefill(tuning, interpret, q.dtype, k_pages.dtype,
                            head_dim, page_size, pages_per_seq):
         # Prefill rows from the kernel; decode rows and padding placed by its

@@ -144,28 +144,82 @@ def correctness():
                 rows.append(dict(dtype=jnp.dtype(dtype).name, head_dim=head_dim,
                                  page_size=page, group=group, **kw,
                                  rel_err=err, ok=ok))
+    return rows + decode_only_correctness()
+
+
+def decode_only_correctness():
+    """Decode-only steps (the engine's decode_only=True), with the default
+    Mosaic decode tuning and the 3-stage, 2-programs-per-SM one."""
+    import dataclasses
+    import jax.numpy as jnp
+    from jaxinfer.pallas_kernels import (ragged_paged_attention,
+                                         ragged_paged_attention_reference)
+    from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+        MosaicDecodeTuning, default_tuning)
+    dec_mix = [(1, 1), (1, 129), (1, 2048 // L_DIV), (1, 5000 // L_DIV), (1, 17)]
+    rows = []
+    for head_dim, page, group in [(128, 16, 4), (64, 16, 8), (128, 32, 4)]:
+        for label, mosaic in [("default", None),
+                              ("s3_2psm", MosaicDecodeTuning(
+                                  num_stages=3, programs_per_sm=2))]:
+            tuning = default_tuning(head_dim, page)
+            if mosaic is not None:
+                tuning = dataclasses.replace(tuning, mosaic_decode=mosaic)
+            case = make_case(dec_mix, num_q_heads=4 * group, num_kv_heads=4,
+                             head_dim=head_dim, page_size=page,
+                             dtype=jnp.bfloat16, seed=len(rows))
+            scale = head_dim ** -0.5
+            out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,
+                                         decode_only=True, interpret=SMOKE)
+            ref = ragged_paged_attention_reference(*case, sm_scale=scale)
+            err = rel_error(out, ref)
+            n_real = int(case[6][0])
+            ok = err < TOLERANCE[jnp.dtype(jnp.bfloat16)] and not bool(
+                jnp.any(out[n_real:]))
+            rows.append(dict(dtype="bfloat16", head_dim=head_dim,
+                             page_size=page, group=group, decode_only=True,
+                             tuning=label, rel_err=err, ok=ok))
     return rows
 
 
 def our_variants(kind, fixed=None):
-    """The engine's default tuning (on Hopper: the Mosaic GPU kernels where
-    they take the case) and the best Triton-lowered tuning of earlier runs,
-    so that one run compares both backends."""
+    """(label, tuning, call kwargs): the engine's default tuning (on Hopper:
+    the Mosaic GPU kernels where they take the case) and the best
+    Triton-lowered tuning of earlier runs, so that one run compares both
+    backends. Decode batches are timed twice per tuning: with
+    ``decode_only=True``, as the engine calls the kernels on a step of
+    decodes alone, and without it, as on a mixed step's decode half."""
     if fixed is not None:
-        return [fixed]
+        return [("fixed", fixed, {})]
+    import dataclasses
     from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning as T
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        default_tuning)
+        MosaicDecodeTuning, default_tuning)
     if SMOKE:
-        return [T(), T(decode_pages_per_block=4, prefill_block_q=128,
-                       prefill_num_warps=8)]
-    if kind == "decode":
-        return [default_tuning(H, B),
-                T(decode_backend="triton", decode_pages_per_block=4,
-                  decode_prefetch=True)]
-    return [default_tuning(H, B),
-            T(prefill_backend="triton", prefill_block_q=128,
-              prefill_pages_per_block=8, prefill_num_warps=8)]
+        tunings = [("default", T()),
+                   ("triton", T(decode_pages_per_block=4, prefill_block_q=128,
+                                prefill_num_warps=8))]
+    elif kind == "decode":
+        base = default_tuning(H, B)
+        tunings = [
+            ("mosaic", base),
+            # Three stages, two programs per SM (v4's fastest kernel alone).
+            ("mosaic_s3_2psm", dataclasses.replace(
+                base, mosaic_decode=MosaicDecodeTuning(num_stages=3,
+                                                       programs_per_sm=2))),
+            ("triton", T(decode_backend="triton", decode_pages_per_block=4,
+                         decode_prefetch=True))]
+    else:
+        return [("default", default_tuning(H, B), {}),
+                ("triton", T(prefill_backend="triton", prefill_block_q=128,
+                             prefill_pages_per_block=8, prefill_num_warps=8),
+                 {})]
+    if kind != "decode":
+        return [(label, t, {}) for label, t in tunings]
+    return [(label + suffix, t, kw) for label, t in tunings
+            for suffix, kw in (("_decode_only", {"decode_only": True}),
+                               ("", {}))]
 
 
 def time_ours(args, kind, limit=None, fixed=None):
@@ -173,17 +227,17 @@ def time_ours(args, kind, limit=None, fixed=None):
     import jax
     from jaxinfer.pallas_kernels import ragged_paged_attention
     res = []
-    for tuning in our_variants(kind, fixed)[:limit]:
+    for label, tuning, kw in our_variants(kind, fixed)[:limit]:
         fn = jax.jit(functools.partial(ragged_paged_attention, sm_scale=H**-0.5,
-                                       tuning=tuning, interpret=SMOKE))
+                                       tuning=tuning, interpret=SMOKE, **kw))
         try:
             ts = time_fn(fn, *args)
         except Exception as e:  # a variant that does not compile is skipped
-            print("variant failed:", tuning, repr(e)[:2000])
-            res.append(dict(tuning=repr(tuning), error=str(e)[:300]))
+            print("variant failed:", label, tuning, repr(e)[:2000])
+            res.append(dict(label=label, tuning=repr(tuning), error=str(e)[:300]))
             continue
-        res.append(dict(tuning=repr(tuning), repeats=ts,
-                        median=statistics.median(ts), obj=tuning))
+        res.append(dict(label=label, tuning=repr(tuning), call_kwargs=kw,
+                        repeats=ts, median=statistics.median(ts), obj=tuning))
     return res
 
 
@@ -248,7 +302,8 @@ def main():
                     jax.lib, "__version__") else None,
                 bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
                 copy_repeats_s=roof["copy_s"], matmul_repeats_s=roof["matmul_s"])
-    checks = [] if a.skip_correctness or SMOKE else correctness()
+    checks = ([] if a.skip_correctness else
+              decode_only_correctness() if SMOKE else correctness())
     if a.correctness_only:
         bad = [c for c in checks if not c["ok"]]
         print(f"correctness: {len(checks) - len(bad)}/{len(checks)} ok; worst"
@@ -262,9 +317,22 @@ def main():
         kv_bytes = 2 * s * l * K * H * 2
         ours, bundled = time_ours(args, "decode"), time_bundled(args)
         bo, bb = best(ours), best(bundled)
+        general = best([r for r in ours if not r.get("call_kwargs")])
+        bundled_default = next((r for r in bundled if "median" in r and (
+            r["ppcb"], r["k_splits"]) == (8, 16)), None)
         decode[name] = dict(
             params=dict(S=s, L=l, N=N, K=K, H=H, page=B, dtype="bfloat16"),
             kv_bytes=kv_bytes, ours=ours, bundled=bundled,
+            ours_best_label=bo and bo["label"],
+            # Without decode_only: the decode half of a mixed step.
+            general_median_s=general and general["median"],
+            general_frac_of_copy_bw=general and kv_bytes / general["median"]
+            / roof["bw"],
+            # The bundled kernel at its own defaults (8 pages, 16 splits).
+            bundled_default_median_s=bundled_default
+            and bundled_default["median"],
+            speedup_vs_bundled_default=bo and bundled_default
+            and bundled_default["median"] / bo["median"],
             ours_median_s=bo and bo["median"],
             bundled_median_s=bb and bb["median"],
             ours_tb_s=bo and kv_bytes / bo["median"] / 1e12,
@@ -325,11 +393,18 @@ def main():
           f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof['device']})")
     nz = lambda x: float("nan") if x is None else x  # noqa: E731
     for name, d in decode.items():
-        print(f"{name}: ours {nz(d['ours_median_s']) * 1e6:.1f} us "
+        print(f"{name}: ours ({d['ours_best_label']}) "
+              f"{nz(d['ours_median_s']) * 1e6:.1f} us "
               f"{nz(d['ours_tb_s']):.2f} TB/s = "
-              f"{nz(d['frac_of_copy_bw']):.0%} of copy; bundled "
-              f"{nz(d['bundled_tb_s']):.2f} TB/s; "
-              f"speedup {nz(d['speedup_vs_bundled']):.2f}x")
+              f"{nz(d['frac_of_copy_bw']):.0%} of copy (without decode_only "
+              f"{nz(d['general_median_s']) * 1e6:.1f} us = "
+              f"{nz(d['general_frac_of_copy_bw']):.0%}); bundled best "
+              f"{nz(d['bundled_tb_s']):.2f} TB/s, speedup "
+              f"{nz(d['speedup_vs_bundled']):.2f}x; vs bundled defaults "
+              f"{nz(d['speedup_vs_bundled_default']):.2f}x")
+        for r in d["ours"]:
+            if "median" in r:
+                print(f"    {r['label']:28s} {r['median'] * 1e6:8.1f} us")
     p = prefill["prefill_8x2048"]
     print(f"prefill 8x2048: ours {nz(p['ours_median_s']) * 1e3:.3f} ms "
           f"{nz(p['ours_tflops']):.0f} TFLOP/s = {nz(p['frac_of_matmul']):.0%}"

@@ -43,8 +43,9 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
     logprobs). ``num_logprobs`` (static): None, or the top-K to return."""
-    # packed: token ids, positions and attention metadata of bucket
-    # dims = (T, S, P) in one int32 buffer (one host->device transfer).
+    # packed: token ids, positions and attention metadata in one int32
+    # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
+    # bucket and the metadata's static flag.
     input_ids, positions, md = unpack_step(packed, dims)
     logits, kv_pages = model.apply({"params": params}, input_ids, positions,
                                    kv_pages, md, cos_sin, logits_indices)
@@ -187,8 +188,11 @@ class ModelRunner:
         kv_lens[:R] = starts + q_lens
         logits_idx = np.zeros(S, np.int32)
         logits_idx[:R] = cu[1:R + 1] - 1
+        # One token per sequence: the attention kernels skip their prefill
+        # half (a separate compiled variant of the bucket).
         md = AttentionMetadata(slots, tables, kv_lens, cu,
-                               np.array([len(sched)], np.int32))
+                               np.array([len(sched)], np.int32),
+                               decode_only=n_tok == R)
         smd = self.sampling_inputs.build(sched, requests, S)
         return input_ids, positions, md, logits_idx, smd
 
@@ -220,7 +224,7 @@ class ModelRunner:
             targets = plan.targets
         t0 = time.perf_counter()
         res, prompt_lp, self.kv_pages, state = self._step(
-            num_lp, (len(input_ids), *md.block_tables.shape),
+            num_lp, (len(input_ids), *md.block_tables.shape, md.decode_only),
             self.params, self.kv_pages, state, self.cos_sin,
             pack_step(input_ids, positions, md), logits_idx, smd, targets)
         # The host waits here anyway (collect reads the tokens); timing the

@@ -41,11 +41,13 @@ def pack_step(input_ids, positions, md: AttentionMetadata) -> np.ndarray:
     return out
 
 
-def unpack_step(packed, dims: tuple[int, int, int]):
-    """The inverse of `pack_step` (works on jax and numpy arrays)."""
-    T, S, P = dims
-    spans, _ = _layout(dims)
+def unpack_step(packed, dims: tuple[int, int, int, bool]):
+    """The inverse of `pack_step` (works on jax and numpy arrays); ``dims`` =
+    (T, S, P, decode_only), the last being the metadata's static flag."""
+    T, S, P, decode_only = dims
+    spans, _ = _layout((T, S, P))
     parts = [packed[at:at + size] for at, size in spans]
     input_ids, positions, slots, tables, kv_lens, cu, num_seqs = parts
     return input_ids, positions, AttentionMetadata(
-        slots, tables.reshape(S, P), kv_lens, cu, num_seqs)
+        slots, tables.reshape(S, P), kv_lens, cu, num_seqs,
+        decode_only=decode_only)

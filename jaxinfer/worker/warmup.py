@@ -1,6 +1,7 @@
 """Compile-ahead: the persistent XLA compilation cache and warm-up.
 
-Warm-up runs the step once at every reachable (T, S, P) bucket, for greedy,
+Warm-up runs the step once at every reachable (T, S, P) bucket (and its
+decode-only variant where one token per sequence can land there), for greedy,
 sampled and filtered (top-k / top-p / min-p) batches, so that serving never
 waits on a compile; with the persistent cache the second start of the same model loads those programs
 from disk instead of compiling them.
@@ -53,18 +54,27 @@ def enable_compilation_cache(cache_dir: str | None) -> str | None:
     return cache_dir
 
 
+def _prev(ladder, v):
+    i = ladder.index(v)
+    return ladder[i - 1] if i else 0
+
+
 def reachable_shapes(buckets, block_size: int):
     """The (T, S, P) buckets a real step can land in: some token count in
     T's range fits S sequences of at most P pages each."""
-    def prev(ladder, v):
-        i = ladder.index(v)
-        return ladder[i - 1] if i else 0
     out = []
     for t, s, p in buckets.all_shapes():
-        n_tok = max(prev(buckets.tokens, t) + 1, prev(buckets.seqs, s) + 1)
+        n_tok = max(_prev(buckets.tokens, t) + 1, _prev(buckets.seqs, s) + 1)
         if n_tok <= t and n_tok <= s * p * block_size:
             out.append((t, s, p))
     return out
+
+
+def decode_only_reachable(buckets, shape) -> bool:
+    """Whether a step of one token per sequence lands in bucket (T, S, P):
+    some sequence count falls in both T's and S's range."""
+    t, s, _ = shape
+    return max(_prev(buckets.tokens, t), _prev(buckets.seqs, s)) < min(t, s)
 
 
 def _dummy_batch(T: int, S: int, P: int):
@@ -89,16 +99,21 @@ def warm_up(runner) -> tuple[int, float]:
     # variant: sampling_inputs sends the three filters together).
     variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
                 SamplingParams(temperature=1.0, top_p=0.9)]
+    # The dummy batch (one 1-token sequence) is valid for both attention
+    # variants: the general one, and the decode-only one where it can occur.
+    programs = [(shape, decode_only) for shape in shapes
+                for decode_only in (False, True)
+                if not decode_only or decode_only_reachable(runner.buckets, shape)]
     n = 0
-    for T, S, P in shapes:
+    for (T, S, P), decode_only in programs:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
         for sp in variants:
             req = Request("warmup", [0], sp)
             sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
             smd = runner.sampling_inputs.build(sched, {"warmup": req}, S)
             _, _, runner.kv_pages, _ = runner._step(
-                None, (T, S, P), runner.params, runner.kv_pages, None,
-                runner.cos_sin, pack_step(input_ids, positions, md),
+                None, (T, S, P, decode_only), runner.params, runner.kv_pages,
+                None, runner.cos_sin, pack_step(input_ids, positions, md),
                 logits_idx, smd, None)
             n += 1
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
@@ -106,7 +121,8 @@ def warm_up(runner) -> tuple[int, float]:
         runner.scheduler_config.max_num_seqs)
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
-    logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
-                "sampling variants) and %d page-copy programs in %.1fs",
-                n, len(shapes), len(variants), n_copy, seconds)
+    logger.info("warm-up compiled %d step programs (%d shape buckets, %d "
+                "with a decode-only variant, x %d sampling variants) and %d "
+                "page-copy programs in %.1fs", n, len(shapes),
+                len(programs) - len(shapes), len(variants), n_copy, seconds)
     return n + n_copy, seconds

@@ -6,13 +6,17 @@ On CPU the kernels run in interpret mode; on a GPU the same cases run compiled
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      RaggedPagedAttentionTuning, TuningError,
                                      ragged_paged_attention)
-from tests.pallas_kernels.cases import check_against_reference, gpu, make_case
+from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
+                                        gpu, make_case)
 
 # (q_len, kv_len): decodes at one and at many pages, a short and a long chunk
 # of a prefill whose prefix is already cached, and a fresh prefill.
@@ -52,6 +56,24 @@ def test_split_kv_decode_combines_partials():
                                           decode_kv_splits=4,
                                           decode_prefetch=True)
     _check(case, tuning=prefetch, logit_soft_cap=5.0)
+
+
+def test_decode_only_on_the_triton_path():
+    """decode_only runs the decode kernel alone; rows beyond the sequences
+    (and padding sequences) stay zero."""
+    case = make_case([(1, 700), (1, 45), (1, 3)], num_q_heads=8,
+                     num_kv_heads=2, page_size=32, seed=8)
+    tuning = RaggedPagedAttentionTuning(decode_pages_per_block=2,
+                                        decode_kv_splits=4)
+    _check(case, tuning=tuning, decode_only=True, sliding_window=64)
+
+    def kernel_calls(**kw):
+        jaxpr = jax.make_jaxpr(functools.partial(
+            ragged_paged_attention, sm_scale=0.125, tuning=tuning,
+            interpret=INTERPRET, **kw))(*case)
+        return str(jaxpr).count("pallas_call")
+    assert kernel_calls(decode_only=True) == 1  # the decode kernel alone
+    assert kernel_calls() == 2  # decode and prefill
 
 
 @pytest.mark.slow

@@ -60,6 +60,17 @@ def test_mosaic_decode_long_table_in_pieces():
     _check(case, _mosaic(num_stages=4, kv_splits=1, tokens_per_step=128))
 
 
+@pytest.mark.parametrize("pad_tokens,pad_seqs", [(3, 1), (0, 3)])
+def test_mosaic_decode_only_skips_the_prefill_half(pad_tokens, pad_seqs):
+    """decode_only: row s is sequence s's token; more token rows than
+    sequence rows (the engine's buckets) and fewer both come back right,
+    padding rows zero."""
+    case = make_case([(1, 40), (1, 1), (1, 129)], num_q_heads=8,
+                     num_kv_heads=2, head_dim=64, dtype=jnp.bfloat16, seed=7,
+                     pad_tokens=pad_tokens, pad_seqs=pad_seqs)
+    _check(case, _mosaic(num_stages=2, kv_splits=2), decode_only=True)
+
+
 def test_mosaic_decode_producer_warpgroup():
     """The warp-specialized variant (a copy-issuing warpgroup beside the
     computing one), with a ring shorter than the sequences."""

@@ -21,7 +21,8 @@ def test_pack_unpack_round_trip():
     starts = [np.flatnonzero(packed == v.reshape(-1)[0])[0] for v in (
         ids, pos, md.slot_mapping, md.block_tables, md.kv_lens, md.cu_q_lens)]
     assert all(s * 4 % 256 == 0 for s in starts), starts
-    ids2, pos2, md2 = unpack_step(packed, (T, S, P))
+    ids2, pos2, md2 = unpack_step(packed, (T, S, P, True))
+    assert md2.decode_only is True  # the static flag rides in dims
     np.testing.assert_array_equal(ids2, ids)
     np.testing.assert_array_equal(pos2, pos)
     for f in ("slot_mapping", "block_tables", "kv_lens", "cu_q_lens", "num_seqs"):
