@@ -19,11 +19,11 @@ sequences of the other:
     TMA copies into a multi-stage smem ring (a producer warpgroup issues the
     copies, a consumer warpgroup runs wgmma + online softmax), split-KV with
     a jnp combine for small batches. Why it is the default: on one H200 (jax
-    0.11.2, copy BW 4.13 TB/s, same run) it reached 3.30 TB/s (80% of copy)
-    through this function at S=64 L=2048 against 2.48 TB/s (60%) for the
-    Triton kernel, and 54-58% at S=1 L=32768 (the kernel alone 67%) against
-    42%; see ``benchmarks/results/kernel-decode-mgpu-h200.json`` and
-    NOTES.md v4. ``k_scale`` is folded into its query rows.
+    0.11.2, copy BW 4.12 TB/s, same run) it reached 3.61 TB/s (88% of copy)
+    through this function at S=64 L=2048 on a decode step against 2.75 TB/s
+    (67%) for the Triton kernel, and 77% at S=1 L=32768 (16 calls per
+    program) against 56%; see ``benchmarks/results/kernel-decode-h200.json``
+    and NOTES.md v4, v7. ``k_scale`` is folded into its query rows.
   - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32 (wgmma takes 16-bit operands),
     fp8 or other page dtypes differing from q, page size 32 (the Mosaic
     kernel faults there on jax 0.11.2, cause not found yet), other GPUs, and
@@ -43,8 +43,8 @@ sequences of the other:
 Backend of the prefill kernel: on Hopper, for the cases it takes (bf16/f16,
 H 64/128, page a multiple of 8 dividing 128), the Mosaic GPU kernel of
 ``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page):
-8x2048 causal 0.640 ms = 55% of the bf16 matmul rate through this function,
-0.96x cuDNN's speed for the kernel and its wrapper (NOTES.md v5). Elsewhere
+8x2048 causal 0.609 ms = 60% of the bf16 matmul rate through this function,
+0.97x cuDNN's speed (NOTES.md v5, v7). Elsewhere
 (f32, H=256, other GPUs, interpret mode on CPU) Pallas' Triton lowering
 (``pl.pallas_call`` + ``plgpu.CompilerParams``), which runs unchanged on jax
 0.10 and 0.11 and gathers pages with pointer gathers: 263 TFLOP/s (33%) on
