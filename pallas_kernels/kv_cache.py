@@ -16,6 +16,11 @@ entries point there; nothing ever reads it as real data.
 
 A "slot" is ``page_id * B + offset_in_page``; the scheduler's block tables and
 the runner's ``slot_mapping`` speak in slots.
+
+Scales of quantized (fp8) pages, when they are per page rather than one per
+tensor, are ``[K, num_pages]`` float32 arrays beside the pair: entry
+``[h, p]`` multiplies kv head ``h``'s K (or V) in page ``p``. The attention
+kernels read them through the same block table as the pages.
 """
 
 from __future__ import annotations
@@ -69,3 +74,20 @@ def gather_kv(
     lead = block_table.shape[:-1]
     return g.reshape(*lead, block_table.shape[-1] * block_size, num_kv_heads,
                      head_dim)
+
+
+def page_scales_shape(num_pages: int, num_kv_heads: int) -> tuple[int, int]:
+    """Shape of one layer's per-page K (or V) scales."""
+    return (num_kv_heads, num_pages)
+
+
+def gather_page_scales(
+    scales: jax.Array,  # [K, num_pages] f32
+    block_table: jax.Array,  # [..., P] page ids
+    block_size: int,
+) -> jax.Array:
+    """Per-page scales spread over tokens in gather_kv's order: [..., P * B,
+    K, 1], to multiply gather_kv's result."""
+    g = jnp.moveaxis(scales[:, block_table], 0, -1)  # [..., P, K]
+    g = jnp.repeat(g, block_size, axis=-2)  # [..., P * B, K]
+    return g[..., None]

@@ -50,10 +50,15 @@ H 64/128, page a multiple of 8 dividing 128), the Mosaic GPU kernel of
 0.10 and 0.11 and gathers pages with pointer gathers: 263 TFLOP/s (33%) on
 the same shape. ``tuning.prefill_backend`` forces either.
 
-K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are per-tensor scalars
-(the quantization issue may widen them to per-page); the pages are upcast to
-the query dtype inside the kernel, logits are multiplied by ``k_scale`` and
-outputs by ``v_scale``.
+K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are each None, one
+scale per tensor (a scalar), or one per (kv head, page), ``[K, num_pages]``
+f32 (``kv_cache.py``). The pages are upcast to the query dtype inside the
+kernel; a per-tensor ``k_scale`` multiplies the logits and ``v_scale`` the
+outputs. Per-page scales are read through the block table beside the pages
+by the Triton kernels (the Mosaic ones take per-tensor scales only; fp8
+pages go to Triton anyway): each tile's logits are multiplied by its pages'
+K scales, and its probabilities by their V scales before the PV product, so
+the softmax denominator is unchanged.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from . import kv_cache
 from . import ragged_paged_attention_mgpu as _mgpu
 from . import ragged_paged_attention_prefill_mgpu as _pf
 from .ragged_paged_attention_triton import (combine_splits, decode_call,
@@ -95,14 +101,18 @@ def _hopper() -> bool:
             and 9.0 <= float(cc) < 10.0)
 
 
+_PER_PAGE = "per-page K/V scales (the Triton kernels read them)"
+
+
 def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
-                       page_size, group) -> bool:
+                       page_size, group, per_page_scales) -> bool:
     """The decode backend, chosen once per trace from the platform: the
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.decode_backend == "triton":
         return False
-    why = _mgpu.supports(q_dtype, kv_dtype, head_dim, page_size, group,
-                         tuning.mosaic_decode.tokens_per_step)
+    why = _PER_PAGE if per_page_scales else _mgpu.supports(
+        q_dtype, kv_dtype, head_dim, page_size, group,
+        tuning.mosaic_decode.tokens_per_step)
     if tuning.decode_backend == "mosaic":
         if why:
             raise RaggedAttentionShapeError(
@@ -112,19 +122,41 @@ def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
 
 
 def _use_mosaic_prefill(tuning, interpret, q_dtype, kv_dtype, head_dim,
-                        page_size, pages_per_seq) -> bool:
+                        page_size, pages_per_seq, per_page_scales) -> bool:
     """The prefill backend, chosen once per trace from the platform: the
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.prefill_backend == "triton" or interpret:
         return False
-    why = _pf.supports(q_dtype, kv_dtype, head_dim, page_size,
-                       tuning.mosaic_prefill, pages_per_seq)
+    why = _PER_PAGE if per_page_scales else _pf.supports(
+        q_dtype, kv_dtype, head_dim, page_size, tuning.mosaic_prefill,
+        pages_per_seq)
     if tuning.prefill_backend == "mosaic":
         if why:
             raise RaggedAttentionShapeError(
                 f"prefill_backend='mosaic' does not take this case: {why}")
         return True
     return why is None and _hopper()
+
+
+def _split_scales(k_scale, v_scale, num_kv_heads, num_pages):
+    """(per-tensor [2] f32 (k, v), per-page [K, 2, num_pages] f32 or None).
+    Each scale is None, a scalar, or [K, num_pages] (kv_cache.py); with one
+    of them per page, a scalar other is spread over the pages."""
+    per_page_shape = kv_cache.page_scales_shape(num_pages, num_kv_heads)
+    given = {"k_scale": k_scale, "v_scale": v_scale}
+    for name, x in given.items():
+        if x is not None and jnp.size(x) != 1 and jnp.shape(x) != per_page_shape:
+            raise RaggedAttentionShapeError(
+                f"{name} has shape {jnp.shape(x)}: give one scale per tensor "
+                f"(a scalar) or per (kv head, page) {per_page_shape}")
+    as_scalar = lambda x: jnp.asarray(  # noqa: E731
+        1.0 if x is None else x, jnp.float32).reshape(())
+    if all(x is None or jnp.size(x) == 1 for x in given.values()):
+        return jnp.stack([as_scalar(k_scale), as_scalar(v_scale)]), None
+    per_page = [jnp.broadcast_to(jnp.asarray(x, jnp.float32) if jnp.ndim(x) == 2
+                                 else as_scalar(x), per_page_shape)
+                for x in (k_scale, v_scale)]
+    return jnp.ones((2,), jnp.float32), jnp.stack(per_page, axis=1)
 
 
 @functools.partial(
@@ -185,10 +217,9 @@ def ragged_paged_attention(
     num_seqs = jnp.reshape(num_seqs, ())
     kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
-    scales = jnp.stack([
-        jnp.asarray(1.0 if k_scale is None else k_scale, jnp.float32).reshape(()),
-        jnp.asarray(1.0 if v_scale is None else v_scale, jnp.float32).reshape(()),
-    ])
+    scales, page_scales = _split_scales(k_scale, v_scale, num_kv_heads,
+                                        k_pages.shape[1])
+    per_page = page_scales is not None
 
     # Pad the block table so every tile's page slice stays in bounds.
     ppb = max(tuning.decode_pages_per_block, tuning.prefill_pages_per_block)
@@ -207,7 +238,7 @@ def ragged_paged_attention(
         q_dec = q[dec_rows]
     q_dec = q_dec.reshape(num_seq_rows, num_kv_heads, group, head_dim)
     if _use_mosaic_decode(tuning, interpret, q.dtype, k_pages.dtype,
-                          head_dim, page_size, group):
+                          head_dim, page_size, group, per_page):
         if k_scale is not None:  # folded into the rows, as (q k) * k_scale
             q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q.dtype)
         o_dec = _mgpu.decode_attention(
@@ -222,7 +253,7 @@ def ragged_paged_attention(
                                   pages_padded // tuning.decode_pages_per_block)
         o_dec, m_dec, l_dec = decode_call(
             q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0), tables,
-            scales, sm_scale=sm_scale, sliding_window=sliding_window,
+            scales, page_scales, sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap,
             pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
             prefetch=tuning.decode_prefetch,
@@ -236,7 +267,7 @@ def ragged_paged_attention(
             return out[:num_tokens]
         return jnp.pad(out, ((0, num_tokens - num_seq_rows), (0, 0), (0, 0)))
     if _use_mosaic_prefill(tuning, interpret, q.dtype, k_pages.dtype,
-                           head_dim, page_size, pages_per_seq):
+                           head_dim, page_size, pages_per_seq, per_page):
         # Prefill rows from the kernel; decode rows and padding placed by its
         # wrapper (one small scatter, no pass over all rows).
         return _pf.prefill_attention(
@@ -262,7 +293,7 @@ def ragged_paged_attention(
                                                block_q)
     out = prefill_call(
         q_pad, k_pages, v_pages, out, item_seq, item_start, cu_q_lens,
-        kv_lens, tables, scales, sm_scale=sm_scale,
+        kv_lens, tables, scales, page_scales, sm_scale=sm_scale,
         sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
         block_q=block_q, pages_per_block=tuning.prefill_pages_per_block,
         num_warps=tuning.prefill_num_warps,

@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .kv_cache import gather_kv
+from .kv_cache import gather_kv, gather_page_scales
 
 # Tokens handled per block of the reference; bounds the gathered K/V to
 # TOKEN_BLOCK * P * B * K * H elements.
@@ -39,6 +39,13 @@ def token_positions_and_seqs(cu_q_lens, kv_lens, num_seqs, num_tokens):
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     pos = kv_lens[seq_ids] - q_lens[seq_ids] + (t - cu_q_lens[seq_ids])
     return seq_ids, pos, valid
+
+
+def _per_token(scale, block_tables, block_size):
+    scale = jnp.asarray(scale, jnp.float32)
+    if scale.ndim == 2:
+        return gather_page_scales(scale, block_tables, block_size)
+    return scale.reshape(())
 
 
 @functools.partial(
@@ -74,10 +81,13 @@ def ragged_paged_attention_reference(
 
     k_all = gather_kv(k_pages, block_tables).astype(jnp.float32)  # [S, L, K, H]
     v_all = gather_kv(v_pages, block_tables).astype(jnp.float32)
+    # A scale is one per tensor (a scalar) or one per (kv head, page):
+    # [K, num_pages] (kv_cache.py).
+    block_size = k_pages.shape[2]
     if k_scale is not None:
-        k_all = k_all * k_scale
+        k_all = k_all * _per_token(k_scale, block_tables, block_size)
     if v_scale is not None:
-        v_all = v_all * v_scale
+        v_all = v_all * _per_token(v_scale, block_tables, block_size)
     max_len = k_all.shape[1]
     kv_pos = jnp.arange(max_len, dtype=jnp.int32)
 

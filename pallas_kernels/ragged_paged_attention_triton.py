@@ -19,27 +19,41 @@ from jax.experimental.pallas import triton as plgpu
 from .kernel_common import LOG2E, MASK_VALUE, sequence_work_items
 
 
-def _logits(q, k, sm_scale, k_scale, logit_soft_cap):
-    """[R, H] x [BK, H] -> [R, BK] f32 logits, base-2 scaled."""
+def _logits(q, k, sm_scale, k_scale, logit_soft_cap, col_scale=None):
+    """[R, H] x [BK, H] -> [R, BK] f32 logits, base-2 scaled; ``col_scale``
+    [BK]: per-token K scales (per-page scales spread over their tokens)."""
     s = jax.lax.dot_general(q, k.astype(q.dtype), (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32)
     s = s * (sm_scale * k_scale)
+    if col_scale is not None:
+        s = s * col_scale[None, :]
     if logit_soft_cap is not None:
         s = logit_soft_cap * jnp.tanh(s / logit_soft_cap)
     return s * LOG2E
 
 
-def _online_softmax_step(carry, s, v):
-    """One flash step: s [R, BK] (masked, base 2), v [BK, H]."""
+def _online_softmax_step(carry, s, v, v_scale=None):
+    """One flash step: s [R, BK] (masked, base 2), v [BK, H]; ``v_scale``
+    [BK]: per-token V scales, applied to the probabilities (sum_j p_j s_j
+    v_j) so the denominator stays the plain sum."""
     o, m, l = carry
     m_next = jnp.maximum(m, s.max(axis=1))
     corr = jnp.exp2(m - m_next)
     p = jnp.exp2(s - m_next[:, None])
     l_next = corr * l + p.sum(axis=1)
+    pv = p if v_scale is None else p * v_scale[None, :]
     o_next = corr[:, None] * o + jax.lax.dot_general(
-        p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+        pv.astype(v.dtype), v, (((1,), (0,)), ((), ())),
         preferred_element_type=jnp.float32)
     return o_next, m_next, l_next
+
+
+def _token_scales(page_scales_ref, pages, page_size):
+    """Per-page (k, v) scales of a tile's pages [ppb], spread over its
+    ppb * B tokens: two [ppb * B] f32 vectors."""
+    def spread(x):
+        return jnp.broadcast_to(x[:, None], (x.shape[0], page_size)).reshape(-1)
+    return spread(page_scales_ref[0, pages]), spread(page_scales_ref[1, pages])
 
 
 # ----------------------------------------------------------------- decode ---
@@ -48,6 +62,7 @@ def decode_kernel(
     kv_lens_ref,  # [S] int32; 0 for sequences that are not decodes
     block_tables_ref,  # [P_pad] int32 this sequence's pages
     scales_ref,  # [2] f32 (k_scale, v_scale)
+    page_scales_ref,  # [2, num_pages] f32 this kv head's per-page (k, v) scales
     q_ref,  # [Gp, H] this group's query heads (zero padded)
     k_pages_ref,  # [num_pages, B, H] this kv head
     v_pages_ref,  # [num_pages, B, H]
@@ -55,7 +70,7 @@ def decode_kernel(
     m_ref,  # [Gp] f32 running max (base 2)
     l_ref,  # [Gp] f32 running sum
     *, sm_scale, sliding_window, logit_soft_cap, pages_per_block, num_splits,
-    prefetch):
+    prefetch, per_page_scales):
     seq, split = pl.program_id(0), pl.program_id(2)
     rows, head_dim = q_ref.shape
     page_size = k_pages_ref.shape[1]
@@ -78,14 +93,18 @@ def decode_kernel(
                 v_pages_ref[pages].reshape(bk, head_dim))
 
     def attend(b, carry, k, v, masked):
-        s = _logits(q, k, sm_scale, k_scale, logit_soft_cap)
+        ks = vs = None
+        if per_page_scales:
+            pages = block_tables_ref[pl.ds(b * pages_per_block, pages_per_block)]
+            ks, vs = _token_scales(page_scales_ref, pages, page_size)
+        s = _logits(q, k, sm_scale, k_scale, logit_soft_cap, ks)
         if masked:
             kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
             mask = kv_pos < kv_len
             if sliding_window is not None:
                 mask &= kv_pos >= kv_len - sliding_window
             s = jnp.where(mask[None, :], s, MASK_VALUE)
-        return _online_softmax_step(carry, s, v.astype(q.dtype))
+        return _online_softmax_step(carry, s, v.astype(q.dtype), vs)
 
     carry = (jnp.zeros((rows, head_dim), jnp.float32),
              jnp.full((rows,), MASK_VALUE, jnp.float32),
@@ -115,16 +134,19 @@ def decode_kernel(
     l_ref[...] = l
 
 
-def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales, *,
-                 sm_scale, sliding_window, logit_soft_cap, pages_per_block,
-                 num_splits, prefetch, num_warps, num_stages, interpret):
+def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
+                 page_scales, *, sm_scale, sliding_window, logit_soft_cap,
+                 pages_per_block, num_splits, prefetch, num_warps, num_stages,
+                 interpret):
+    """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
     num_seqs, num_kv_heads, rows, head_dim = q_dec.shape
     _, num_pages, page_size, _ = k_pages.shape
     pages_padded = block_tables.shape[1]
+    page_scales, per_page = _page_scales_or_dummy(page_scales, num_kv_heads)
     kernel = functools.partial(
         decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_block=pages_per_block,
-        num_splits=num_splits, prefetch=prefetch)
+        num_splits=num_splits, prefetch=prefetch, per_page_scales=per_page)
     part = (num_seqs, num_kv_heads, num_splits)
     pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
                               lambda s, k, j: (k, 0, 0, 0))
@@ -135,6 +157,8 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales, *,
             pl.BlockSpec((num_seqs,), lambda s, k, j: (0,)),
             pl.BlockSpec((None, pages_padded), lambda s, k, j: (s, 0)),
             pl.BlockSpec((2,), lambda s, k, j: (0,)),
+            pl.BlockSpec((None, 2, page_scales.shape[-1]),
+                         lambda s, k, j: (k, 0, 0)),
             pl.BlockSpec((None, None, rows, head_dim),
                          lambda s, k, j: (s, k, 0, 0)),
             pages_spec, pages_spec,
@@ -154,7 +178,15 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales, *,
                                              num_stages=num_stages),
         interpret=interpret,
         name="ragged_paged_attention_decode",
-    )(kv_lens, block_tables, scales, q_dec, k_pages, v_pages)
+    )(kv_lens, block_tables, scales, page_scales, q_dec, k_pages, v_pages)
+
+
+def _page_scales_or_dummy(page_scales, num_kv_heads):
+    """(array, per_page): without per-page scales the kernels get a [K, 2, 1]
+    placeholder they never read (one kernel signature for both)."""
+    if page_scales is None:
+        return jnp.ones((num_kv_heads, 2, 1), jnp.float32), False
+    return page_scales.astype(jnp.float32), True
 
 
 def combine_splits(o, m, l):
@@ -175,12 +207,14 @@ def prefill_kernel(
     kv_lens_ref,  # [S] int32
     block_tables_ref,  # [S, P_pad] int32
     scales_ref,  # [2] f32 (k_scale, v_scale)
+    page_scales_ref,  # [2, num_pages] f32 this kv head's per-page (k, v) scales
     q_ref,  # [T, H] this query head
     k_pages_ref,  # [num_pages, B, H] this head's kv head
     v_pages_ref,  # [num_pages, B, H]
     o_init_ref,  # [T, H] aliased with o_ref (decode rows, zeros elsewhere)
     o_ref,  # [T, H]
-    *, sm_scale, sliding_window, logit_soft_cap, block_q, pages_per_block):
+    *, sm_scale, sliding_window, logit_soft_cap, block_q, pages_per_block,
+    per_page_scales):
     del o_init_ref
     item = pl.program_id(1)
     start = item_start_ref[item]
@@ -213,14 +247,17 @@ def prefill_kernel(
                                                 pages_per_block)]
             k = k_pages_ref[pages].reshape(bk, head_dim)
             v = v_pages_ref[pages].reshape(bk, head_dim).astype(q.dtype)
-            s = _logits(q, k, sm_scale, scales_ref[0], logit_soft_cap)
+            ks = vs = None
+            if per_page_scales:
+                ks, vs = _token_scales(page_scales_ref, pages, page_size)
+            s = _logits(q, k, sm_scale, scales_ref[0], logit_soft_cap, ks)
             if masked:
                 kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
                 mask = kv_pos[None, :] <= pos[:, None]
                 if sliding_window is not None:
                     mask &= kv_pos[None, :] > pos[:, None] - sliding_window
                 s = jnp.where(mask, s, MASK_VALUE)
-            return _online_softmax_step(carry, s, v)
+            return _online_softmax_step(carry, s, v, vs)
 
         carry = (jnp.zeros((block_q, head_dim), jnp.float32),
                  jnp.full((block_q,), MASK_VALUE, jnp.float32),
@@ -239,16 +276,18 @@ def prefill_kernel(
 
 
 def prefill_call(q, k_pages, v_pages, o_init, item_seq, item_start,
-                  cu_q_lens, kv_lens, block_tables, scales, *, sm_scale,
-                  sliding_window, logit_soft_cap, block_q, pages_per_block,
-                  num_warps, num_stages, interpret):
+                  cu_q_lens, kv_lens, block_tables, scales, page_scales, *,
+                  sm_scale, sliding_window, logit_soft_cap, block_q,
+                  pages_per_block, num_warps, num_stages, interpret):
+    """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
     num_rows, num_q_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
+    page_scales, per_page = _page_scales_or_dummy(page_scales, num_kv_heads)
     kernel = functools.partial(
         prefill_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, block_q=block_q,
-        pages_per_block=pages_per_block)
+        pages_per_block=pages_per_block, per_page_scales=per_page)
     full = lambda x: pl.BlockSpec(x.shape, lambda n, i: (0,) * x.ndim)
     rows_spec = pl.BlockSpec((num_rows, None, head_dim), lambda n, i: (0, n, 0))
     pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
@@ -258,16 +297,18 @@ def prefill_call(q, k_pages, v_pages, o_init, item_seq, item_start,
         grid=(num_q_heads, item_seq.shape[0]),
         in_specs=[full(item_seq), full(item_start), full(cu_q_lens),
                   full(kv_lens), full(block_tables), full(scales),
+                  pl.BlockSpec((None, 2, page_scales.shape[-1]),
+                               lambda n, i: (n // group, 0, 0)),
                   rows_spec, pages_spec, pages_spec, rows_spec],
         out_specs=rows_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        input_output_aliases={9: 0},
+        input_output_aliases={10: 0},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps,
                                              num_stages=num_stages),
         interpret=interpret,
         name="ragged_paged_attention_prefill",
-    )(item_seq, item_start, cu_q_lens, kv_lens, block_tables, scales, q,
-      k_pages, v_pages, o_init)
+    )(item_seq, item_start, cu_q_lens, kv_lens, block_tables, scales,
+      page_scales, q, k_pages, v_pages, o_init)
 
 
 def prefill_work_items(cu_q_lens, num_seqs, num_items, block_q):

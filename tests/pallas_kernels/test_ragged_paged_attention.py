@@ -14,9 +14,10 @@ import pytest
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      RaggedPagedAttentionTuning, TuningError,
-                                     ragged_paged_attention)
+                                     ragged_paged_attention,
+                                     ragged_paged_attention_reference)
 from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
-                                        gpu, make_case)
+                                        gpu, make_case, rel_error)
 
 # (q_len, kv_len): decodes at one and at many pages, a short and a long chunk
 # of a prefill whose prefix is already cached, and a fresh prefill.
@@ -89,6 +90,60 @@ def test_fp8_pages_with_scales():
     case[1] = case[1].astype(jnp.float8_e4m3fn)
     case[2] = case[2].astype(jnp.float8_e4m3fn)
     _check(tuple(case), k_scale=jnp.float32(0.5), v_scale=jnp.float32(3.0))
+
+
+def _page_scales(case, seed):
+    """Random per-(kv head, page) scales for a case's pool."""
+    num_kv_heads, num_pages = case[1].shape[:2]
+    ks, vs = jax.random.uniform(jax.random.PRNGKey(seed), (2, num_kv_heads,
+                                num_pages), minval=0.25, maxval=4.0)
+    return ks, vs
+
+
+def test_per_page_scales_in_the_reference_dequantize_each_page():
+    """The reference with per-page scales equals the reference on pages
+    multiplied out beforehand: the hook means what kv_cache.py says."""
+    case = make_case(MIX, num_q_heads=4, num_kv_heads=2, seed=9)
+    q, kp, vp, *md = case
+    ks, vs = _page_scales(case, 1)
+    out = ragged_paged_attention_reference(q, kp, vp, *md, sm_scale=0.125,
+                                           k_scale=ks, v_scale=vs)
+    deq = ragged_paged_attention_reference(
+        q, kp * ks[:, :, None, None], vp * vs[:, :, None, None], *md,
+        sm_scale=0.125)
+    assert rel_error(out, deq) < 1e-5
+    plain = ragged_paged_attention_reference(q, kp, vp, *md, sm_scale=0.125)
+    assert rel_error(out, plain) > 0.1  # the scales did change the result
+
+
+@pytest.mark.parametrize("page_size,decode_only", [(16, False), (32, False),
+                                                   (16, True)])
+def test_fp8_pages_with_per_page_scales(page_size, decode_only):
+    mix = [(1, 70), (1, 3), (1, 200)] if decode_only else MIX[:4]
+    case = list(make_case(mix, num_q_heads=8, num_kv_heads=2, seed=10,
+                          page_size=page_size, dtype=jnp.bfloat16))
+    case[1] = case[1].astype(jnp.float8_e4m3fn)
+    case[2] = case[2].astype(jnp.float8_e4m3fn)
+    ks, vs = _page_scales(case, 2)
+    tuning = RaggedPagedAttentionTuning(decode_pages_per_block=2,
+                                        decode_kv_splits=2)
+    _check(tuple(case), tuning=tuning, k_scale=ks, v_scale=vs,
+           decode_only=decode_only)
+    # One scale per page for K, one per tensor for V.
+    _check(tuple(case), tuning=tuning, k_scale=ks, v_scale=jnp.float32(2.0),
+           decode_only=decode_only)
+
+
+def test_rejects_bad_scales():
+    case = make_case(MIX[:2], num_q_heads=4, num_kv_heads=2)
+    with pytest.raises(RaggedAttentionShapeError, match="per .kv head, page."):
+        ragged_paged_attention(*case, sm_scale=0.1, interpret=INTERPRET,
+                               k_scale=jnp.ones((2, 3)))
+    forced = RaggedPagedAttentionTuning(decode_backend="mosaic")
+    ks, _ = _page_scales(case, 3)
+    with pytest.raises(RaggedAttentionShapeError, match="per-page"):
+        ragged_paged_attention(*case, sm_scale=0.1, interpret=INTERPRET,
+                               tuning=forced, k_scale=ks)
 
 
 def test_rejects_bad_shapes_and_tuning():
