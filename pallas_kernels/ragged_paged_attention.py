@@ -153,9 +153,10 @@ def _split_scales(k_scale, v_scale, num_kv_heads, num_pages):
         1.0 if x is None else x, jnp.float32).reshape(())
     if all(x is None or jnp.size(x) == 1 for x in given.values()):
         return jnp.stack([as_scalar(k_scale), as_scalar(v_scale)]), None
-    per_page = [jnp.broadcast_to(jnp.asarray(x, jnp.float32) if jnp.ndim(x) == 2
-                                 else as_scalar(x), per_page_shape)
-                for x in (k_scale, v_scale)]
+    per_page = [jnp.broadcast_to(
+        as_scalar(x) if x is None or jnp.size(x) == 1
+        else jnp.asarray(x, jnp.float32), per_page_shape)
+        for x in (k_scale, v_scale)]
     return jnp.ones((2,), jnp.float32), jnp.stack(per_page, axis=1)
 
 

@@ -265,7 +265,11 @@ def _decode_kernel(
                 plgpu.set_max_registers(232, action="increase")
 
             def release(i, slot):
-                plgpu.barrier_arrive(free_bar.at[slot])
+                # Only slots the producer refills: an arrival nobody waits
+                # for would leave the barrier a phase ahead at exit.
+                @pl.when(i + num_stages < n)
+                def _():
+                    plgpu.barrier_arrive(free_bar.at[slot])
             consume(release)
 
         @pl.when(wg == 1)
