@@ -48,10 +48,10 @@ from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
 # Rows of one K/V TMA copy (a page of 16 is one copy).
 _COPY_ROWS = 16
-# Page sizes verified on GPU. Page 32 faults with an illegal instruction on
-# jax 0.11.2 (one 32-row copy per page or two 16-row copies alike, one or two
-# warpgroups, GQA 4 or 8; cause not found yet, see NOTES.md v4): it stays on
-# the Triton kernel.
+# Page sizes verified on GPU. Page 32 faulted with an illegal instruction on
+# jax 0.11.2 at the automatic ring depth on long sequences (NOTES.md v4) but
+# ran correctly on short ones with a 2-stage ring (v9); it stays on the
+# Triton kernel until the faulting settings pass.
 _PAGE_SIZES = (16,)
 
 

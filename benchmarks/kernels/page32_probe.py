@@ -21,6 +21,7 @@ import sys
 
 VARIANTS = {
     "p16": dict(page=16),
+    "p32": dict(page=32),
     "p32_nomath_1wg": dict(page=32, producer=False, no_math=True),
     "p32_1wg": dict(page=32, producer=False),
     "p32_t128_1wg": dict(page=32, producer=False, tokens=128, stages=2),
