@@ -43,7 +43,8 @@ def _reference(sched, T, S, P):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 24),
+@given(st.lists(st.tuples(st.integers(0, 400),
+                          st.one_of(st.just(1), st.integers(1, 24)),
                           st.integers(0, 3)), min_size=1, max_size=40),
        st.integers(0, 2**31))
 def test_prepare_matches_a_per_request_loop(reqs, seed):
@@ -67,3 +68,20 @@ def test_prepare_matches_a_per_request_loop(reqs, seed):
         assert g.dtype == np.int32
         np.testing.assert_array_equal(g, w)
     assert md.num_seqs.tolist() == [len(sched)]
+    # Decode-only exactly when every request brings one token: then the
+    # kernels may take row s as sequence s's token.
+    assert md.decode_only == all(len(s.token_ids) == 1 for s in sched)
+    if md.decode_only:
+        np.testing.assert_array_equal(md.cu_q_lens[:len(sched) + 1],
+                                      np.arange(len(sched) + 1))
+
+
+def test_decode_only_flag_on_a_decode_step_and_a_mixed_one():
+    decode = [ScheduledRequest("a", [5], 40, [3, 4, 7], True),
+              ScheduledRequest("b", [9], 3, [2], True)]
+    mixed = decode + [ScheduledRequest("c", [1, 2, 3], 0, [8], True)]
+    for sched, want in ((decode, True), (mixed, False)):
+        total = sum(len(s.token_ids) for s in sched)
+        out = SchedulerOutput(sched, total, [], [], [], [], [])
+        _, _, md, _, _ = _runner().prepare(out, {})
+        assert md.decode_only is want
