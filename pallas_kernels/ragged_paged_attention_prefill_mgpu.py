@@ -160,6 +160,14 @@ def _prefill_kernel(
                 plgpu.barrier_arrive(sched)
                 plgpu.barrier_wait(sched)
 
+        def release(free, b, slot):
+            """Frees step b's slot for the memory warpgroup, which refills
+            (and so waits on) a slot only for steps b + num_stages < hi: an
+            arrival past those would leave the barrier a phase ahead."""
+            @pl.when(b + num_stages < hi)
+            def _():
+                plgpu.barrier_arrive(free.at[slot])
+
         @pl.when((start >= 0) & zero_item & (wg < 2))
         def _zeros():  # padding rows past the last sequence
             o_smem = q_smem.at[wg]
@@ -216,7 +224,7 @@ def _prefill_kernel(
                     sched_sync()
                 else:
                     s = pl.run_scoped(qk, plgpu.ACC((block_q, bk), jnp.float32))
-                plgpu.barrier_arrive(k_free.at[slot])
+                release(k_free, b, slot)
 
                 if logit_soft_cap is not None:
                     s = jnp.tanh(s * (qk_scale / logit_soft_cap))
@@ -267,7 +275,7 @@ def _prefill_kernel(
                 else:
                     acc = pl.run_state(pv)(plgpu.ACC.init(acc))
                 wait_next()
-                plgpu.barrier_arrive(v_free.at[slot])
+                release(v_free, b, slot)
                 return acc, m_next, l
 
             carry = lax.fori_loop(lo, full, functools.partial(
@@ -280,8 +288,8 @@ def _prefill_kernel(
             @pl.loop(wg_hi, hi)
             def _(b):
                 slot = lax.rem(b - lo, num_stages)
-                plgpu.barrier_arrive(k_free.at[slot])
-                plgpu.barrier_arrive(v_free.at[slot])
+                release(k_free, b, slot)
+                release(v_free, b, slot)
                 sched_sync()
                 sched_sync()
             pl.when(wg == 0)(sched_sync)

@@ -3,10 +3,10 @@
 On CPU: the work-item split and the boundary-chunk bookkeeping in plain jnp,
 the kernel's lowering to a Mosaic GPU module for Hopper (``lower`` with
 ``lowering_platforms=("cuda",)`` builds the whole kernel, layout inference
-included, without a GPU), and the cases it refuses. Mosaic GPU's interpret
-mode is not used here: with three warpgroups and the chunked stores it takes
-minutes per case on CPU. On a Hopper GPU the ``gpu`` cases compare the
-compiled kernel with the jnp reference.
+included, without a GPU), the cases it refuses, and one small ragged case
+run in Mosaic GPU's interpret mode against the reference (about a minute on
+two cores: three warpgroups, simulated TMA and barriers). On a Hopper GPU
+the ``gpu`` cases compare the compiled kernel with the jnp reference.
 """
 
 from __future__ import annotations
@@ -109,18 +109,43 @@ def test_prefill_matches_reference_on_gpu(group, head_dim, page, kw, dtype):
                      seed=group + head_dim)
     dec = jax.random.normal(jax.random.PRNGKey(0),
                             (case[4].shape[0], *case[0].shape[1:]), dtype)
-    scale = head_dim ** -0.5
-    out = jax.jit(functools.partial(pm.prefill_attention, sm_scale=scale,
-                                    **kw))(*case, dec)
+    out = jax.jit(functools.partial(pm.prefill_attention,
+                                    sm_scale=head_dim ** -0.5, **kw))(*case, dec)
+    _check_prefill(case, MIX, dec, out, **kw)
+
+
+def _check_prefill(case, mix, dec, out, **kw):
+    """Prefill rows match the reference; decode rows are ``dec``'s; padding
+    rows are zero."""
+    scale = case[0].shape[-1] ** -0.5
     ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
     cu = np.asarray(case[5])
     rows = np.concatenate([np.arange(cu[s], cu[s + 1])
-                           for s, (q, _) in enumerate(MIX) if q > 1])
-    assert rel_error(out[rows], ref[rows]) < TOLERANCE.get(jnp.dtype(dtype),
-                                                            2e-2)
-    dec_seqs = [s for s, (q, _) in enumerate(MIX) if q == 1]
+                           for s, (q, _) in enumerate(mix) if q > 1])
+    assert rel_error(out[rows], ref[rows]) < TOLERANCE.get(
+        jnp.dtype(case[0].dtype), 2e-2)
+    dec_seqs = [s for s, (q, _) in enumerate(mix) if q == 1]
     assert bool(jnp.all(out[cu[dec_seqs]] == dec[np.asarray(dec_seqs)]))
-    assert not bool(jnp.any(out[cu[len(MIX)]:]))  # padding rows
+    assert not bool(jnp.any(out[cu[len(mix)]:]))
+
+
+@pytest.mark.slow
+def test_prefill_matches_reference_in_interpret_mode():
+    """The kernel itself on CPU: a chunk reading a cached prefix across
+    pages, a short fresh prefill and a decode, with window, soft-cap and
+    scales; 64-token steps in a 2-stage ring, so slots are refilled."""
+    mix = [(20, 150), (1, 9), (9, 9)]
+    case = make_case(mix, num_q_heads=2, num_kv_heads=1, head_dim=64,
+                     page_size=16, dtype=jnp.bfloat16, seed=11)
+    dec = jax.random.normal(jax.random.PRNGKey(1),
+                            (case[4].shape[0], *case[0].shape[1:]),
+                            jnp.bfloat16)
+    kw = dict(sliding_window=100, logit_soft_cap=20.0)
+    out = pm.prefill_attention(
+        *case, dec, sm_scale=64 ** -0.5, k_scale=0.5, v_scale=2.0,
+        tuning=pm.MosaicPrefillTuning(tokens_per_step=64, num_stages=2),
+        interpret=True, **kw)
+    _check_prefill(case, mix, dec, out, k_scale=0.5, v_scale=2.0, **kw)
 
 
 def test_public_api_lowers_with_the_mosaic_prefill():
