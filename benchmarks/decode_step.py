@@ -67,7 +67,8 @@ def decode_batch(cfg: ModelConfig, S: int, L: int, key):
         slot_mapping=jnp.asarray(tables[:, -1] * BLOCK + pos % BLOCK),
         block_tables=jnp.asarray(tables), kv_lens=jnp.full(S, L, jnp.int32),
         cu_q_lens=jnp.arange(S + 1, dtype=jnp.int32),
-        num_seqs=jnp.array([S], jnp.int32))
+        num_seqs=jnp.array([S], jnp.int32),
+        decode_only=True)  # as the engine marks a step of decodes alone
     ids = jax.random.randint(key, (S,), 0, cfg.vocab_size, jnp.int32)
     return kv, md, ids, jnp.full(S, pos, jnp.int32)
 
