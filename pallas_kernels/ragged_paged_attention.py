@@ -25,8 +25,9 @@ sequences of the other:
     program) against 56%; see ``benchmarks/results/kernel-decode-h200.json``
     and NOTES.md v4, v7. ``k_scale`` is folded into its query rows.
   - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32 (wgmma takes 16-bit operands),
-    fp8 or other page dtypes differing from q, page size 32 (the Mosaic
-    kernel faults there on jax 0.11.2, cause not found yet), other GPUs, and
+    fp8 or other page dtypes differing from q, per-page scales, page size 32
+    (the Mosaic kernel faulted there at its full ring depth on long
+    sequences; NOTES.md v4, v9), other GPUs, and
     interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
     tile of one kv head once and serves every query head of its GQA group
     (padded to 16 rows for the tensor cores); for small batches the KV axis
