@@ -5,9 +5,10 @@
 #
 #   bash benchmarks/throughput_backends.sh OUT_DIR TOKENIZER_DIR [backend ...]
 #
-# Writes OUT_DIR/throughput-<backend>.json. A backend whose run fails leaves
-# its log and, for the step program, XLA's optimized HLO and buffer
-# assignment (OUT_DIR/hlo-<backend>.tgz) to find which operand broke.
+# Writes OUT_DIR/throughput-<backend>.json and the log's tail. With
+# DUMP_HLO=1, a backend whose run fails also leaves XLA's optimized HLO and
+# buffer assignment of the step program (OUT_DIR/hlo-<backend>.tgz), to find
+# which operand broke (dumping slows every compile, so it is off by default).
 set -uo pipefail
 out=$1; tok=$2; shift 2
 backends=("$@")
@@ -15,7 +16,9 @@ backends=("$@")
 status=0
 for b in "${backends[@]}"; do
   dump=/tmp/xla-dump-$b; rm -rf "$dump"
-  XLA_FLAGS="--xla_dump_to=$dump --xla_dump_hlo_module_re=.*_step.*" \
+  flags=${XLA_FLAGS:-}
+  [ "${DUMP_HLO:-0}" = 1 ] && flags="$flags --xla_dump_to=$dump --xla_dump_hlo_module_re=.*_step.*"
+  XLA_FLAGS="$flags" \
   python3 -m jaxinfer.entrypoints.cli bench throughput \
     --model benchmarks/models/llama3-8b --load-format dummy --tokenizer "$tok" \
     --dtype bfloat16 --max-model-len 1024 --max-num-seqs 64 \
@@ -25,7 +28,7 @@ for b in "${backends[@]}"; do
     2>&1 | tail -40 | tee "$out/throughput-$b.log"
   if [ ! -s "$out/throughput-$b.json" ]; then
     status=1
-    (cd "$dump" && tar czf "$out/hlo-$b.tgz" $(ls | grep -E 'after_optimizations(\.txt|-buffer-assignment\.txt)$' | head -8))
+    [ -d "$dump" ] && (cd "$dump" && tar czf "$out/hlo-$b.tgz" $(ls | grep -E 'after_optimizations(\.txt|-buffer-assignment\.txt)$' | head -8))
   fi
 done
 exit $status
