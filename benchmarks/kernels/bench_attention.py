@@ -16,6 +16,12 @@ One command (GPU machine, repo root):
    against ``jax.nn.dot_product_attention(implementation="cudnn")``; a mixed
    step (4 prefill chunks of 512 + 60 decodes at L=2048) against the sum of its
    parts. A few tuning variants of our kernels are timed; the best is reported.
+   Decode batches are timed with ``decode_only=True`` (the engine's call on a
+   step of decodes alone) and without it, each twice: per call (back-to-back
+   jitted calls, one sync; at S=1 this measures the host's dispatch) and
+   chained (16 calls in one program, each output the next call's queries:
+   the device time, as inside the engine's step). The bundled kernel gets
+   the same two timings. ``--decode-only-run`` stops after the decode half.
 
 Prints a table last; writes kernel-decode.json and kernel-prefill.json to --out.
 """
