@@ -67,3 +67,17 @@ def swizzled_smem_transforms(dtype):
     swizzle = 128
     return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
             plgpu.SwizzleTransform(swizzle))
+
+
+def mosaic_operand_problem(q_dtype, kv_dtype, head_dim: int) -> str | None:
+    """What both Mosaic GPU kernels refuse in their operands (wgmma takes
+    16-bit operands; pages are read in the query dtype; the swizzled tiles
+    cover head dims 64/128/256), or None."""
+    if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.bfloat16),
+                                  jnp.dtype(jnp.float16)):
+        return f"query dtype {jnp.dtype(q_dtype).name} (wgmma: bf16/f16)"
+    if jnp.dtype(kv_dtype) != jnp.dtype(q_dtype):
+        return f"page dtype {jnp.dtype(kv_dtype).name} != query dtype"
+    if head_dim not in (64, 128, 256):
+        return f"head_dim {head_dim} (64/128/256)"
+    return None

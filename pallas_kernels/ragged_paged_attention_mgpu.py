@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_register_helpers, round_up,
-                            swizzled_smem_transforms, table_pieces)
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            round_up, swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
@@ -64,13 +64,9 @@ class MosaicDecodeUnsupported(ValueError):
 def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, group: int,
              tokens_per_step: int = 64) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
-    if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.bfloat16),
-                                  jnp.dtype(jnp.float16)):
-        return f"query dtype {jnp.dtype(q_dtype).name} (wgmma: bf16/f16)"
-    if jnp.dtype(kv_dtype) != jnp.dtype(q_dtype):
-        return f"page dtype {jnp.dtype(kv_dtype).name} != query dtype"
-    if head_dim not in (64, 128, 256):
-        return f"head_dim {head_dim} (64/128/256)"
+    why = mosaic_operand_problem(q_dtype, kv_dtype, head_dim)
+    if why:
+        return why
     if page_size not in _PAGE_SIZES or tokens_per_step % page_size:
         return (f"page size {page_size} (verified on GPU: {_PAGE_SIZES}, "
                 "dividing the step)")

@@ -59,9 +59,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_register_helpers, round_up,
-                            sequence_work_items, swizzled_smem_transforms,
-                            table_pieces)
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            round_up, sequence_work_items,
+                            swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
@@ -78,13 +78,9 @@ def supports(q_dtype, kv_dtype, head_dim: int, page_size: int,
              tuning: MosaicPrefillTuning = MosaicPrefillTuning(),
              pages_per_seq: int = 0) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
-    if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.bfloat16),
-                                  jnp.dtype(jnp.float16)):
-        return f"query dtype {jnp.dtype(q_dtype).name} (wgmma: bf16/f16)"
-    if jnp.dtype(kv_dtype) != jnp.dtype(q_dtype):
-        return f"page dtype {jnp.dtype(kv_dtype).name} != query dtype"
-    if head_dim not in (64, 128, 256):
-        return f"head_dim {head_dim} (64/128/256)"
+    why = mosaic_operand_problem(q_dtype, kv_dtype, head_dim)
+    if why:
+        return why
     if page_size % 8 or tuning.tokens_per_step % page_size:
         return (f"page size {page_size} (a multiple of 8 dividing "
                 f"tokens_per_step={tuning.tokens_per_step})")

@@ -3,7 +3,6 @@ request with n samples; streaming sends the role first, then content deltas."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -14,10 +13,10 @@ from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
                        ChatCompletionResponse, ChatCompletionResponseChoice,
                        ChatCompletionStreamResponse, ChatLogprob, ChatMessage,
                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
-                       TopLogprob, UsageInfo, random_id)
+                       TopLogprob, random_id)
 from .serving_engine import (MIN_LOGPROB, Choice, OpenAIServing, add_all,
-                             cancel_on_disconnect, logprob_value, merge_streams,
-                             ranked)
+                             collect_choices, logprob_value, merge_streams,
+                             ranked, usage_counter)
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -110,10 +109,7 @@ class OpenAIServingChat(OpenAIServing):
         gens = await add_all(self.engine, request_id, [(text, ids)], [params])
         choices = {j: Choice() for j in range(req.n)}
 
-        def usage() -> UsageInfo:
-            done = sum(len(c.token_ids) for c in choices.values())
-            return UsageInfo(prompt_tokens=len(ids), completion_tokens=done,
-                             total_tokens=len(ids) + done)
+        usage = usage_counter(choices, len(ids))
 
         if req.stream:
             include_usage = bool(req.stream_options and
@@ -123,12 +119,8 @@ class OpenAIServingChat(OpenAIServing):
                              usage, include_usage),
                 media_type="text/event-stream")
 
-        try:
-            async with cancel_on_disconnect(raw_request):
-                async for _, out in merge_streams(gens):
-                    for c in out.outputs:
-                        choices[c.index].add(c)
-        except asyncio.CancelledError:
+        if not await collect_choices(gens, raw_request, choices,
+                                     lambda i, j: j):
             return Response(status_code=499)  # client gone; request aborted
         result = [ChatCompletionResponseChoice(
             index=j, message=ChatResponseMessage(content=ch.text),

@@ -3,7 +3,6 @@ index = prompt index * n + sample index (as OpenAI and vLLM number them)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator
 
 from fastapi import Request
@@ -11,11 +10,11 @@ from fastapi.responses import Response, StreamingResponse
 
 from .errors import APIError, sse_error
 from .protocol import (CompletionLogProbs, CompletionRequest,
-                       CompletionResponse, CompletionResponseChoice, UsageInfo,
+                       CompletionResponse, CompletionResponseChoice,
                        random_id)
 from .serving_engine import (Choice, OpenAIServing, add_all,
-                             cancel_on_disconnect, logprob_value, merge_streams,
-                             ranked)
+                             collect_choices, logprob_value, merge_streams,
+                             ranked, usage_counter)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -74,11 +73,7 @@ class OpenAIServingCompletion(OpenAIServing):
                    for j in range(req.n)}
         num_prompt_tokens = sum(len(ids) for _, ids in prompts)
 
-        def usage() -> UsageInfo:
-            done = sum(len(c.token_ids) for c in choices.values())
-            return UsageInfo(prompt_tokens=num_prompt_tokens,
-                             completion_tokens=done,
-                             total_tokens=num_prompt_tokens + done)
+        usage = usage_counter(choices, num_prompt_tokens)
 
         if req.stream:
             include_usage = bool(req.stream_options and
@@ -88,12 +83,8 @@ class OpenAIServingCompletion(OpenAIServing):
                              usage, include_usage),
                 media_type="text/event-stream")
 
-        try:
-            async with cancel_on_disconnect(raw_request):
-                async for i, out in merge_streams(gens):
-                    for c in out.outputs:
-                        choices[(i, c.index)].add(c)
-        except asyncio.CancelledError:
+        if not await collect_choices(gens, raw_request, choices,
+                                     lambda i, j: (i, j)):
             return Response(status_code=499)  # client gone; requests aborted
         result = []
         for (i, j), ch in sorted(choices.items()):

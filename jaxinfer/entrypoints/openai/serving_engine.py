@@ -1,6 +1,7 @@
 """What the completion and chat handlers share: model-name checks, OpenAI
 fields -> `SamplingParams`, context-length checks, logprob formatting, merging
-the streams of several requests, and aborting on client disconnect."""
+the streams of several requests, collecting their choices and usage, and
+aborting on client disconnect."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ...engine.async_engine import AsyncLLMEngine
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from .errors import APIError, ModelNotFoundError
-from .protocol import SamplingFields
+from .protocol import SamplingFields, UsageInfo
 
 # Logprobs are JSON numbers; -inf (a masked token) is sent as vLLM sends it.
 MIN_LOGPROB = -9999.0
@@ -215,6 +216,33 @@ async def cancel_on_disconnect(raw_request: Request):
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def usage_counter(choices: dict[Any, Choice], num_prompt_tokens: int):
+    """A function giving the usage so far: the prompt tokens and every
+    choice's completion tokens."""
+    def usage() -> UsageInfo:
+        done = sum(len(c.token_ids) for c in choices.values())
+        return UsageInfo(prompt_tokens=num_prompt_tokens,
+                         completion_tokens=done,
+                         total_tokens=num_prompt_tokens + done)
+    return usage
+
+
+async def collect_choices(gens: list[AsyncIterator[RequestOutput]],
+                          raw_request: Request, choices: dict[Any, Choice],
+                          key) -> bool:
+    """Adds every output of the merged requests to ``choices[key(i, j)]``
+    (request i, its choice j) until all finish. False if the client hung up
+    first (the requests are then aborted)."""
+    try:
+        async with cancel_on_disconnect(raw_request):
+            async for i, out in merge_streams(gens):
+                for c in out.outputs:
+                    choices[key(i, c.index)].add(c)
+    except asyncio.CancelledError:
+        return False
+    return True
 
 
 def engine_lifespan(engine: AsyncLLMEngine, owns_engine: bool):
