@@ -61,6 +61,43 @@ def mosaic_register_helpers(interpret: bool):
     return cast, iota
 
 
+def mosaic_matmul_helpers(interpret: bool):
+    """(qk, pv), the two tensor-core products of a flash step in a Mosaic GPU
+    kernel body, with their interpret-mode stand-ins (jax's GPU interpreter
+    takes no transposed or register wgmma operand):
+
+    * ``qk(q_ref, k_ref, shape, then)``: f32 logits ``q @ k^T`` of two smem
+      tiles, ``shape`` = (rows, tokens); ``then()`` runs after the wgmma is
+      issued, before its result is read (a schedule barrier, say);
+    * ``pv(acc, p, v_ref)``: ``acc + p @ v`` with p in registers."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def qk(q_ref, k_ref, shape, then=lambda: None):
+        if interpret:
+            s = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+            then()
+            return s
+
+        def body(acc_ref):
+            plgpu.wgmma(acc_ref, q_ref, plgpu.transpose_ref(k_ref, (1, 0)))
+            then()
+            return acc_ref[...]
+        return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+    def pv(acc, p, v_ref):
+        if interpret:
+            return acc + lax.dot_general(p, v_ref[...], (((1,), (0,)), ((), ())),
+                                         preferred_element_type=jnp.float32)
+
+        def body(acc_ref):
+            plgpu.wgmma(acc_ref, p, v_ref)
+        return pl.run_state(body)(plgpu.ACC.init(acc))
+
+    return qk, pv
+
+
 def swizzled_smem_transforms(dtype):
     """Tiling + 128-byte swizzle of a shared-memory tile that wgmma reads."""
     from jax.experimental.pallas import mosaic_gpu as plgpu

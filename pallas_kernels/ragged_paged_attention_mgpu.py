@@ -42,8 +42,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_operand_problem, mosaic_register_helpers,
-                            round_up, swizzled_smem_transforms, table_pieces)
+                            mosaic_matmul_helpers, mosaic_operand_problem,
+                            mosaic_register_helpers, round_up,
+                            swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
@@ -89,6 +90,7 @@ def _decode_kernel(
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     cast, iota = mosaic_register_helpers(interpret)
+    qk, pv = mosaic_matmul_helpers(interpret)
 
     seq = lax.axis_index("seq")
     kv_head = lax.axis_index("kv_head")
@@ -199,16 +201,7 @@ def _decode_kernel(
                 refill(i, slot)
                 return carry
 
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_smem,
-                            plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                return acc_ref[...]
-            if interpret:  # interpreted wgmma takes no transposed operand
-                s = lax.dot_general(q_smem[...], k_smem[slot],
-                                    (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
-            else:
-                s = pl.run_scoped(qk, plgpu.ACC((_ROWS, bk), jnp.float32))
+            s = qk(q_smem, k_smem.at[slot], (_ROWS, bk))
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
@@ -230,14 +223,7 @@ def _decode_kernel(
 
             plgpu.barrier_wait(v_bar.at[slot])
 
-            def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-            if interpret:  # no run_state, no register operand there
-                acc = acc + lax.dot_general(
-                    p, v_smem[slot], (((1,), (0,)), ((), ())),
-                    preferred_element_type=jnp.float32)
-            else:
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+            acc = pv(acc, p, v_smem.at[slot])
             refill(i, slot)  # both tiles of this slot are consumed
             return acc, m_next, l
 

@@ -59,9 +59,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_operand_problem, mosaic_register_helpers,
-                            round_up, sequence_work_items,
-                            swizzled_smem_transforms, table_pieces)
+                            mosaic_matmul_helpers, mosaic_operand_problem,
+                            mosaic_register_helpers, round_up,
+                            sequence_work_items, swizzled_smem_transforms,
+                            table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
@@ -116,6 +117,7 @@ def _prefill_kernel(
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     cast, iota = mosaic_register_helpers(interpret)
+    qk, pv = mosaic_matmul_helpers(interpret)
 
     head = lax.axis_index("head")
     item = lax.axis_index("item")
@@ -208,18 +210,8 @@ def _prefill_kernel(
                 acc, m, l = carry
                 slot = lax.rem(b - lo, num_stages)
 
-                def qk(acc_ref):
-                    plgpu.wgmma(acc_ref, q_smem.at[wg],
-                                plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                    sched_sync()
-                    return acc_ref[...]
-                if interpret:  # interpreted wgmma takes no transposed operand
-                    s = lax.dot_general(q_smem[wg], k_smem[slot],
-                                        (((1,), (1,)), ((), ())),
-                                        preferred_element_type=jnp.float32)
-                    sched_sync()
-                else:
-                    s = pl.run_scoped(qk, plgpu.ACC((block_q, bk), jnp.float32))
+                s = qk(q_smem.at[wg], k_smem.at[slot], (block_q, bk),
+                       then=sched_sync)
                 release(k_free, b, slot)
 
                 if logit_soft_cap is not None:
@@ -262,14 +254,7 @@ def _prefill_kernel(
                         plgpu.barrier_wait(k_bar.at[lax.rem(b + 1 - lo,
                                                             num_stages)])
 
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-                if interpret:  # no run_state, no register operand there
-                    acc = acc + lax.dot_general(
-                        p, v_smem[slot], (((1,), (0,)), ((), ())),
-                        preferred_element_type=jnp.float32)
-                else:
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                acc = pv(acc, p, v_smem.at[slot])
                 wait_next()
                 release(v_free, b, slot)
                 return acc, m_next, l
