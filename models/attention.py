@@ -109,8 +109,8 @@ def paged_attention(
                            logit_soft_cap=logit_soft_cap)
     if backend != "reference":
         fn = functools.partial(fn, decode_only=md.decode_only)
-    if backend != "reference" and _splits_heads(mesh, k_pages.shape[0]):
-        fn = _per_shard(fn, mesh)
+        if _splits_heads(mesh, k_pages.shape[0]):
+            fn = _per_shard(fn, mesh)
     out = fn(q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,
              md.num_seqs)
     return out, (k_pages, v_pages)

@@ -44,6 +44,14 @@ def sequence_work_items(base, end, eligible, tile: int, num_items: int):
     return seq, start.astype(jnp.int32), ends[-1]
 
 
+def per_tensor_scales(k_scale=None, v_scale=None):
+    """[2] f32 (k, v) from two optional scalar scales (None = 1), as the
+    kernels read them at run time."""
+    return jnp.stack([
+        jnp.asarray(1.0 if x is None else x, jnp.float32).reshape(())
+        for x in (k_scale, v_scale)])
+
+
 def mosaic_register_helpers(interpret: bool):
     """(cast, iota) for Mosaic GPU kernel bodies: register layouts mean
     nothing in jax's GPU interpreter, so there both are plain jnp."""

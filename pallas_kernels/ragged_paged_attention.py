@@ -72,6 +72,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from . import kv_cache
+from .kernel_common import per_tensor_scales
 from . import ragged_paged_attention_mgpu as _mgpu
 from . import ragged_paged_attention_prefill_mgpu as _pf
 from .ragged_paged_attention_triton import (combine_splits, decode_call,
@@ -150,12 +151,10 @@ def _split_scales(k_scale, v_scale, num_kv_heads, num_pages):
             raise RaggedAttentionShapeError(
                 f"{name} has shape {jnp.shape(x)}: give one scale per tensor "
                 f"(a scalar) or per (kv head, page) {per_page_shape}")
-    as_scalar = lambda x: jnp.asarray(  # noqa: E731
-        1.0 if x is None else x, jnp.float32).reshape(())
     if all(x is None or jnp.size(x) == 1 for x in given.values()):
-        return jnp.stack([as_scalar(k_scale), as_scalar(v_scale)]), None
+        return per_tensor_scales(k_scale, v_scale), None
     per_page = [jnp.broadcast_to(
-        as_scalar(x) if x is None or jnp.size(x) == 1
+        per_tensor_scales(x)[0] if x is None or jnp.size(x) == 1
         else jnp.asarray(x, jnp.float32), per_page_shape)
         for x in (k_scale, v_scale)]
     return jnp.ones((2,), jnp.float32), jnp.stack(per_page, axis=1)
@@ -232,20 +231,20 @@ def ragged_paged_attention(
     # Decode: one row per sequence; everything else gets kv_len 0 (no work).
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_dec = (q_lens == 1) & (jnp.arange(num_seq_rows) < num_seqs)
-    dec_rows = jnp.minimum(cu_q_lens[:-1], num_tokens - 1)
+    dec_kv_lens = jnp.where(is_dec, kv_lens, 0)
     if decode_only:  # row s is sequence s's token
         q_dec = q[:num_seq_rows] if num_tokens >= num_seq_rows else jnp.pad(
             q, ((0, num_seq_rows - num_tokens), (0, 0), (0, 0)))
     else:
-        q_dec = q[dec_rows]
+        q_dec = q[jnp.minimum(cu_q_lens[:-1], num_tokens - 1)]
     q_dec = q_dec.reshape(num_seq_rows, num_kv_heads, group, head_dim)
     if _use_mosaic_decode(tuning, interpret, q.dtype, k_pages.dtype,
                           head_dim, page_size, group, per_page):
         if k_scale is not None:  # folded into the rows, as (q k) * k_scale
             q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q.dtype)
         o_dec = _mgpu.decode_attention(
-            q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0),
-            block_tables, sm_scale=sm_scale, sliding_window=sliding_window,
+            q_dec, k_pages, v_pages, dec_kv_lens, block_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
             interpret=interpret) * scales[1]
     else:
@@ -254,8 +253,7 @@ def ragged_paged_attention(
         splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
                                   pages_padded // tuning.decode_pages_per_block)
         o_dec, m_dec, l_dec = decode_call(
-            q_dec, k_pages, v_pages, jnp.where(is_dec, kv_lens, 0), tables,
-            scales, page_scales, sm_scale=sm_scale, sliding_window=sliding_window,
+            q_dec, k_pages, v_pages, dec_kv_lens, tables, scales, page_scales, sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap,
             pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
             prefetch=tuning.decode_prefetch,
@@ -264,7 +262,7 @@ def ragged_paged_attention(
         o_dec = combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
     o_dec = o_dec.reshape(num_seq_rows, num_q_heads, head_dim).astype(q.dtype)
     if decode_only:
-        out = jnp.where(is_dec[:, None, None], o_dec, 0).astype(q.dtype)
+        out = jnp.where(is_dec[:, None, None], o_dec, 0)
         if num_tokens <= num_seq_rows:
             return out[:num_tokens]
         return jnp.pad(out, ((0, num_tokens - num_seq_rows), (0, 0), (0, 0)))

@@ -60,9 +60,9 @@ from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
                             mosaic_matmul_helpers, mosaic_operand_problem,
-                            mosaic_register_helpers, round_up,
-                            sequence_work_items, swizzled_smem_transforms,
-                            table_pieces)
+                            mosaic_register_helpers, per_tensor_scales,
+                            round_up, sequence_work_items,
+                            swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
@@ -443,10 +443,7 @@ def prefill_attention(
     num_seqs = jnp.reshape(num_seqs, ())
     item_seq, item_start = prefill_work_items(cu_q_lens, num_seqs, rows,
                                               num_items, tile)
-    scales = jnp.stack([
-        jnp.asarray(1.0 if k_scale is None else k_scale, jnp.float32).reshape(()),
-        jnp.asarray(1.0 if v_scale is None else v_scale, jnp.float32).reshape(()),
-    ])
+    scales = per_tensor_scales(k_scale, v_scale)
 
     kernel = functools.partial(
         _prefill_kernel, sm_scale=sm_scale, sliding_window=sliding_window,

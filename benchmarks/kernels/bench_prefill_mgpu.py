@@ -93,22 +93,28 @@ def check(mix, *, group, head_dim, page, dtype, seed, tuning=None, **kw):
                 ok=bool(err < tol and kept))
 
 
+def _checked(phase, label, mix, **kw):
+    """check(), its error recorded instead of raised; prints one line."""
+    try:
+        r = check(mix, **kw)
+    except Exception as e:
+        r = dict(ok=False, error=_err(e))
+        print(label, r["error"], flush=True)
+    print(phase, label, {k: v for k, v in r.items() if k != "error"},
+          flush=True)
+    return r
+
+
 def phase_probe():
     import jax.numpy as jnp
     rows = []
-    for name, mix, kw in [
-            ("small", [(5, 18), (130, 200), (1, 7), (64, 64)], {}),
-            ("long", [(300, 1000), (128, 128)], {}),
-            ("ragged", [(300, 1000), (1, 9), (70, 70), (13, 13)], {})]:
-        try:
-            r = check(mix, group=4, head_dim=128, page=16, dtype=jnp.bfloat16,
-                      seed=1, **kw)
-        except Exception as e:
-            r = dict(ok=False, error=_err(e))
-            print(name, r["error"], flush=True)
+    for name, mix in [
+            ("small", [(5, 18), (130, 200), (1, 7), (64, 64)]),
+            ("long", [(300, 1000), (128, 128)]),
+            ("ragged", [(300, 1000), (1, 9), (70, 70), (13, 13)])]:
+        r = _checked("probe", name, mix, group=4, head_dim=128, page=16,
+                     dtype=jnp.bfloat16, seed=1)
         rows.append(dict(name=name, **r))
-        print("probe", name, {k: v for k, v in r.items() if k != "error"},
-              flush=True)
     return rows
 
 
@@ -135,14 +141,8 @@ def phase_correct():
         name = {k: (v if not hasattr(v, "dtype") else str(v))
                 for k, v in c.items()}
         name["dtype"] = jnp.dtype(c["dtype"]).name
-        try:
-            r = check(mix, seed=i, **c)
-        except Exception as e:
-            r = dict(ok=False, error=_err(e))
-            print(name, r["error"], flush=True)
+        r = _checked("correct", name, mix, seed=i, **c)
         rows.append(dict(case=name, **r))
-        print("correct", name, {k: v for k, v in r.items() if k != "error"},
-              flush=True)
     return rows
 
 
@@ -207,8 +207,7 @@ def phase_api():
     import jax
     import jax.numpy as jnp
     from benchmarks.kernels.bench_attention import batch, roofline, time_fn
-    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
-                                         ragged_paged_attention,
+    from jaxinfer.pallas_kernels import (ragged_paged_attention,
                                          ragged_paged_attention_reference)
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
         default_tuning)

@@ -8,6 +8,8 @@ for one small transfer instead of seven.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from jaxinfer.models import AttentionMetadata
@@ -19,6 +21,7 @@ from jaxinfer.models import AttentionMetadata
 ALIGN = 64  # int32 elements = 256 bytes
 
 
+@functools.lru_cache(maxsize=None)  # a few buckets; pack_step runs per step
 def _layout(dims: tuple[int, int, int]):
     """(offset, size) of each field for bucket (T, S, P), and the length."""
     T, S, P = dims
@@ -26,7 +29,7 @@ def _layout(dims: tuple[int, int, int]):
     for size in (T, T, T, S * P, S, S + 1, 1):
         spans.append((at, size))
         at += -(-size // ALIGN) * ALIGN
-    return spans, at
+    return tuple(spans), at
 
 
 def pack_step(input_ids, positions, md: AttentionMetadata) -> np.ndarray:

@@ -99,23 +99,27 @@ def warm_up(runner) -> tuple[int, float]:
     # variant: sampling_inputs sends the three filters together).
     variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
                 SamplingParams(temperature=1.0, top_p=0.9)]
-    # The dummy batch (one 1-token sequence) is valid for both attention
-    # variants: the general one, and the decode-only one where it can occur.
-    programs = [(shape, decode_only) for shape in shapes
-                for decode_only in (False, True)
-                if not decode_only or decode_only_reachable(runner.buckets, shape)]
-    n = 0
-    for (T, S, P), decode_only in programs:
+    sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
+    n = n_decode_only = 0
+    for T, S, P in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
+        packed = pack_step(input_ids, positions, md)
+        # The dummy batch (one 1-token sequence) is valid for both attention
+        # variants: the general one, and the decode-only one where it can
+        # occur.
+        flags = [False]
+        if decode_only_reachable(runner.buckets, (T, S, P)):
+            flags.append(True)
+            n_decode_only += 1
         for sp in variants:
-            req = Request("warmup", [0], sp)
-            sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
-            smd = runner.sampling_inputs.build(sched, {"warmup": req}, S)
-            _, _, runner.kv_pages, _ = runner._step(
-                None, (T, S, P, decode_only), runner.params, runner.kv_pages,
-                None, runner.cos_sin, pack_step(input_ids, positions, md),
-                logits_idx, smd, None)
-            n += 1
+            smd = runner.sampling_inputs.build(
+                sched, {"warmup": Request("warmup", [0], sp)}, S)
+            for decode_only in flags:
+                _, _, runner.kv_pages, _ = runner._step(
+                    None, (T, S, P, decode_only), runner.params,
+                    runner.kv_pages, None, runner.cos_sin, packed, logits_idx,
+                    smd, None)
+                n += 1
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap",
         runner.scheduler_config.max_num_seqs)
@@ -124,5 +128,5 @@ def warm_up(runner) -> tuple[int, float]:
     logger.info("warm-up compiled %d step programs (%d shape buckets, %d "
                 "with a decode-only variant, x %d sampling variants) and %d "
                 "page-copy programs in %.1fs", n, len(shapes),
-                len(programs) - len(shapes), len(variants), n_copy, seconds)
+                n_decode_only, len(variants), n_copy, seconds)
     return n + n_copy, seconds
