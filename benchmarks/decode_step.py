@@ -3,7 +3,7 @@ shape with random weights, against the roofline measured in the same run.
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/decode_step.py --out $OUT
 
 For each (S, L): S sequences, each with L tokens already in a random (not

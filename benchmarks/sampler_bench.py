@@ -3,7 +3,7 @@ feature on it costs <= 10% of a llama3-8b decode step at S=256).
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/sampler_bench.py --out $OUT [--step-ms 13.5]
 
 Times, on random (not zero) float32 logits, medians of repeats after

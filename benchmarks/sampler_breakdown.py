@@ -1,6 +1,6 @@
 """Where the sampler's time goes at S=256, V=128256: each stage timed alone.
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/sampler_breakdown.py
 
 Companion of sampler_bench.py (which times the whole sampler); random float32

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200: `jaxinfer bench throughput` on llama3-8b (dummy weights) once per
 # attention backend, so the engine's kernels are compared at model scale in
-# the same lease. From the package layout (benchmarks/package_layout.sh):
+# the same lease. From a checkout, with PYTHONPATH=$PWD:
 #
 #   bash benchmarks/throughput_backends.sh OUT_DIR TOKENIZER_DIR [backend ...]
 #

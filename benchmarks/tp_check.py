@@ -1,8 +1,8 @@
 """Tensor parallelism on real GPUs: greedy tokens of a tiny model with
 tensor_parallel_size 1 and 2, reference and Pallas attention, must agree.
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
-    python3 benchmarks/tp_check.py $R/MODEL_DIR
+    export PYTHONPATH=$PWD
+    python3 benchmarks/tp_check.py MODEL_DIR
 
 (MODEL_DIR: a tiny HF folder made here by tests/tiny_models.py and carried.)
 """

@@ -1,5 +1,13 @@
 """Flax model definitions and checkpoint loaders (``jaxinfer.models``)."""
 
+# One module identity per file: this folder is the package ``jaxinfer.models``
+# (reached through the ``jaxinfer/models`` link). Imported as a top-level
+# ``models`` (from the repo root, say) every class would exist twice and
+# ``except`` clauses would miss half the errors, so that name is refused.
+if __name__ != "jaxinfer.models":
+    raise ImportError(f"import jaxinfer.models, not {__name__}: the folder "
+                      "models/ is installed as jaxinfer.models")
+
 from .attention import AttentionMetadata, paged_attention, resolve_backend
 from .config import ModelConfig, RopeScaling, model_config_from_hf
 from .embedded import DEFAULT_MODEL, EMBEDDED_MODELS

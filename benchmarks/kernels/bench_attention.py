@@ -2,7 +2,7 @@
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/kernels/bench_attention.py --out $OUT
 
 1. roofline of this run: torch ``copy_`` of 2 GiB (bytes read + written / time)

@@ -2,8 +2,7 @@
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh)
-    cp -r tests $PYTHONPATH/; cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/kernels/bench_decode_mgpu.py --out $OUT
 
 1. copy bandwidth of this run (torch ``copy_`` of 2 GiB, read + written);
@@ -35,8 +34,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from benchmarks.kernels.bench_attention import batch, roofline, time_fn  # noqa: E402
 
 N, K, H, B = 32, 8, 128, 16
-COMMAND = ("R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); "
-           "cp -r tests $PYTHONPATH/; cd $PYTHONPATH; "
+COMMAND = ("export PYTHONPATH=$PWD; "
            "python3 benchmarks/kernels/bench_decode_mgpu.py --out $OUT")
 _first_error = [True]
 

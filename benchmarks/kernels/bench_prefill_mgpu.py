@@ -3,8 +3,7 @@ matmul rate, cuDNN and the Triton prefill in the same run.
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh)
-    cp -r tests $PYTHONPATH/; cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/kernels/bench_prefill_mgpu.py --out $OUT
 
 Each phase runs in its own process under a time limit, so that a kernel
@@ -42,8 +41,7 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 SEQS, L, N, K, H, B = 8, 2048, 32, 8, 128, 16
-COMMAND = ("R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); "
-           "cp -r tests $PYTHONPATH/; cd $PYTHONPATH; "
+COMMAND = ("export PYTHONPATH=$PWD; "
            "python3 benchmarks/kernels/bench_prefill_mgpu.py --out $OUT")
 CONFIGS = {  # name: MosaicPrefillTuning fields
     "t128_s2": dict(tokens_per_step=128, num_stages=2),

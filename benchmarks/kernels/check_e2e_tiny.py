@@ -1,7 +1,7 @@
 """Greedy tokens of a tiny model through the Pallas kernels vs the reference.
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
-    python3 benchmarks/kernels/check_e2e_tiny.py $R/MODEL_DIR [pallas] [dtype]
+    export PYTHONPATH=$PWD
+    python3 benchmarks/kernels/check_e2e_tiny.py MODEL_DIR [pallas] [dtype]
 
 Prompts of several lengths, with a small token budget so that long prompts are
 prefilled in chunks (the kernel then reads the prefix from the pages) while

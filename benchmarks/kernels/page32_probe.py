@@ -2,8 +2,7 @@
 v4): each variant runs in its own process (a fault poisons the CUDA
 context), then one variant under compute-sanitizer when it is there.
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh)
-    cp -r tests $PYTHONPATH/; cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/kernels/page32_probe.py --out $OUT
 
 Prints one line per variant (ok + rel err, or the exit code and the last

@@ -2,7 +2,7 @@
 
 One command (GPU machine, repo root):
 
-    R=$PWD; export PYTHONPATH=$(bash benchmarks/package_layout.sh); cd $PYTHONPATH
+    export PYTHONPATH=$PWD
     python3 benchmarks/kernels/prefill_peers.py --out $OUT
 
 8 sequences x 2048 tokens, causal, N=32 q heads, K=8 kv heads, H=128, bf16,
