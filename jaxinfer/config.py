@@ -70,34 +70,75 @@ class ParallelConfig:
                self.tensor_parallel_size)
 
 
+def _arg(default, help: str, **cli):
+    """An EngineArgs field with what its CLI flag needs (``cli.py`` builds
+    every engine flag from these): ``help``, and optionally ``choices`` and
+    ``aliases`` (extra flag spellings such as ``-tp``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclasses.dataclass
 class EngineArgs:
-    """vLLM's engine arguments (the same names and meanings)."""
-    model: str = "smollm2-135m-instruct"
-    tokenizer: str | None = None  # a model reference for the tokenizer; None = model's
-    load_format: str = "auto"  # "auto" or "dummy" (random weights, config only)
-    dtype: str = "auto"
-    seed: int = 0
-    max_model_len: int | None = None
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
-    enable_prefix_caching: bool = True
-    swap_space: float = 4.0
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
-    preemption_mode: str = "recompute"
-    tensor_parallel_size: int = 1
-    max_logprobs: int = 20
+    """vLLM's engine arguments (the same names and meanings). Each field is
+    also a flag of ``jaxinfer serve`` / ``generate`` (``--max-num-seqs`` for
+    ``max_num_seqs``); vLLM arguments that are not fields here are listed,
+    with what jaxinfer does with them, in ``jaxinfer/compat/``."""
+    model: str = _arg("smollm2-135m-instruct",
+                      "a local HF folder, a .gguf file, an orbax folder "
+                      "written by `jaxinfer convert`, or an embedded model name")
+    tokenizer: str | None = _arg(
+        None, "where the tokenizer comes from: a model reference or a folder "
+        "holding only tokenizer files (default: the model's)")
+    load_format: str = _arg("auto", "dummy: random weights from the model's "
+                            "config.json", choices=("auto", "dummy"))
+    dtype: str = _arg("auto", "weights and activations; auto: the "
+                      "checkpoint's", choices=("auto", "float32", "bfloat16",
+                                               "float16", "half", "float"))
+    seed: int = _arg(0, "seed of the engine's sampling streams")
+    max_model_len: int | None = _arg(
+        None, "longest prompt + output in tokens (default: the model's, "
+        "stretched by its RoPE scaling factor as vLLM does; 2048 at most on CPU)")
+    block_size: int = _arg(16, "tokens per KV page",
+                           choices=(8, 16, 32, 64, 128))
+    gpu_memory_utilization: float = _arg(
+        0.9, "share of device memory the engine may use (weights + KV pages)")
+    num_gpu_blocks_override: int | None = _arg(
+        None, "fixes the number of KV pages (overrides the memory sizing)")
+    enable_prefix_caching: bool = _arg(True, "reuse KV pages of shared prompt "
+                                       "prefixes")
+    swap_space: float | None = _arg(
+        None, "GiB of host memory for pages of preempted requests; giving it "
+        "turns on swap preemption (default: 4 with --preemption-mode swap, "
+        "else no host pool)")
+    max_num_seqs: int | None = _arg(
+        None, "sequences in one step (default: 256 on GPU, 32 on CPU)")
+    max_num_batched_tokens: int | None = _arg(
+        None, "tokens in one step (default: 2048 on GPU, 256 on CPU)")
+    enable_chunked_prefill: bool = _arg(True, "split long prompts over steps")
+    scheduling_policy: str = _arg(
+        "fcfs", "fcfs: arrival order; priority: lower `priority` first "
+        "(requests may then set priority)", choices=("fcfs", "priority"))
+    preemption_mode: str | None = _arg(
+        None, "what happens to a request that loses its pages: recompute, or "
+        "swap them to host memory (default: swap when --swap-space is given, "
+        "else recompute)", choices=("recompute", "swap"))
+    tensor_parallel_size: int = _arg(1, "devices the model is split over",
+                                     aliases=("-tp",))
+    max_logprobs: int = _arg(20, "the most logprobs a request may ask for")
     # None: Pallas kernels on GPU (Triton lowering, models/attention.py says
     # why), reference on CPU; "pallas": Mosaic GPU kernels where they apply.
-    attention_backend: str | None = None
+    attention_backend: str | None = _arg(
+        None, "default: pallas on GPU (Mosaic GPU kernels on Hopper, Triton "
+        "elsewhere), reference on CPU; pallas_triton keeps both kernels on "
+        "the Triton lowering", choices=("reference", "pallas", "pallas_triton",
+                                        "pallas_interpret"))
     # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
     # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
-    compilation_cache_dir: str | None = None
-    warmup: bool = False  # compile every shape bucket at start
+    compilation_cache_dir: str | None = _arg(
+        None, "persistent XLA compilation cache ('' = off; default: "
+        "$JAXINFER_COMPILATION_CACHE_DIR, else ~/.cache/jaxinfer/xla on GPU)")
+    warmup: bool = _arg(False, "compile every shape bucket at start, before "
+                        "the first request (`serve` turns it on)")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
@@ -111,6 +152,28 @@ class EngineArgs:
             _check(value is None or (isinstance(value, int) and value >= 1),
                    field, "a positive integer or None", value)
         _check(self.max_logprobs >= 0, "max_logprobs", ">= 0", self.max_logprobs)
+        _check(self.preemption_mode in (None, "recompute", "swap"),
+               "preemption_mode", "'recompute', 'swap' or None",
+               self.preemption_mode)
+        if self.preemption_mode == "recompute" and self.swap_space:
+            # Nothing would use the pool: say so rather than allocate it.
+            raise InvalidConfigError(
+                f"swap_space ({self.swap_space} GiB) sizes the host pool of "
+                "preemption_mode='swap', but preemption_mode is 'recompute': "
+                "drop swap_space or set preemption_mode='swap'")
+        if self.preemption_mode == "swap" and self.swap_space is not None:
+            _check(self.swap_space > 0, "swap_space",
+                   "> 0 GiB with preemption_mode='swap'", self.swap_space)
+
+    def resolved_preemption(self) -> tuple[str, float]:
+        """(preemption_mode, swap GiB): giving swap_space alone turns swap
+        preemption on (its only use); swap alone gets vLLM's 4 GiB; the
+        host pool exists only under swap."""
+        mode = self.preemption_mode or ("swap" if self.swap_space else
+                                        "recompute")
+        if mode == "recompute":
+            return mode, 0.0
+        return mode, float(4.0 if self.swap_space is None else self.swap_space)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -118,9 +181,11 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
-            swap_space=self.swap_space)
+            swap_space=self.resolved_preemption()[1])
 
     def scheduler_config(self, model_max_len: int, on_cpu: bool) -> SchedulerConfig:
+        """``model_max_len``: the model's usable context
+        (``derived_max_model_len``)."""
         max_len = self.max_model_len
         if max_len is None:
             # On CPU a long default only costs compile time and memory.
@@ -128,7 +193,8 @@ class EngineArgs:
         elif max_len > model_max_len:
             raise InvalidConfigError(
                 f"max_model_len ({max_len}) is larger than the model's "
-                f"max_position_embeddings ({model_max_len})")
+                f"context ({model_max_len}: max_position_embeddings times "
+                "the RoPE scaling factor, if any): lower max_model_len")
         max_seqs = self.max_num_seqs or (32 if on_cpu else 256)
         if self.max_num_seqs is None and self.max_num_batched_tokens:
             # The default seat count yields to an explicit token budget.
@@ -142,7 +208,26 @@ class EngineArgs:
             max_num_batched_tokens=max_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
-            preemption_mode=self.preemption_mode)
+            preemption_mode=self.resolved_preemption()[0])
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
+
+
+# RoPE types whose config states the trained length, which the scaling
+# factor stretches (vLLM's rule); llama3 configs already state the extended
+# length in max_position_embeddings.
+_STRETCHING_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
+
+
+def derived_max_model_len(model_config) -> int:
+    """The longest context the model serves: ``max_position_embeddings``
+    times the RoPE scaling factor (yarn: ``original_max_position_embeddings``
+    times it), as vLLM derives it."""
+    rope = model_config.rope_scaling
+    length = model_config.max_position_embeddings
+    if rope.rope_type not in _STRETCHING_ROPE_TYPES:
+        return length
+    if rope.rope_type == "yarn" and rope.original_max_position_embeddings:
+        length = rope.original_max_position_embeddings
+    return int(length * rope.factor)

@@ -14,7 +14,7 @@ from .embedded import DEFAULT_MODEL, EMBEDDED_MODELS
 from .errors import (CheckpointError, MissingWeightError, ModelConfigError,
                      ShapeMismatchError)
 from .loader import (ModelFiles, TokenizerSource, load_params, resolve_dtype,
-                     resolve_model)
+                     resolve_model, resolve_tokenizer)
 from .registry import model_class, supported_architectures
 from .rope import rope_cos_sin_table
 
@@ -23,6 +23,6 @@ __all__ = [
     "RopeScaling", "model_config_from_hf", "DEFAULT_MODEL", "EMBEDDED_MODELS",
     "CheckpointError", "MissingWeightError", "ModelConfigError",
     "ShapeMismatchError", "ModelFiles", "TokenizerSource", "load_params",
-    "resolve_dtype", "resolve_model", "model_class", "supported_architectures",
+    "resolve_dtype", "resolve_model", "resolve_tokenizer", "model_class", "supported_architectures",
     "rope_cos_sin_table",
 ]

@@ -68,13 +68,29 @@ def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
         "the embedded default is 'smollm2-135m-instruct')")
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def resolve_tokenizer(reference: str) -> TokenizerSource:
+    """``--tokenizer``: a folder holding only tokenizer files (no
+    config.json), or any model reference ``resolve_model`` takes."""
+    path = embedded_model_path(reference) if is_embedded(reference) else reference
+    if os.path.isdir(path) and not os.path.isfile(
+            os.path.join(path, "config.json")):
+        if any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+            return TokenizerSource(path)
+        raise CheckpointError(
+            f"tokenizer folder {reference!r} holds none of "
+            f"{', '.join(_TOKENIZER_FILES)}")
+    return resolve_model(reference, "dummy").tokenizer
+
+
 def resolve_dtype(dtype: str, cfg: ModelConfig):
     """vLLM's ``dtype``: auto takes the checkpoint's (float32 stays float32,
     GGUF dequantizes to float32)."""
     if dtype == "auto":
         dtype = cfg.dtype if cfg.dtype in DTYPES else "float32"
-    if dtype == "half":
-        dtype = "float16"
+    dtype = {"half": "float16", "float": "float32"}.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; "
                          f"got {dtype!r}")

@@ -8,9 +8,9 @@ from typing import Any
 
 import jax
 
-from jaxinfer.models import resolve_dtype, resolve_model
+from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 
-from ..config import EngineArgs
+from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
 from ..errors import InvalidConfigError, InvalidRequestError
 from ..outputs import RequestOutput
@@ -49,11 +49,10 @@ class LLMEngine:
         on_cpu = jax.default_backend() == "cpu"
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(
-            self.model_config.max_position_embeddings, on_cpu)
+            derived_max_model_len(self.model_config), on_cpu)
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.tokenizer = load_tokenizer(
-            resolve_model(args.tokenizer, "dummy").tokenizer
-            if args.tokenizer else self.files.tokenizer)
+            resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
@@ -119,6 +118,12 @@ class LLMEngine:
         """Validates and queues a request; raises InvalidRequestError (a
         ValueError) without touching the requests in flight."""
         params = params or SamplingParams()
+        if priority != 0 and self.scheduler_config.policy != "priority":
+            # As vLLM: a priority an fcfs engine would not honour is refused.
+            raise InvalidRequestError(
+                f"priority={priority} was given, but the engine schedules "
+                "fcfs: start it with scheduling_policy='priority' "
+                "(--scheduling-policy priority) or leave priority at 0")
         if request_id is None:
             request_id = str(self._counter)
         self._counter += 1

@@ -10,7 +10,8 @@ Prompts are random token ids (seeded) and outputs run to their length
 ones. ``sharegpt-synthetic`` draws lengths with ShareGPT's means (~215 in /
 ~200 out) and a long tail, without the dataset (nothing is downloaded).
 Compilation stays out of the numbers: the engine warms up every shape bucket
-first (or, with ``--warmup dry-run``, runs the workload once untimed). ``--output-json`` writes the parameters, every repeat and the results.
+once untimed first (``--warmup dry-run``, the default; ``--warmup buckets``
+compiles every shape bucket instead). ``--output-json`` writes the parameters, every repeat and the results.
 """
 
 from __future__ import annotations
@@ -157,15 +158,18 @@ def add_bench_parser(sub) -> None:
     for name, func, help_ in (("throughput", run_throughput, "requests run to completion"),
                               ("latency", run_latency, "one batch, end to end")):
         p = kinds.add_parser(name, help=help_)
-        add_engine_args(p)
+        add_engine_args(p, skip=("warmup",))
         p.add_argument("--input-len", type=int, default=128)
         p.add_argument("--output-len", type=int, default=128)
         p.add_argument("--disable-detokenize", action="store_true")
-        p.add_argument("--warmup", default="buckets",
+        # dry-run by default: compiling every bucket takes longer than the
+        # workload on CPU, and the workload compiles only what it uses.
+        p.add_argument("--warmup", default="dry-run",
                        choices=["buckets", "dry-run", "none"],
-                       help="buckets: compile every shape bucket at start; "
-                       "dry-run: run the workload once untimed (compiles only "
-                       "the buckets it uses); none: timings include compiles")
+                       help="dry-run (default): run the workload once untimed "
+                       "(compiles only the buckets it uses); buckets: compile "
+                       "every shape bucket at start; none: timings include "
+                       "compiles")
         p.add_argument("--data-seed", type=int, default=0)
         p.add_argument("--output-json", default=None)
         if name == "throughput":

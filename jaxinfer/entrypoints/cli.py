@@ -7,50 +7,47 @@ import os
 import sys
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """vLLM's engine flags, with vLLM's names."""
-    p.add_argument("--model", default="smollm2-135m-instruct",
-                   help="local HF folder, .gguf file, or embedded model name")
-    p.add_argument("--tokenizer", default=None,
-                   help="where the tokenizer comes from (default: the model)")
-    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                   help="dummy: random weights from the model's config.json")
-    p.add_argument("--dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "float16", "half"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=True)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                   default=True)
-    p.add_argument("--swap-space", type=float, default=4.0)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    from jaxinfer.models.attention import BACKENDS
-    p.add_argument("--attention-backend", default=None, choices=BACKENDS,
-                   help="default: pallas on GPU (Mosaic GPU kernels on Hopper, "
-                        "Triton elsewhere), reference on CPU; pallas_triton "
-                        "keeps both kernels on the Triton lowering")
+def _flag_type(annotation: str):
+    """The argparse type of an EngineArgs annotation such as "int | None"."""
+    base = [t.strip() for t in annotation.split("|") if t.strip() != "None"]
+    return {"int": int, "float": float, "str": str, "bool": bool}[base[0]]
 
 
-def engine_args_from(ns: argparse.Namespace):
+def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
+                    defaults: dict | None = None) -> None:
+    """One flag per ``EngineArgs`` field, with vLLM's name (``--max-num-seqs``
+    for ``max_num_seqs``), the field's default, type and help: a new field is
+    a new flag, and no flag can drift from its field. ``skip``: fields the
+    command sets itself; ``defaults``: the command's own defaults."""
+    import dataclasses
+
     from ..config import EngineArgs
-    return EngineArgs(
-        model=ns.model, tokenizer=ns.tokenizer, load_format=ns.load_format,
-        dtype=ns.dtype, seed=ns.seed,
-        max_model_len=ns.max_model_len, block_size=ns.block_size,
-        gpu_memory_utilization=ns.gpu_memory_utilization,
-        num_gpu_blocks_override=ns.num_gpu_blocks_override,
-        max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        enable_prefix_caching=ns.enable_prefix_caching,
-        enable_chunked_prefill=ns.enable_chunked_prefill,
-        swap_space=ns.swap_space, tensor_parallel_size=ns.tensor_parallel_size,
-        attention_backend=ns.attention_backend)
+    for field in dataclasses.fields(EngineArgs):
+        if field.name in skip:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        meta = field.metadata
+        names = (flag, *meta.get("aliases", ()))
+        kind = _flag_type(field.type)
+        kwargs = {"dest": field.name,
+                  "default": (defaults or {}).get(field.name, field.default),
+                  "help": meta.get("help")}
+        if kind is bool:
+            p.add_argument(*names, action=argparse.BooleanOptionalAction,
+                           **kwargs)
+        else:
+            p.add_argument(*names, type=kind, choices=meta.get("choices"),
+                           **kwargs)
+
+
+def engine_args_from(ns: argparse.Namespace, **overrides):
+    """The EngineArgs the parsed engine flags name."""
+    import dataclasses
+
+    from ..config import EngineArgs
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)
+              if hasattr(ns, f.name)}
+    return EngineArgs(**{**values, **overrides})
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -95,16 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def run_and_report(func, ns: argparse.Namespace) -> int:
+    """Runs a command; bad input (a ValueError: unsupported flags, bad
+    values) is printed without a traceback and exits 2."""
     # transformers warns at import that torch is absent; the CLI never needs
     # torch, so keep its output to the generated text and real errors.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    ns = build_parser().parse_args(argv)
     try:
-        return ns.func(ns)
+        return func(ns)
     except ValueError as e:  # bad input: say what to change, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv=None) -> int:
+    ns = build_parser().parse_args(argv)
+    return run_and_report(ns.func, ns)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ class LLM:
     """
 
     def __init__(self, model: str = "smollm2-135m-instruct", **kwargs: Any):
-        known = set(EngineArgs.__dataclass_fields__)
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+        from ..compat.surface import split_engine_kwargs
+        # vLLM arguments jaxinfer lacks are refused or ignored by name.
+        kwargs = split_engine_kwargs(kwargs, set(EngineArgs.__dataclass_fields__))
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
 
     @classmethod

@@ -31,7 +31,7 @@ def test_throughput_runs_every_request_to_its_length(config_only_model, tmp_path
     out = tmp_path / "t.json"
     assert main(["bench", "throughput", *_common(config_only_model, out),
                  "--num-prompts", "6", "--input-len", "20",
-                 "--output-len", "5"]) == 0
+                 "--output-len", "5", "--warmup", "buckets"]) == 0
     rec = json.loads(out.read_text())
     assert rec["num_requests"] == 6
     assert rec["prompt_tokens"] == 6 * 20
@@ -40,6 +40,12 @@ def test_throughput_runs_every_request_to_its_length(config_only_model, tmp_path
     assert rec["warmup_programs"] > 0  # compiles stayed out of the timing
     # Device time is part of the wall time, and the host's share is not 0.
     assert 0.0 < rec["device_busy_fraction"] < 1.0
+
+
+def test_bench_warmup_defaults_to_dry_run():
+    from jaxinfer.entrypoints.cli import build_parser
+    for kind in ("throughput", "latency"):
+        assert build_parser().parse_args(["bench", kind]).warmup == "dry-run"
 
 
 def test_throughput_dry_run_warmup(config_only_model, tmp_path):

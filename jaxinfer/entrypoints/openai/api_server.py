@@ -121,6 +121,27 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
     engine = AsyncLLMEngine.from_engine_args(
         engine_args, max_num_waiting=max_num_waiting,
         metrics=EngineMetrics(names[0]))
+    if engine_args.warmup:  # compiled before the port opens
+        print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
+              f"{engine.engine.warmup_seconds:.1f} s", flush=True)
     app = build_app(engine, names, api_key=api_key, chat_template=chat_template)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
+
+def main(argv=None) -> int:
+    """``python -m jaxinfer.entrypoints.openai.api_server --model M``: the
+    same server and flags as ``jaxinfer serve M`` (vLLM's spelling)."""
+    import argparse
+
+    from ..cli import run_and_report
+    from .cli_args import add_serve_args, run_serve
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxinfer.entrypoints.openai.api_server",
+        description="the OpenAI-compatible server (same as `jaxinfer serve`)")
+    add_serve_args(parser)
+    return run_and_report(run_serve, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

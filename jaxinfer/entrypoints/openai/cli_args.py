@@ -1,65 +1,77 @@
-"""`jaxinfer serve MODEL [flags]`: vLLM's serve flags on top of the engine
-flags that `cli.add_engine_args` defines."""
+"""`jaxinfer serve MODEL [flags]`: the engine flags (one per ``EngineArgs``
+field, ``cli.add_engine_args``), the HTTP server's flags, and every other
+`vllm serve` flag, each refused or ignored as ``jaxinfer/compat/`` says.
+
+    jaxinfer serve MODEL --port 8000
+    python -m jaxinfer.entrypoints.openai.api_server --model MODEL --port 8000
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
+from ...errors import UnsupportedFeatureError
 
-class UnsupportedQuantizationError(ValueError):
+
+class UnsupportedQuantizationError(UnsupportedFeatureError):
     """--quantization names a method this engine does not implement."""
 
 
-def _add(p: argparse.ArgumentParser, *names, **kwargs) -> None:
-    """Adds a flag unless the engine flags already define it."""
-    if not any(n in p._option_string_actions for n in names):
-        p.add_argument(*names, **kwargs)
+_HOST_HELP = ("address to bind; default 127.0.0.1 (this machine only), "
+              "where vLLM binds every interface: pass --host 0.0.0.0 to "
+              "serve other machines (and set --api-key)")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag of `jaxinfer serve` on ``p``."""
+    from ...compat.surface import add_vllm_flags
+    from ..cli import add_engine_args
+    p.add_argument("model_tag", nargs="?", default=None,
+                   help="the model (same as --model)")
+    # A server compiles before its port opens: no request waits for it.
+    add_engine_args(p, defaults={"warmup": True})
+    p.add_argument("--host", default="127.0.0.1", help=_HOST_HELP)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("JAXINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes "
+                   "(default: $JAXINFER_API_KEY)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) the API accepts; the first is reported")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one")
+    p.add_argument("--max-num-waiting", type=int, default=None,
+                   help="answer 503 while this many requests already wait")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["debug", "info", "warning", "error", "critical",
+                            "trace"])
+    add_vllm_flags(p)
+    return p
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
-    from ..cli import add_engine_args
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible "
-                       "HTTP API")
-    p.add_argument("model_tag", nargs="?", default=None,
-                   help="the model (same as --model)")
-    add_engine_args(p)
-    _add(p, "--host", default="127.0.0.1")
-    _add(p, "--port", type=int, default=8000)
-    _add(p, "--api-key", default=os.environ.get("JAXINFER_API_KEY"),
-         help="require 'Authorization: Bearer KEY' on /v1 routes "
-              "(default: $JAXINFER_API_KEY)")
-    _add(p, "--served-model-name", nargs="+", default=None,
-         help="model name(s) the API accepts; the first is reported")
-    _add(p, "--chat-template", default=None,
-         help="a Jinja chat template, or a file holding one")
-    _add(p, "--max-logprobs", type=int, default=20)
-    _add(p, "--quantization", "-q", default=None)
-    _add(p, "--max-num-waiting", type=int, default=None,
-         help="answer 503 while this many requests already wait")
-    _add(p, "--uvicorn-log-level", default="info",
-         choices=["debug", "info", "warning", "error", "critical"])
+                       "HTTP API (bound to 127.0.0.1 unless --host says "
+                       "otherwise)")
+    add_serve_args(p)
     p.set_defaults(func=run_serve)
     return p
 
 
 def serve_engine_args(ns: argparse.Namespace):
-    from ...config import EngineArgs
+    """The EngineArgs of a parsed serve command line; a vLLM flag jaxinfer
+    refuses raises UnsupportedFeatureError naming it."""
+    from ...compat.surface import check_vllm_flags
     from ..cli import engine_args_from
+    if getattr(ns, "quantization", None) is not None:
+        raise UnsupportedQuantizationError(
+            "--quantization", f"quantization ({ns.quantization!r})",
+            "leave --quantization unset and pick --dtype bfloat16 or float16 "
+            "(GGUF files are dequantized)")
+    check_vllm_flags(ns)
     if ns.model_tag is not None:
         ns.model = ns.model_tag
-    args = engine_args_from(ns)
-    extra = {"max_logprobs": ns.max_logprobs}
-    fields = {f.name for f in dataclasses.fields(EngineArgs)}
-    if ns.quantization is not None:
-        if "quantization" not in fields:
-            raise UnsupportedQuantizationError(
-                f"--quantization {ns.quantization!r} is not supported yet: "
-                "leave --quantization unset")
-        extra["quantization"] = ns.quantization
-    return dataclasses.replace(args, **{k: v for k, v in extra.items()
-                                        if k in fields})
+    return engine_args_from(ns)
 
 
 def run_serve(ns: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ def test_solo_equals_hf(tiny_path, prompts, solo):
 def test_batched_with_preemption_equals_solo(make_llm, prompts, solo, mode):
     assert max(len(p) for p in prompts) > 32, "some prompt must be chunked"
     tokens, stats = _batched(make_llm, prompts, preemption_mode=mode,
-                             swap_space=0.01)
+                             swap_space=0.01 if mode == "swap" else None)
     assert stats.num_preemptions > 0, "the pool was big enough: no preemption"
     if mode == "swap":
         assert stats.num_swap_outs > 0

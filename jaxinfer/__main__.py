@@ -1,0 +1,7 @@
+"""``python -m jaxinfer ...``: the ``jaxinfer`` command."""
+
+import sys
+
+from jaxinfer.entrypoints.cli import main
+
+sys.exit(main())

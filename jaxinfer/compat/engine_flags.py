@@ -1,0 +1,285 @@
+"""vLLM's `vllm serve` flags and `EngineArgs` fields that jaxinfer does not
+implement, keyed by their argparse dest (which is also the EngineArgs field
+name): each is ignored with the reason that makes that harmless, or refused
+naming the missing feature. ``surface.py`` checks that every vLLM name is
+either supported by the code or listed here."""
+
+from __future__ import annotations
+
+from .status import ignore, refuse
+
+LORA = "LoRA adapters"
+MM = "multimodal inputs (images, audio, video)"
+TOOLS = "tool calling"
+STRUCTURED = "structured output (guided decoding)"
+SPEC = "speculative decoding"
+POOLING = "pooling / embedding models"
+MOE = "mixture-of-experts parallelism"
+HUB = "loading from a model hub"
+HUB_HINT = ("jaxinfer never downloads: fetch the revision yourself and pass "
+            "its local folder as the model")
+TLS_HINT = "terminate TLS in a reverse proxy in front of jaxinfer"
+ONE = (None, 1)  # vLLM's default of 1 means "off"
+
+ENGINE_FLAGS = {
+    # -- model and tokenizer ------------------------------------------------
+    "runner": refuse(POOLING, "only text generation is served", (None, "auto", "generate")),
+    "convert": refuse(POOLING, "only text generation is served", (None, "auto", "none")),
+    "task": refuse(POOLING, "only text generation is served", (None, "auto", "generate")),
+    "tokenizer_mode": refuse("slow or mistral tokenizers",
+                             "the fast (HF tokenizers) tokenizer is used",
+                             (None, "auto", "hf")),
+    "trust_remote_code": ignore(
+        "jaxinfer runs its own implementation of each supported "
+        "architecture and never executes code shipped with a model"),
+    "hf_config_path": refuse("a config.json apart from the model",
+                             "put config.json in the model folder"),
+    "allowed_local_media_path": refuse(MM, accepts=(None, "")),
+    "allowed_media_domains": refuse(MM),
+    "revision": refuse(HUB, HUB_HINT),
+    "code_revision": refuse(HUB, HUB_HINT),
+    "tokenizer_revision": refuse(HUB, HUB_HINT),
+    "download_dir": refuse(HUB, HUB_HINT),
+    "hf_token": ignore("jaxinfer never contacts a model hub, so no token "
+                       "is ever sent"),
+    "rope_scaling": refuse("overriding the model's RoPE scaling",
+                           "edit rope_scaling in the model's config.json",
+                           (None, "{}", {})),
+    "rope_theta": refuse("overriding the model's RoPE theta",
+                         "edit rope_theta in the model's config.json"),
+    "hf_overrides": refuse("overriding config.json fields",
+                           "edit the model's config.json", (None, "{}", {})),
+    "quantization": refuse("quantization",
+                           "leave --quantization unset and pick --dtype "
+                           "bfloat16 or float16 (GGUF files are dequantized)"),
+    "enforce_eager": ignore(
+        "there are no CUDA graphs to turn off: every step is one compiled "
+        "XLA program, eager or not"),
+    "logprobs_mode": refuse("logprobs of processed logits",
+                            "logprobs are always of the raw logits",
+                            (None, "raw_logprobs")),
+    "disable_sliding_window": refuse(
+        "turning a model's sliding window off",
+        "models with a window always attend within it"),
+    "disable_cascade_attn": ignore("jaxinfer has no cascade attention to "
+                                   "turn off"),
+    "skip_tokenizer_init": refuse("serving without a tokenizer",
+                                  "the engine needs the model's tokenizer"),
+    "enable_prompt_embeds": refuse("prompt embeddings as input"),
+    "served_model_name": ignore(
+        "an offline engine reports no model name; `jaxinfer serve "
+        "--served-model-name` sets the API's"),
+    "config_format": refuse("mistral-format configs", "use an HF config.json",
+                            (None, "auto", "hf")),
+    "pooler_config": refuse(POOLING),
+    "override_pooler_config": refuse(POOLING),
+    "logits_processor_pattern": refuse("per-request logits processors"),
+    "generation_config": refuse(
+        "defaults read from generation_config.json",
+        "requests use vLLM's own defaults; pass sampling values per request",
+        (None, "vllm")),
+    "override_generation_config": refuse(
+        "default sampling overrides", "pass sampling values per request",
+        (None, "{}", {})),
+    "enable_sleep_mode": refuse("sleep mode (releasing device memory)"),
+    "model_impl": refuse("other model implementations",
+                         "jaxinfer's own Flax models are used",
+                         (None, "auto")),
+    "override_attention_dtype": refuse("a separate attention dtype",
+                                       "attention runs in --dtype"),
+    "logits_processors": refuse("custom logits processors"),
+    "io_processor_plugin": refuse("IO processor plugins"),
+    # -- loading ------------------------------------------------------------
+    "safetensors_load_strategy": ignore(
+        "safetensors are always read tensor by tensor straight into their "
+        "sharding; the strategy changes nothing but load speed"),
+    "model_loader_extra_config": refuse("loader plugins", accepts=(None, "{}", {})),
+    "ignore_patterns": ignore("it filters hub downloads, and jaxinfer never "
+                              "downloads"),
+    "use_tqdm_on_load": ignore("it only switches a progress bar"),
+    "pt_load_map_location": refuse(".pt checkpoints", "convert to safetensors",
+                                   (None, "cpu")),
+    "reasoning_parser": refuse("reasoning output parsing", accepts=(None, "")),
+    "guided_decoding_backend": refuse(STRUCTURED),
+    "guided_decoding_disable_fallback": refuse(STRUCTURED),
+    "guided_decoding_disable_any_whitespace": refuse(STRUCTURED),
+    "guided_decoding_disable_additional_properties": refuse(STRUCTURED),
+    "structured_outputs_config": refuse(STRUCTURED),
+    # -- parallelism --------------------------------------------------------
+    "distributed_executor_backend": refuse(
+        "multi-process executors (ray, mp)",
+        "one process drives every local device through one JAX mesh",
+        (None, "uni")),
+    "pipeline_parallel_size": refuse("pipeline parallelism",
+                                     "use --tensor-parallel-size", ONE),
+    "decode_context_parallel_size": refuse("decode context parallelism",
+                                           accepts=ONE),
+    "data_parallel_size": refuse(
+        "data parallelism",
+        "run one server per device group behind a load balancer", ONE),
+    "data_parallel_rank": refuse("data parallelism"),
+    "data_parallel_start_rank": refuse("data parallelism"),
+    "data_parallel_size_local": refuse("data parallelism"),
+    "data_parallel_address": refuse("data parallelism"),
+    "data_parallel_rpc_port": refuse("data parallelism"),
+    "data_parallel_backend": refuse("data parallelism", accepts=(None, "mp")),
+    "data_parallel_hybrid_lb": refuse("data parallelism"),
+    "headless": refuse("headless (engine-only) data-parallel ranks"),
+    "api_server_count": refuse("several API server processes",
+                               "one process serves the API", ONE),
+    "enable_expert_parallel": refuse(MOE),
+    "enable_dbo": refuse("dual-batch overlap"),
+    "dbo_decode_token_threshold": refuse("dual-batch overlap", accepts=(None, 32)),
+    "dbo_prefill_token_threshold": refuse("dual-batch overlap", accepts=(None, 512)),
+    "enable_eplb": refuse(MOE),
+    "eplb_config": refuse(MOE),
+    "expert_placement_strategy": refuse(MOE, accepts=(None, "linear")),
+    "num_redundant_experts": refuse(MOE),
+    "eplb_window_size": refuse(MOE),
+    "eplb_step_interval": refuse(MOE),
+    "eplb_log_balancedness": refuse(MOE),
+    "max_parallel_loading_workers": ignore(
+        "the one process loads every shard; the count changes nothing but "
+        "load speed"),
+    "ray_workers_use_nsight": refuse("ray workers"),
+    "disable_custom_all_reduce": ignore(
+        "collectives are XLA's own; there is no custom all-reduce to turn off"),
+    "worker_cls": refuse("custom worker classes", accepts=(None, "auto")),
+    "worker_extension_cls": refuse("worker extensions", accepts=(None, "")),
+    "enable_multimodal_encoder_data_parallel": refuse(MM),
+    # -- KV cache -----------------------------------------------------------
+    "kv_cache_memory_bytes": refuse(
+        "sizing the KV cache in bytes", "use --num-gpu-blocks-override "
+        "(pages) or --gpu-memory-utilization"),
+    "kv_cache_dtype": refuse(
+        "a KV cache dtype other than the model's (fp8 KV cache)",
+        "leave --kv-cache-dtype auto (pages are kept in --dtype)",
+        (None, "auto")),
+    "prefix_caching_hash_algo": ignore(
+        "the hash only keys jaxinfer's own prefix cache in one process; any "
+        "algorithm gives the same hits"),
+    "cpu_offload_gb": refuse("offloading weights to host memory", accepts=(None, 0)),
+    "calculate_kv_scales": refuse("fp8 KV cache scales"),
+    "kv_sharing_fast_prefill": refuse("cross-layer KV sharing"),
+    "mamba_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),
+    "mamba_ssm_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),
+    # -- multimodal ---------------------------------------------------------
+    "limit_mm_per_prompt": refuse(MM, accepts=(None, "{}", {})),
+    "media_io_kwargs": refuse(MM, accepts=(None, "{}", {})),
+    "mm_processor_kwargs": refuse(MM, accepts=(None, "{}", {})),
+    "mm_processor_cache_gb": refuse(MM, accepts=(None, 4)),
+    "disable_mm_preprocessor_cache": refuse(MM),
+    "mm_processor_cache_type": refuse(MM, accepts=(None, "lru")),
+    "mm_shm_cache_max_object_size_mb": refuse(MM, accepts=(None, 128)),
+    "mm_encoder_tp_mode": refuse(MM, accepts=(None, "weights")),
+    "interleave_mm_strings": refuse(MM),
+    "skip_mm_profiling": refuse(MM),
+    "video_pruning_rate": refuse(MM),
+    "disable_chunked_mm_input": ignore("no request carries multimodal "
+                                       "inputs to chunk"),
+    # -- LoRA ---------------------------------------------------------------
+    "enable_lora": refuse(LORA, "serve a checkpoint with the adapter merged"),
+    "enable_lora_bias": refuse(LORA),
+    "max_loras": refuse(LORA, accepts=(None, 1)),
+    "max_lora_rank": refuse(LORA, accepts=(None, 16)),
+    "lora_extra_vocab_size": refuse(LORA, accepts=(None, 256)),
+    "lora_dtype": refuse(LORA, accepts=(None, "auto")),
+    "max_cpu_loras": refuse(LORA),
+    "fully_sharded_loras": refuse(LORA),
+    "default_mm_loras": refuse(LORA),
+    # -- observability ------------------------------------------------------
+    "show_hidden_metrics_for_version": refuse("hidden (deprecated) metrics"),
+    "otlp_traces_endpoint": refuse("OpenTelemetry tracing",
+                                   "use the Prometheus /metrics"),
+    "collect_detailed_traces": refuse("OpenTelemetry tracing"),
+    "disable_log_stats": ignore("jaxinfer logs no periodic stats; /metrics "
+                                "is unaffected, as in vLLM"),
+    "enable_log_requests": refuse("logging each request",
+                                  "read /metrics or put a logging proxy in "
+                                  "front"),
+    "disable_log_requests": ignore("jaxinfer does not log requests"),
+    # -- scheduler ----------------------------------------------------------
+    "max_num_partial_prefills": refuse("concurrent partial prefills",
+                                       accepts=ONE),
+    "max_long_partial_prefills": refuse("concurrent partial prefills",
+                                        accepts=ONE),
+    "long_prefill_token_threshold": refuse("concurrent partial prefills",
+                                           accepts=(None, 0)),
+    "cuda_graph_sizes": ignore("there are no CUDA graphs; jaxinfer compiles "
+                               "its own shape buckets"),
+    "num_lookahead_slots": refuse(SPEC, accepts=(None, 0)),
+    "scheduler_cls": refuse("custom scheduler classes",
+                            accepts=(None, "vllm.core.scheduler.Scheduler")),
+    "disable_hybrid_kv_cache_manager": ignore(
+        "every layer shares one KV page pool; there is no hybrid manager "
+        "to turn off"),
+    "async_scheduling": refuse("asynchronous scheduling",
+                               "steps are scheduled one after another"),
+    "speculative_config": refuse(SPEC),
+    "kv_transfer_config": refuse("KV transfer (disaggregated prefill)"),
+    "kv_events_config": refuse("KV cache events"),
+    "compilation_config": refuse("vLLM's torch.compile settings",
+                                 "XLA compiles every step; see "
+                                 "--compilation-cache-dir",
+                                 (None, "{}", {})),
+    "additional_config": refuse("platform plugin settings",
+                                accepts=(None, "{}", {})),
+}
+
+# `vllm serve` flags of the HTTP front end (not EngineArgs fields).
+SERVE_FLAGS = {
+    "config": refuse("YAML config files", "pass the flags on the command line"),
+    "uds": refuse("Unix domain sockets", "use --host and --port"),
+    "disable_uvicorn_access_log": ignore(
+        "only changes uvicorn's access log lines"),
+    "allow_credentials": refuse("CORS settings",
+                                "put a reverse proxy in front to add CORS"),
+    "allowed_origins": refuse("CORS settings",
+                              "put a reverse proxy in front to add CORS",
+                              (None, "['*']", "*")),
+    "allowed_methods": refuse("CORS settings",
+                              "put a reverse proxy in front to add CORS",
+                              (None, "['*']", "*")),
+    "allowed_headers": refuse("CORS settings",
+                              "put a reverse proxy in front to add CORS",
+                              (None, "['*']", "*")),
+    "lora_modules": refuse(LORA),
+    "chat_template_content_format": refuse(
+        "the openai content format for chat templates",
+        "message content is rendered as a string", (None, "auto", "string")),
+    "trust_request_chat_template": refuse("chat templates sent in requests"),
+    "response_role": refuse("another response role",
+                            "replies carry role 'assistant'",
+                            (None, "assistant")),
+    "ssl_keyfile": refuse("TLS", TLS_HINT),
+    "ssl_certfile": refuse("TLS", TLS_HINT),
+    "ssl_ca_certs": refuse("TLS", TLS_HINT),
+    "enable_ssl_refresh": refuse("TLS", TLS_HINT),
+    "ssl_cert_reqs": refuse("TLS", TLS_HINT, (None, 0)),
+    "root_path": refuse("a root path behind a proxy",
+                        "strip the prefix in the proxy"),
+    "middleware": refuse("custom ASGI middleware", accepts=(None, "[]", [])),
+    "return_tokens_as_token_ids": refuse("token ids in place of token "
+                                         "strings in logprobs"),
+    "disable_frontend_multiprocessing": ignore(
+        "the server and the engine always share one process"),
+    "enable_request_id_headers": refuse("X-Request-Id response headers"),
+    "enable_auto_tool_choice": refuse(TOOLS),
+    "exclude_tools_when_tool_choice_none": refuse(TOOLS),
+    "tool_call_parser": refuse(TOOLS),
+    "tool_parser_plugin": refuse(TOOLS, accepts=(None, "")),
+    "tool_server": refuse(TOOLS),
+    "log_config_file": refuse("a logging config file"),
+    "max_log_len": ignore("jaxinfer does not log prompts"),
+    "disable_fastapi_docs": refuse("turning the /docs pages off"),
+    "enable_prompt_tokens_details": refuse("usage.prompt_tokens_details"),
+    "enable_server_load_tracking": refuse("/load (server load tracking)"),
+    "enable_force_include_usage": refuse("usage forced into every response"),
+    "enable_tokenizer_info_endpoint": refuse("/tokenizer_info"),
+    "enable_log_outputs": refuse("logging each output"),
+    "h11_max_incomplete_event_size": ignore(
+        "uvicorn's own h11 limits apply; they only bound header sizes"),
+    "h11_max_header_count": ignore(
+        "uvicorn's own h11 limits apply; they only bound header counts"),
+    "log_error_stack": ignore("errors are logged with their stack anyway"),
+}
