@@ -26,6 +26,7 @@ class RequestOutputKind(enum.Enum):
 @dataclasses.dataclass
 class SamplingParams:
     n: int = 1  # independent samples of the prompt (one RequestOutput)
+    best_of: int | None = None  # draw this many, return the n most likely
     presence_penalty: float = 0.0  # subtracted once per token in the output
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     repetition_penalty: float = 1.0  # divides (>0) / multiplies (<0) logits of seen tokens
@@ -49,6 +50,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Beam search through generate (vLLM's older spelling of
+    # LLM.beam_search): beam width best_of or n, n beams returned.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam score = logprob / length ** this
+    truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -90,6 +96,20 @@ class SamplingParams:
                 bad(field, "a number")
         if not is_int(self.n) or self.n < 1:
             bad("n", "an integer >= 1")
+        if self.best_of is not None and (
+                not is_int(self.best_of) or self.best_of < self.n):
+            bad("best_of", f"an integer >= n ({self.n}) or None")
+        if not isinstance(self.use_beam_search, bool):
+            bad("use_beam_search", "True or False")
+        if not is_num(self.length_penalty):
+            bad("length_penalty", "a number")
+        if not self.use_beam_search and self.length_penalty != 1.0:
+            bad("length_penalty", "1.0 unless use_beam_search is True (it "
+                "weighs beam scores)")
+        if self.truncate_prompt_tokens is not None and (
+                not is_int(self.truncate_prompt_tokens)
+                or self.truncate_prompt_tokens < 1):
+            bad("truncate_prompt_tokens", "an integer >= 1 or None")
         if not -2.0 <= self.presence_penalty <= 2.0:
             bad("presence_penalty", "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
@@ -149,9 +169,10 @@ class SamplingParams:
         if not isinstance(self.output_kind, RequestOutputKind):
             bad("output_kind", "a RequestOutputKind (CUMULATIVE, DELTA, "
                 "FINAL_ONLY)")
-        if self.greedy and self.n > 1:
-            bad("n", "1 when using greedy sampling (temperature 0); use "
-                "beam search or temperature > 0 for several samples")
+        if self.greedy and self.num_samples > 1 and not self.use_beam_search:
+            bad("n" if self.n > 1 else "best_of",
+                "1 when using greedy sampling (temperature 0); use beam "
+                "search or temperature > 0 for several samples")
 
     def verify_for_model(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks against the served model (as vLLM's input processor)."""
@@ -195,6 +216,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences drawn: best_of when set, else n."""
+        return self.best_of or self.n
 
     @classmethod
     def from_optional(cls, **kwargs: Any) -> "SamplingParams":

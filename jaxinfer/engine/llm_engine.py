@@ -127,7 +127,14 @@ class LLMEngine:
         if request_id is None:
             request_id = str(self._counter)
         self._counter += 1
+        if params.use_beam_search:
+            raise InvalidRequestError(
+                "use_beam_search=True runs through LLM.generate or "
+                "LLM.beam_search (a beam search is many requests), not "
+                "LLMEngine.add_request")
         text, ids = self._tokenize(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # vLLM: keep the last k
         if not ids:
             raise InvalidRequestError("the prompt is empty: give at least one token")
         vocab = self.model_config.vocab_size

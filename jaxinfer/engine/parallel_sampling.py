@@ -12,6 +12,10 @@ ordinary requests instead (sharing through the prefix cache, if on).
 
 Seeded requests give child i the seed ``seed + i`` (vLLM's rule). Outputs are
 merged per parent by `ParentRequest.merge`.
+
+``best_of > n``: best_of children run as above (each tracking its cumulative
+logprob), and the parent emits once, when all have finished, the n with the
+highest cumulative logprob (vLLM's rule), re-indexed 0..n-1.
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ from ..sampling_params import RequestOutputKind, SamplingParams
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
     seed = None if params.seed is None else params.seed + index
-    child = dataclasses.replace(params, n=1, seed=seed)
+    logprobs = params.logprobs
+    if params.num_samples > params.n and logprobs is None:
+        logprobs = 0  # the ranking needs each sample's cumulative logprob
+    child = dataclasses.replace(params, n=1, best_of=None, seed=seed,
+                                logprobs=logprobs)
     child._bad_words_token_ids = params.bad_words_token_ids
     return child
 
@@ -42,8 +50,12 @@ def make_child(req: Request, index: int, params: SamplingParams) -> Request:
 class ParentRequest:
     def __init__(self, request_id: str, params: SamplingParams):
         self.request_id = request_id
-        self.n = params.n
-        self.kind = params.output_kind
+        self.n = params.num_samples  # children
+        self.keep = params.n  # outputs returned
+        self.user_logprobs = params.logprobs is not None
+        # best_of: nothing to show before every sample is ranked.
+        self.kind = (params.output_kind if self.keep == self.n
+                     else RequestOutputKind.FINAL_ONLY)
         self.completions: dict[int, CompletionOutput] = {}
         self.finished: set[int] = set()
         self.prompt_logprobs = None  # child 0's (only it scores the prompt)
@@ -65,11 +77,25 @@ class ParentRequest:
             return None
         if delta:
             outputs = [comp]
+        elif self.keep < self.n:
+            outputs = self._best()
         else:
             outputs = [self.completions[i] for i in sorted(self.completions)]
         return dataclasses.replace(out, request_id=self.request_id,
                                    outputs=outputs, finished=done,
                                    prompt_logprobs=prompt_lp)
+
+
+    def _best(self) -> list[CompletionOutput]:
+        ranked = sorted(self.completions.values(),
+                        key=lambda c: c.cumulative_logprob, reverse=True)
+        best = []
+        for i, comp in enumerate(ranked[:self.keep]):
+            comp = dataclasses.replace(comp, index=i)
+            if not self.user_logprobs:  # asked for by us, for the ranking
+                comp.logprobs = None
+            best.append(comp)
+        return best
 
 
 class ParallelSampling:
@@ -84,13 +110,14 @@ class ParallelSampling:
         """Returns the request to schedule: ``req`` itself for n = 1, else
         its child 0 (the others wait to be forked from it)."""
         params = req.sampling_params
-        if params.n == 1:
+        if params.num_samples == 1:
             return req
         if req.request_id in self.parents:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         parent = ParentRequest(req.request_id, params)
         self.parents[req.request_id] = parent
-        children = [make_child(req, i, params) for i in range(params.n)]
+        children = [make_child(req, i, params)
+                    for i in range(params.num_samples)]
         for i, c in enumerate(children):
             self.child_of[c.request_id] = (parent, i)
         self.pending[children[0].request_id] = children[1:]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..logprobs import Logprob
+from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -102,3 +103,33 @@ def beam_search(llm, prompts, params: BeamSearchParams,
             beam.text = tok.decode(beam.tokens, skip_special_tokens=True)
         results.append(BeamSearchOutput(sequences=best))
     return results
+
+
+def beam_search_as_outputs(llm, prompts, params: SamplingParams,
+                           request_ids: list[str]) -> list[RequestOutput]:
+    """``SamplingParams(use_beam_search=True)`` through ``generate``: a beam
+    search of width ``best_of`` (else ``n``) whose ``n`` best beams become
+    the CompletionOutputs of one RequestOutput per prompt."""
+    width = params.best_of or params.n
+    beams = beam_search(llm, prompts, BeamSearchParams(
+        beam_width=width, max_tokens=params.max_tokens or llm.llm_engine.max_model_len,
+        ignore_eos=params.ignore_eos, temperature=params.temperature,
+        length_penalty=params.length_penalty,
+        include_stop_str_in_output=params.include_stop_str_in_output))
+    tok = llm.llm_engine.tokenizer
+    outputs = []
+    for rid, prompt, result in zip(request_ids, prompts, beams):
+        text, ids = llm.llm_engine._tokenize(prompt)
+        comps = []
+        for i, beam in enumerate(result.sequences[:params.n]):
+            gen = beam.tokens[len(ids):]
+            comps.append(CompletionOutput(
+                index=i, text=tok.decode(
+                    gen, skip_special_tokens=params.skip_special_tokens),
+                token_ids=gen, cumulative_logprob=beam.cum_logprob,
+                logprobs=beam.logprobs if params.logprobs is not None else None,
+                finish_reason=beam.finish_reason, stop_reason=beam.stop_reason))
+        outputs.append(RequestOutput(request_id=rid, prompt=text,
+                                     prompt_token_ids=ids, outputs=comps,
+                                     finished=True))
+    return outputs

@@ -54,6 +54,8 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for "
                                  f"{len(prompts)} prompts")
+        if any(sp.use_beam_search for sp in params):
+            return self._generate_mixed(prompts, params, use_tqdm, priority)
         # Offline runs only read final outputs: like vLLM, ask for nothing
         # else, so no per-step RequestOutput copies the growing token lists.
         params = [_final_only(sp) for sp in params]
@@ -68,6 +70,26 @@ class LLM:
             engine.abort_request(ids)  # leave nothing half-queued
             raise
         return self._run(ids, use_tqdm)
+
+    def _generate_mixed(self, prompts, params, use_tqdm, priority):
+        """Prompts whose params ask for use_beam_search run as beam
+        searches, the rest as usual; outputs stay in input order."""
+        from .beam_search import beam_search_as_outputs
+        beam = [i for i, sp in enumerate(params) if sp.use_beam_search]
+        rest = [i for i, sp in enumerate(params) if not sp.use_beam_search]
+        if priority is not None and any(priority[i] for i in beam):
+            raise ValueError("priority is not supported with use_beam_search")
+        out: dict[int, RequestOutput] = {}
+        if rest:
+            got = self.generate([prompts[i] for i in rest],
+                                [params[i] for i in rest], use_tqdm=use_tqdm,
+                                priority=None if priority is None else
+                                [priority[i] for i in rest])
+            out.update(zip(rest, got))
+        for i in beam:
+            out[i] = beam_search_as_outputs(self, [prompts[i]], params[i],
+                                            [f"beam-{i}"])[0]
+        return [out[i] for i in range(len(prompts))]
 
     def beam_search(self, prompts, params, use_tqdm: bool = False):
         """vLLM's beam search: ``params`` is a ``BeamSearchParams``; returns
