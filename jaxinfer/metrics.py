@@ -1,4 +1,7 @@
-"""Prometheus metrics with vLLM's meanings under a ``jaxinfer:`` prefix.
+"""Prometheus metrics with vLLM's meanings under a ``jaxinfer:`` prefix,
+and the same families again under vLLM's names and labels (``vllm:``,
+labels ``model_name`` and ``engine``), so dashboards and alerts written
+for vLLM read a jaxinfer server unchanged.
 
 Each server owns its own ``CollectorRegistry`` (two engines in one process, as
 in tests, never share counters). Everything is written from the engine thread,
@@ -10,8 +13,25 @@ from __future__ import annotations
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
+from prometheus_client.core import Metric
 
 PREFIX = "jaxinfer:"
+VLLM_PREFIX = "vllm:"
+VLLM_ENGINE_LABEL = "0"  # vLLM labels each engine core; jaxinfer has one
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                           8192, 16384]
+PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
 
 # vLLM's bucket choices (seconds), so dashboards built for vLLM read the same.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -29,8 +49,11 @@ class EngineMetrics:
     """The metric families of one engine, labelled with its model name."""
 
     def __init__(self, model_name: str = "",
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None,
+                 max_model_len: int = 8192):
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.vllm_registry = CollectorRegistry()
+        self.vllm_registry.register(VllmNames(self.registry))
         r, lab = self.registry, ["model_name"]
 
         def gauge(name, doc):
@@ -79,8 +102,82 @@ class EngineMetrics:
             "request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_BUCKETS)
+        tokens = buckets_1_2_5(max_model_len)
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens",
+            "Number of prefill tokens processed.", tokens)
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens",
+            "Number of generation tokens processed.", tokens)
+        self.request_max_num_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            tokens)
+        self.request_params_n = histogram(
+            "request_params_n", "Histogram of the n request parameter.",
+            PARAMS_N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.", tokens)
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKEN_BUCKETS)
+        self.request_inference_time = histogram(
+            "request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_BUCKETS)
+        self.request_prefill_time = histogram(
+            "request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_BUCKETS)
+        self.request_decode_time = histogram(
+            "request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_BUCKETS)
+        self._cache_info = Gauge(
+            PREFIX + "cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ["block_size", "num_gpu_blocks", "gpu_memory_utilization",
+             "enable_prefix_caching", "swap_space", "cache_dtype"], registry=r)
         # Engine counters arrive as running totals; these hold the last seen.
         self._last_totals: dict[str, int] = {}
+
+    def record_cache_config(self, cache_config, num_gpu_blocks: int,
+                            cache_dtype: str) -> None:
+        """vLLM's info metric: a gauge set to 1 whose labels are the cache
+        configuration."""
+        self._cache_info.labels(
+            str(cache_config.block_size), str(num_gpu_blocks),
+            str(cache_config.gpu_memory_utilization),
+            str(cache_config.enable_prefix_caching),
+            str(cache_config.swap_space), cache_dtype).set(1)
+
+    def record_request_params(self, params) -> None:
+        """At admission: the request's n and max_tokens."""
+        self.request_params_n.observe(params.n)
+        if params.max_tokens is not None:
+            self.request_params_max_tokens.observe(params.max_tokens)
+            self.request_max_num_generation_tokens.observe(params.max_tokens)
+
+    def record_iteration(self, num_tokens: int) -> None:
+        """One engine step that scheduled ``num_tokens`` tokens."""
+        if num_tokens:
+            self.iteration_tokens.observe(num_tokens)
+
+    def record_request_done(self, out, now: float, num_generated: int) -> None:
+        """A finished request (its last RequestOutput and the tokens it
+        generated): token counts and its phase times (prefill: scheduled to
+        first token; decode: first token to the end; inference: both)."""
+        self.request_prompt_tokens.observe(len(out.prompt_token_ids))
+        self.request_generation_tokens.observe(num_generated)
+        m = out.metrics
+        if m is None or m.first_scheduled_time is None:
+            return
+        first = m.first_token_time or now
+        self.request_prefill_time.observe(max(0.0, first - m.first_scheduled_time))
+        self.request_decode_time.observe(max(0.0, now - first))
+        self.request_inference_time.observe(max(0.0, now - m.first_scheduled_time))
 
     def record_finished(self, reason: str | None) -> None:
         self.request_success.get(reason or "stop",
@@ -90,6 +187,10 @@ class EngineMetrics:
         """Copies an ``EngineStats`` into the gauges and advances counters by
         the growth of the engine's running totals. Fields the engine does not
         report yet are skipped."""
+        steps = getattr(stats, "num_steps", 0)
+        if steps > self._last_totals.get("num_steps", 0):
+            self.record_iteration(stats.last_step_tokens)
+        self._last_totals["num_steps"] = steps
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage_perc.set(stats.kv_cache_usage)
@@ -105,4 +206,30 @@ class EngineMetrics:
             self._last_totals[field] = total
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """jaxinfer's families, then the same under vLLM's names."""
+        return generate_latest(self.registry) + generate_latest(self.vllm_registry)
+
+
+class VllmNames:
+    """A collector that re-exports every ``jaxinfer:`` family of a registry
+    under ``vllm:`` with vLLM's label set (``engine`` added), read at scrape
+    time: one source of truth, two spellings."""
+
+    def __init__(self, source: CollectorRegistry):
+        self.source = source
+
+    def collect(self):
+        for family in self.source.collect():
+            if not family.name.startswith(PREFIX):
+                continue
+            name = VLLM_PREFIX + family.name[len(PREFIX):]
+            alias = Metric(name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                alias.add_sample(
+                    VLLM_PREFIX + sample.name[len(PREFIX):],
+                    {**sample.labels, "engine": VLLM_ENGINE_LABEL},
+                    sample.value, sample.timestamp, sample.exemplar)
+            yield alias
+
+    def describe(self):
+        return []  # names are known only at scrape time

@@ -63,12 +63,13 @@ class RequestStream:
 
 class _Tracker:
     """Per-request timing the metrics need, kept by the loop thread."""
-    __slots__ = ("arrival", "last_token", "first_done")
+    __slots__ = ("arrival", "last_token", "first_done", "generated")
 
     def __init__(self, arrival: float):
         self.arrival = arrival
         self.last_token: float | None = None
         self.first_done = False
+        self.generated = 0  # tokens so far (outputs arrive as deltas)
 
 
 class AsyncLLMEngine:
@@ -79,7 +80,11 @@ class AsyncLLMEngine:
                              f"{max_num_waiting}")
         self.engine = engine
         self.max_num_waiting = max_num_waiting
-        self.metrics = metrics or EngineMetrics(str(engine.args.model))
+        self.metrics = metrics or EngineMetrics(str(engine.args.model),
+                                                max_model_len=engine.max_model_len)
+        self.metrics.record_cache_config(engine.cache_config,
+                                         engine.runner.num_blocks,
+                                         str(engine.runner.kv_pages[0][0].dtype))
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # loop thread only
         self._trackers: dict[str, _Tracker] = {}  # loop thread only
@@ -239,6 +244,7 @@ class AsyncLLMEngine:
             return
         self._streams[stream.request_id] = stream
         self._trackers[stream.request_id] = _Tracker(arrival)
+        self.metrics.record_request_params(params)
         self._deliver([(stream, _ACK)])
 
     def _do_abort(self, request_id: str) -> None:
@@ -276,10 +282,12 @@ class AsyncLLMEngine:
             elif tr.last_token is not None:
                 m.inter_token_latency.observe(now - tr.last_token)
             tr.last_token = now
+            tr.generated += new_tokens
             m.generation_tokens.inc(new_tokens)
         if out.finished:
             self._trackers.pop(out.request_id, None)
             m.e2e_request_latency.observe(now - tr.arrival)
+            m.record_request_done(out, now, tr.generated)
             reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
             m.record_finished(reasons[0] if reasons else "stop")
 

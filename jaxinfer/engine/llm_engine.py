@@ -39,6 +39,8 @@ class EngineStats:
     num_swap_outs: int  # of which by swap
     num_prompt_tokens: int  # prompt tokens of requests added
     num_generation_tokens: int  # tokens sampled
+    num_steps: int = 0  # steps run
+    last_step_tokens: int = 0  # tokens the latest step scheduled
 
 
 class LLMEngine:
@@ -75,6 +77,7 @@ class LLMEngine:
         self.warmup_programs, self.warmup_seconds = (
             warm_up(self.runner) if args.warmup else (0, 0.0))
         self.num_prompt_tokens = self.num_generation_tokens = 0
+        self.num_steps = self.last_step_tokens = 0
         self.output_processor = OutputProcessor(self.tokenizer)
         self.parallel = ParallelSampling()  # n > 1 requests
         eos = set(self.model_config.eos_token_ids)
@@ -182,6 +185,8 @@ class LLMEngine:
         if sched_out.is_empty:
             return []
         requests = self.scheduler.requests
+        self.num_steps += 1
+        self.last_step_tokens = sched_out.num_scheduled_tokens
         runner_out = self.runner.execute_model(sched_out, requests)
         self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
@@ -207,7 +212,8 @@ class LLMEngine:
             prefix_cache_hit_rate=kv.prefix_cache_hit_rate,
             num_preemptions=s.num_preemptions, num_swap_outs=s.num_swap_outs,
             num_prompt_tokens=self.num_prompt_tokens,
-            num_generation_tokens=self.num_generation_tokens)
+            num_generation_tokens=self.num_generation_tokens,
+            num_steps=self.num_steps, last_step_tokens=self.last_step_tokens)
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached prefix block that no request holds."""

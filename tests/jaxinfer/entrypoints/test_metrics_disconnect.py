@@ -128,3 +128,38 @@ def test_non_streaming_disconnect_aborts_and_frees_pages(served):
     after = scrape(server.base_url)
     assert delta(before, after, "jaxinfer:generation_tokens_total") < 450
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
+
+
+def test_vllm_names_and_families(served):
+    """vLLM's names (vllm:, labels model_name + engine) mirror jaxinfer's,
+    and vLLM's per-request families count each request."""
+    server, _ = served
+    before = scrape(server.base_url)
+    for prompt, n in [("one two three", 3), ("four", 2)]:
+        r = requests.post(server.base_url + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": prompt, "max_tokens": n,
+            "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200
+    text = requests.get(server.base_url + "/metrics", timeout=10).text
+    after = scrape(server.base_url)
+    ours = {k: v for k, v in after.items() if k[0].startswith("jaxinfer:")}
+    for (name, labels), value in ours.items():
+        twin = ("vllm:" + name[len("jaxinfer:"):],
+                tuple(sorted(labels + (("engine", "0"),))))
+        if not name.endswith("_created"):
+            assert after[twin] == value, twin
+    assert 'vllm:num_requests_running{engine="0",model_name="tiny"}' in text
+    v = "vllm:"
+    assert delta(before, after, v + "request_prompt_tokens_count",
+                 engine="0") == 2
+    assert delta(before, after, v + "request_generation_tokens_sum",
+                 engine="0") == 3 + 2
+    for hist in ("request_prefill_time_seconds", "request_decode_time_seconds",
+                 "request_inference_time_seconds", "request_params_n"):
+        assert delta(before, after, v + hist + "_count", engine="0") == 2, hist
+    # every step is one observation, of the tokens it scheduled
+    assert delta(before, after, v + "iteration_tokens_total_count", engine="0") >= 3
+    assert delta(before, after, v + "iteration_tokens_total_sum", engine="0") >= \
+        delta(before, after, v + "request_prompt_tokens_sum", engine="0")
+    info = [k for k in after if k[0] == "vllm:cache_config_info"]
+    assert info and ("num_gpu_blocks", "256") in info[0][1]
