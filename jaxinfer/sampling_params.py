@@ -226,6 +226,7 @@ class SamplingParams:
     def from_optional(cls, **kwargs: Any) -> "SamplingParams":
         """Builds params from a dict that may hold None for "use default"; an
         unknown field is an error naming it."""
+        kwargs = _vllm_fields_handled(dict(kwargs))
         _check_known(kwargs)
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
@@ -267,9 +268,19 @@ def _check_known(kwargs) -> None:
                          f"known: {', '.join(sorted(_FIELD_NAMES))}")
 
 
+def _vllm_fields_handled(kwargs: dict) -> dict:
+    """vLLM fields jaxinfer lacks: refused (UnsupportedFeatureError, a
+    ValueError naming the feature) or ignored with a logged reason."""
+    from .compat.request_fields import SAMPLING_FIELDS
+    for name in [k for k in kwargs if k in SAMPLING_FIELDS]:
+        SAMPLING_FIELDS[name].check(name, kwargs.pop(name))
+    return kwargs
+
+
 def _rejecting_unknown(init):
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
+        kwargs = _vllm_fields_handled(dict(kwargs))
         _check_known(kwargs)
         if len(args) > len(_FIELD_NAMES):
             raise ValueError(f"SamplingParams takes at most {len(_FIELD_NAMES)} "

@@ -1,0 +1,97 @@
+"""vLLM's ``SamplingParams`` fields and OpenAI-server request fields that
+jaxinfer does not implement: each ignored with the reason that makes that
+harmless, or refused naming the missing feature (the server answers 400).
+A field of our own models with an entry here is refused or ignored in spite
+of being parsed (e.g. ``tools``); one without is supported."""
+
+from __future__ import annotations
+
+from .engine_flags import LORA, MM, STRUCTURED, TOOLS
+from .status import ignore, refuse
+
+EMPTY = (None, {}, [], "")
+
+# SamplingParams(...) keyword arguments.
+SAMPLING_FIELDS = {
+    "logits_processors": refuse("custom logits processors", accepts=EMPTY),
+    "output_text_buffer_length": ignore(
+        "it only holds back streamed text in vLLM; the text produced is "
+        "the same"),
+    "structured_outputs": refuse(STRUCTURED),
+    "guided_decoding": refuse(STRUCTURED),
+    "extra_args": refuse("extra_args (for custom logits processors)",
+                         accepts=EMPTY),
+}
+
+# Fields of /v1/completions and /v1/chat/completions bodies.
+REQUEST_FIELDS = {
+    "suffix": refuse("suffix (fill-in-the-middle completion)", accepts=EMPTY),
+    "prompt_embeds": refuse("prompt embeddings as input", accepts=EMPTY),
+    "response_format": refuse(STRUCTURED, "omit response_format or use "
+                              "{'type': 'text'}",
+                              accepts=(None, {"type": "text"})),
+    "structured_outputs": refuse(STRUCTURED),
+    "guided_json": refuse(STRUCTURED),
+    "guided_regex": refuse(STRUCTURED),
+    "guided_choice": refuse(STRUCTURED),
+    "guided_grammar": refuse(STRUCTURED),
+    "structural_tag": refuse(STRUCTURED),
+    "guided_decoding_backend": refuse(STRUCTURED),
+    "guided_whitespace_pattern": refuse(STRUCTURED),
+    "logits_processors": refuse("custom logits processors", accepts=EMPTY),
+    "cache_salt": refuse("per-request prefix cache salts"),
+    "kv_transfer_params": refuse("KV transfer (disaggregated prefill)"),
+    "vllm_xargs": refuse("vllm_xargs (for custom logits processors)",
+                         accepts=EMPTY),
+    "tools": refuse(TOOLS, "omit tools or set tool_choice to 'none'",
+                    accepts=EMPTY),
+    "tool_choice": refuse(TOOLS, accepts=(None, "none", "auto")),
+    "parallel_tool_calls": ignore("without tools there are no tool calls "
+                                  "to run in parallel"),
+    "reasoning_effort": refuse("reasoning models' effort setting"),
+    "include_reasoning": ignore("no served model emits separate reasoning"),
+    "documents": refuse("documents for RAG chat templates", accepts=EMPTY),
+    "mm_processor_kwargs": refuse(MM, accepts=EMPTY),
+    "user": ignore("an end-user id for abuse monitoring; nothing here "
+                   "monitors"),
+    # Engine features the server does not pass through yet.
+    "best_of": refuse("best_of above n on the server"),
+    "use_beam_search": refuse("beam search on the server",
+                              "use LLM.beam_search offline"),
+    "length_penalty": refuse("beam search on the server", accepts=(None, 1.0)),
+    "truncate_prompt_tokens": refuse("prompt truncation on the server"),
+    "prompt_logprobs": refuse("prompt logprobs on the server"),
+    "priority": refuse("request priorities on the server", accepts=(None, 0)),
+    "request_id": refuse("client-chosen request ids"),
+    "return_tokens_as_token_ids": refuse("token ids in place of token strings"),
+    "return_token_ids": refuse("token ids in responses"),
+    "return_token_strs": refuse("token strings from /tokenize"),
+    "stream_options.continuous_usage_stats": refuse(
+        "usage in every stream chunk"),
+    # Keys qualified by endpoint apply to that endpoint only.
+    "chat.echo": refuse("echo of the last message in chat"),
+    "chat.add_special_tokens": refuse("add_special_tokens on chat requests"),
+    "tokenize_chat.add_special_tokens": refuse(
+        "add_special_tokens on chat tokenization"),
+}
+
+# The qualifier of each endpoint's keys above.
+ENDPOINT_QUALIFIER = {"completion_request": "completion",
+                      "chat_completion_request": "chat",
+                      "tokenize_completion": "tokenize",
+                      "tokenize_chat": "tokenize_chat",
+                      "detokenize": "detokenize",
+                      "stream_options": "stream_options"}
+
+
+def request_field_status(kind: str, name: str):
+    """The entry for a field of one endpoint (qualified key first)."""
+    qualifier = ENDPOINT_QUALIFIER[kind]
+    return (REQUEST_FIELDS.get(f"{qualifier}.{name}")
+            or (None if kind == "stream_options" else REQUEST_FIELDS.get(name)))
+
+# Keys of a chat message content part jaxinfer cannot render.
+CONTENT_PART_FEATURES = {"image_url": MM, "input_audio": MM, "video_url": MM,
+                         "audio_url": MM}
+
+__all__ = ["SAMPLING_FIELDS", "REQUEST_FIELDS", "CONTENT_PART_FEATURES", "LORA"]
