@@ -98,6 +98,9 @@ class EngineArgs:
     # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
     compilation_cache_dir: str | None = None
     warmup: bool = False  # compile every shape bucket at start
+    # A file to write the step timeline to (one JSON line per step:
+    # jaxinfer/engine/step_timeline.py); None = no timeline.
+    profile_steps: str | None = None
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)

@@ -7,6 +7,7 @@ NumPy arrays padded to the step's bucket, transfers them once, and runs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -200,11 +201,16 @@ class ModelRunner:
                       requests: dict[str, Request]) -> ModelRunnerOutput:
         """Runs one step; returns the sampled token of every request whose
         chunk reached its last known token (and logprobs where asked)."""
+        return self.collect(self.dispatch(out, requests))
+
+    def dispatch(self, out: SchedulerOutput,
+                 requests: dict[str, Request]) -> "InFlightStep":
+        """Enqueues one step on the device and returns without waiting."""
         self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
         if out.has_copies:  # swaps and copy-on-write, before the step
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
         if not out.scheduled:
-            return ModelRunnerOutput({})
+            return InFlightStep(out, requests, None, None, None, None)
         input_ids, positions, md, logits_idx, smd = self.prepare(out, requests)
         plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled, requests)
         num_lp = None
@@ -222,16 +228,38 @@ class ModelRunner:
         if plan is not None:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
+        dims = (len(input_ids), *md.block_tables.shape, md.decode_only)
+        self.last_dims = dims
         t0 = time.perf_counter()
         res, prompt_lp, self.kv_pages, state = self._step(
-            num_lp, (len(input_ids), *md.block_tables.shape, md.decode_only),
-            self.params, self.kv_pages, state, self.cos_sin,
+            num_lp, dims, self.params, self.kv_pages, state, self.cos_sin,
             pack_step(input_ids, positions, md), logits_idx, smd, targets)
-        # The host waits here anyway (collect reads the tokens); timing the
-        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
-        jax.block_until_ready(res.token_ids)
-        self.device_seconds += time.perf_counter() - t0
         if state is not None:
             self.penalty_state = state
-        return self.sampling_inputs.collect(out.scheduled, requests, res,
-                                            prompt_lp, plan)
+        return InFlightStep(out, requests, res, prompt_lp, plan, t0,
+                            time.perf_counter())
+
+    def collect(self, step: "InFlightStep") -> ModelRunnerOutput:
+        """Waits for a dispatched step and brings its results to the host."""
+        if step.res is None:
+            return ModelRunnerOutput({})
+        jax.block_until_ready(step.res.token_ids)
+        step.ready_at = time.perf_counter()
+        # The host waits here anyway (collect reads the tokens); timing the
+        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
+        self.device_seconds += step.ready_at - step.dispatched_at
+        return self.sampling_inputs.collect(step.out.scheduled, step.requests,
+                                            step.res, step.prompt_lp, step.plan)
+
+
+@dataclasses.dataclass
+class InFlightStep:
+    """A step enqueued on the device whose results the host has not read."""
+    out: SchedulerOutput
+    requests: dict[str, Request]
+    res: object  # SamplerOutput (device arrays), None for an empty step
+    prompt_lp: object
+    plan: object
+    dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
+    launched_at: float | None = None  # when the call returned (compiled, enqueued)
+    ready_at: float | None = None
