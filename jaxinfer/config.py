@@ -139,6 +139,10 @@ class EngineArgs:
         "$JAXINFER_COMPILATION_CACHE_DIR, else ~/.cache/jaxinfer/xla on GPU)")
     warmup: bool = _arg(False, "compile every shape bucket at start, before "
                         "the first request (`serve` turns it on)")
+    profile_steps: str | None = _arg(
+        None, "write the step timeline to this file (one JSON line per step: "
+        "jaxinfer/engine/step_timeline.py; benchmarks/timeline_report.py "
+        "reads it)", metavar="FILE")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)

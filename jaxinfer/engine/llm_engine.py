@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import jax
@@ -21,6 +22,7 @@ from ..worker.model_runner import ModelRunner
 from ..worker.warmup import enable_compilation_cache, warm_up
 from .output_processor import OutputProcessor
 from .parallel_sampling import ParallelSampling
+from .step_timeline import CompileClock, StepRecord, StepTimeline, step_shape
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,10 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = tuple(sorted(eos))
         self._counter = 0
+        # --profile-steps: one JSON line per step (step_timeline.py).
+        self.timeline = (StepTimeline(args.profile_steps)
+                         if args.profile_steps else None)
+        self._last_ready: float | None = None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -181,13 +187,19 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        preempted_before = self.scheduler.num_preemptions
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
             return []
         requests = self.scheduler.requests
         self.num_steps += 1
         self.last_step_tokens = sched_out.num_scheduled_tokens
-        runner_out = self.runner.execute_model(sched_out, requests)
+        compile_before = CompileClock.read() if self.timeline else None
+        inflight = self.runner.dispatch(sched_out, requests)
+        t_dispatched = time.perf_counter()
+        runner_out = self.runner.collect(inflight)
+        t_ready = time.perf_counter()
         self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
         self.num_generation_tokens += len(updated)
@@ -200,7 +212,32 @@ class LLMEngine:
             out = self.parallel.merge(self.output_processor.make_output(req))
             if out is not None:
                 outputs.append(out)
+        if self.timeline is not None and sched_out.scheduled:
+            self._record_step(sched_out, inflight, t0, t_dispatched, t_ready,
+                              compile_before, preempted_before)
         return outputs
+
+    def _record_step(self, sched_out, inflight, t0, t_dispatched, t_ready,
+                     compile_before, preempted_before) -> None:
+        compile_s, compiles = CompileClock.read()
+        T, S, P, decode_only = self.runner.last_dims
+        end = time.perf_counter()
+        device_start = max(inflight.launched_at, self._last_ready or 0.0)
+        self._last_ready = inflight.ready_at
+        compile_ms = 1e3 * (compile_s - compile_before[0])
+        self.timeline.add(StepRecord(
+            step=len(self.timeline.records),
+            t_start_s=t0 - self.timeline._t0, T=T, S=S, P=P,
+            decode_only=decode_only, **step_shape(sched_out.scheduled),
+            host_ms=1e3 * ((end - t0) - (t_ready - t_dispatched)) - compile_ms,
+            device_ms=1e3 * (inflight.ready_at - device_start),
+            compile_ms=compile_ms,
+            compiles=compiles - compile_before[1],
+            preempted=self.scheduler.num_preemptions - preempted_before,
+            pages_in_use=(self.scheduler.kv.pool.num_blocks - 1
+                          - self.scheduler.kv.pool.num_free),
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting))
 
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv

@@ -57,7 +57,8 @@ def _llm(ns):
     from ..entrypoints.cli import engine_args_from
     from ..entrypoints.llm import LLM
     args = dataclasses.replace(engine_args_from(ns),
-                               warmup=ns.warmup == "buckets")
+                               warmup=ns.warmup == "buckets",
+                               profile_steps=ns.profile_steps)
     return LLM.from_engine_args(args)
 
 
@@ -81,6 +82,16 @@ def _record(ns, kind: str, llm, results: dict) -> dict:
         "warmup_seconds": engine.warmup_seconds, **results}
 
 
+def _maybe_trace(trace_dir: str | None):
+    """A JAX profiler trace of the block (TensorBoard / Perfetto), or
+    nothing."""
+    import contextlib
+    if not trace_dir:
+        return contextlib.nullcontext()
+    import jax
+    return jax.profiler.trace(trace_dir)
+
+
 def _write(ns, record: dict) -> None:
     if ns.output_json:
         with open(ns.output_json, "w") as f:
@@ -99,9 +110,12 @@ def run_throughput(ns) -> int:
                               rng), params, use_tqdm=False)
     runner = llm.llm_engine.runner
     runner.device_seconds = 0.0
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    if llm.llm_engine.timeline is not None:
+        llm.llm_engine.timeline.restart()
+    with _maybe_trace(ns.profile_trace):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
     n_in = sum(len(o.prompt_token_ids) for o in outs)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     record = _record(ns, "throughput", llm, {
@@ -138,7 +152,10 @@ def run_latency(ns) -> int:
 
     for _ in range(ns.num_iters_warmup):
         one_batch()
-    times = [one_batch() for _ in range(ns.num_iters)]
+    if llm.llm_engine.timeline is not None:
+        llm.llm_engine.timeline.restart()
+    with _maybe_trace(ns.profile_trace):
+        times = [one_batch() for _ in range(ns.num_iters)]
     record = _record(ns, "latency", llm, {
         "latencies_s": times, "median_s": statistics.median(times),
         "p90_s": float(np.percentile(times, 90))})
@@ -158,7 +175,7 @@ def add_bench_parser(sub) -> None:
     for name, func, help_ in (("throughput", run_throughput, "requests run to completion"),
                               ("latency", run_latency, "one batch, end to end")):
         p = kinds.add_parser(name, help=help_)
-        add_engine_args(p, skip=("warmup",))
+        add_engine_args(p, skip=("warmup", "profile_steps"))
         p.add_argument("--input-len", type=int, default=128)
         p.add_argument("--output-len", type=int, default=128)
         p.add_argument("--disable-detokenize", action="store_true")
@@ -171,6 +188,11 @@ def add_bench_parser(sub) -> None:
                        "every shape bucket at start; none: timings include "
                        "compiles")
         p.add_argument("--data-seed", type=int, default=0)
+        p.add_argument("--profile-steps", default=None, metavar="FILE",
+                       help="write the step timeline (one JSON line per "
+                       "step; benchmarks/timeline_report.py reads it)")
+        p.add_argument("--profile-trace", default=None, metavar="DIR",
+                       help="write a JAX profiler trace of the timed part")
         p.add_argument("--output-json", default=None)
         if name == "throughput":
             p.add_argument("--num-prompts", type=int, default=100)

@@ -37,7 +37,7 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
                            **kwargs)
         else:
             p.add_argument(*names, type=kind, choices=meta.get("choices"),
-                           **kwargs)
+                           metavar=meta.get("metavar"), **kwargs)
 
 
 def engine_args_from(ns: argparse.Namespace, **overrides):

@@ -1,13 +1,24 @@
-"""Shape buckets: a server compiles a bounded set of step programs.
+"""Shape buckets: a server compiles a bounded, small set of step programs.
 
-Every dynamic size of a step (tokens T, sequences S, pages per sequence P) is
-rounded up to a power of two between a floor and the configured maximum.
+A step is padded to a bucket (T tokens, S sequences, P pages per sequence,
+decode_only). Every compiled program of an 8B model takes seconds to build,
+so the set is kept to what costs nothing to pad:
+
+- Decode-only steps (one token per sequence): S on a power-of-two ladder,
+  T = S (at least the token floor). Their cost follows S (the batch's
+  matmuls and sampler), so S keeps its ladder.
+- Steps with prefill rows: T on a power-of-two ladder and S = min(T,
+  max_num_seqs): a row per possible sequence costs a logits row, little
+  next to the T tokens' matmuls, and a second ladder would multiply the
+  programs.
+- P: a ladder where attention's cost grows with the table width (the
+  CPU reference gathers whole tables), a single width where it does not
+  (the GPU kernels stop at each sequence's own length).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 
 def _pow2_ladder(lo: int, hi: int) -> tuple[int, ...]:
@@ -28,25 +39,38 @@ def _round_up(value: int, ladder: tuple[int, ...]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    tokens: tuple[int, ...]
-    seqs: tuple[int, ...]
-    pages: tuple[int, ...]
+    tokens: tuple[int, ...]  # T of steps with prefill rows
+    seqs: tuple[int, ...]  # S of decode-only steps
+    pages: tuple[int, ...]  # P
 
     @classmethod
     def make(cls, max_num_batched_tokens: int, max_num_seqs: int,
-             max_pages_per_seq: int) -> "Buckets":
+             max_pages_per_seq: int, fixed_pages: bool = False) -> "Buckets":
+        pages = ((max_pages_per_seq,) if fixed_pages else
+                 _pow2_ladder(min(4, max_pages_per_seq), max_pages_per_seq))
         return cls(tokens=_pow2_ladder(min(16, max_num_batched_tokens),
                                        max_num_batched_tokens),
                    seqs=_pow2_ladder(min(4, max_num_seqs), max_num_seqs),
-                   pages=_pow2_ladder(min(4, max_pages_per_seq),
-                                      max_pages_per_seq))
+                   pages=pages)
 
-    def pick(self, num_tokens: int, num_seqs: int, num_pages: int):
-        return (_round_up(num_tokens, self.tokens),
-                _round_up(num_seqs, self.seqs),
-                _round_up(num_pages, self.pages))
+    @property
+    def max_num_seqs(self) -> int:
+        return self.seqs[-1]
 
-    def all_shapes(self):
-        """Every (T, S, P) the engine may run; S never exceeds T."""
-        return [(t, s, p) for t, s, p in
-                itertools.product(self.tokens, self.seqs, self.pages) if s <= t]
+    def pick(self, num_tokens: int, num_seqs: int, num_pages: int,
+             decode_only: bool) -> tuple[int, int, int]:
+        P = _round_up(num_pages, self.pages)
+        if decode_only:
+            S = _round_up(num_seqs, self.seqs)
+            return max(S, self.tokens[0]), S, P
+        T = _round_up(num_tokens, self.tokens)
+        return T, min(T, self.max_num_seqs), P
+
+    def all_shapes(self) -> list[tuple[int, int, int, bool]]:
+        """Every (T, S, P, decode_only) a step can land in."""
+        out = []
+        for p in self.pages:
+            out += [(max(s, self.tokens[0]), s, p, True) for s in self.seqs]
+            out += [(t, min(t, self.max_num_seqs), p, False)
+                    for t in self.tokens]
+        return out

@@ -7,6 +7,7 @@ NumPy arrays padded to the step's bucket, transfers them once, and runs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -36,6 +37,10 @@ from .sampler import SamplingMetadata, sample
 from .sampling_inputs import SamplingInputs
 
 logger = logging.getLogger(__name__)
+
+# Attention backends whose cost does not grow with the block table's width
+# (the kernels stop at each sequence's length): one P bucket, fewer programs.
+FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
@@ -104,7 +109,8 @@ class ModelRunner:
                                       self.block_size)
         self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
                                     scheduler_config.max_num_seqs,
-                                    self.max_pages_per_seq)
+                                    self.max_pages_per_seq,
+                                    fixed_pages=self.backend in FIXED_PAGE_BACKENDS)
         self.max_logprobs = max_logprobs
         self.sampling_inputs = SamplingInputs(
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
@@ -114,6 +120,8 @@ class ModelRunner:
         self.device_seconds = 0.0
         self._step = jax.jit(functools.partial(_step, self.model),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
+        # Programs compiled ahead by warm-up, by program_key.
+        self.programs: dict[tuple, object] = {}
 
     # -- sizing -----------------------------------------------------------
 
@@ -158,7 +166,8 @@ class ModelRunner:
         sched = out.scheduled
         n_tok = sum(len(s.token_ids) for s in sched)
         n_pages = max(len(s.block_table) for s in sched)
-        T, S, P = self.buckets.pick(n_tok, len(sched), n_pages)
+        T, S, P = self.buckets.pick(n_tok, len(sched), n_pages,
+                                    decode_only=n_tok == len(sched))
         B, R = self.block_size, len(sched)
         # Vectorized over requests: per-request NumPy calls cost ~8 us each,
         # which at 256 sequences was most of the host's share of a step.
@@ -196,15 +205,44 @@ class ModelRunner:
         smd = self.sampling_inputs.build(sched, requests, S)
         return input_ids, positions, md, logits_idx, smd
 
+    def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
+        """The step's dynamic arguments, in order."""
+        return (self.params, self.kv_pages, state, self.cos_sin, packed,
+                logits_idx, smd, targets)
+
+    @staticmethod
+    def program_key(num_lp, dims, dyn_args) -> tuple:
+        """What selects one compiled program: the static arguments and the
+        structure and shapes of the per-step inputs (params and pages never
+        change shape)."""
+        per_step = dyn_args[2:]
+        leaves, tree = jax.tree_util.tree_flatten(per_step)
+        return (num_lp, dims, tree,
+                tuple((x.shape, str(x.dtype)) for x in leaves))
+
+    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets):
+        """One step through its program: compiled ahead by warm-up when
+        there is one, else jit's own cache (compiling on first use)."""
+        dyn = self.step_args(state, packed, logits_idx, smd, targets)
+        program = self.programs.get(self.program_key(num_lp, dims, dyn))
+        if program is not None:
+            return program(*dyn)
+        return self._step(num_lp, dims, *dyn)
+
     def execute_model(self, out: SchedulerOutput,
                       requests: dict[str, Request]) -> ModelRunnerOutput:
         """Runs one step; returns the sampled token of every request whose
         chunk reached its last known token (and logprobs where asked)."""
+        return self.collect(self.dispatch(out, requests))
+
+    def dispatch(self, out: SchedulerOutput,
+                 requests: dict[str, Request]) -> "InFlightStep":
+        """Enqueues one step on the device and returns without waiting."""
         self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
         if out.has_copies:  # swaps and copy-on-write, before the step
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
         if not out.scheduled:
-            return ModelRunnerOutput({})
+            return InFlightStep(out, requests, None, None, None, None)
         input_ids, positions, md, logits_idx, smd = self.prepare(out, requests)
         plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled, requests)
         num_lp = None
@@ -222,16 +260,38 @@ class ModelRunner:
         if plan is not None:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
+        dims = (len(input_ids), *md.block_tables.shape, md.decode_only)
+        self.last_dims = dims
         t0 = time.perf_counter()
-        res, prompt_lp, self.kv_pages, state = self._step(
-            num_lp, (len(input_ids), *md.block_tables.shape, md.decode_only),
-            self.params, self.kv_pages, state, self.cos_sin,
-            pack_step(input_ids, positions, md), logits_idx, smd, targets)
-        # The host waits here anyway (collect reads the tokens); timing the
-        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
-        jax.block_until_ready(res.token_ids)
-        self.device_seconds += time.perf_counter() - t0
+        res, prompt_lp, self.kv_pages, state = self.run_step(
+            num_lp, dims, state, pack_step(input_ids, positions, md),
+            logits_idx, smd, targets)
         if state is not None:
             self.penalty_state = state
-        return self.sampling_inputs.collect(out.scheduled, requests, res,
-                                            prompt_lp, plan)
+        return InFlightStep(out, requests, res, prompt_lp, plan, t0,
+                            time.perf_counter())
+
+    def collect(self, step: "InFlightStep") -> ModelRunnerOutput:
+        """Waits for a dispatched step and brings its results to the host."""
+        if step.res is None:
+            return ModelRunnerOutput({})
+        jax.block_until_ready(step.res.token_ids)
+        step.ready_at = time.perf_counter()
+        # The host waits here anyway (collect reads the tokens); timing the
+        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
+        self.device_seconds += step.ready_at - step.dispatched_at
+        return self.sampling_inputs.collect(step.out.scheduled, step.requests,
+                                            step.res, step.prompt_lp, step.plan)
+
+
+@dataclasses.dataclass
+class InFlightStep:
+    """A step enqueued on the device whose results the host has not read."""
+    out: SchedulerOutput
+    requests: dict[str, Request]
+    res: object  # SamplerOutput (device arrays), None for an empty step
+    prompt_lp: object
+    plan: object
+    dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
+    launched_at: float | None = None  # when the call returned (compiled, enqueued)
+    ready_at: float | None = None

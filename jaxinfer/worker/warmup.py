@@ -1,14 +1,15 @@
 """Compile-ahead: the persistent XLA compilation cache and warm-up.
 
-Warm-up runs the step once at every reachable (T, S, P) bucket (and its
-decode-only variant where one token per sequence can land there), for greedy,
-sampled and filtered (top-k / top-p / min-p) batches, so that serving never
-waits on a compile; with the persistent cache the second start of the same model loads those programs
-from disk instead of compiling them.
+Warm-up compiles the step for every bucket a step can land in
+(`buckets.py` keeps that set small), for greedy, sampled and filtered
+(top-k / top-p / min-p) batches, so that serving never waits on a compile;
+with the persistent cache the second start of the same model loads those
+programs from disk instead of compiling them.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import time
@@ -54,29 +55,6 @@ def enable_compilation_cache(cache_dir: str | None) -> str | None:
     return cache_dir
 
 
-def _prev(ladder, v):
-    i = ladder.index(v)
-    return ladder[i - 1] if i else 0
-
-
-def reachable_shapes(buckets, block_size: int):
-    """The (T, S, P) buckets a real step can land in: some token count in
-    T's range fits S sequences of at most P pages each."""
-    out = []
-    for t, s, p in buckets.all_shapes():
-        n_tok = max(_prev(buckets.tokens, t) + 1, _prev(buckets.seqs, s) + 1)
-        if n_tok <= t and n_tok <= s * p * block_size:
-            out.append((t, s, p))
-    return out
-
-
-def decode_only_reachable(buckets, shape) -> bool:
-    """Whether a step of one token per sequence lands in bucket (T, S, P):
-    some sequence count falls in both T's and S's range."""
-    t, s, _ = shape
-    return max(_prev(buckets.tokens, t), _prev(buckets.seqs, s)) < min(t, s)
-
-
 def _dummy_batch(T: int, S: int, P: int):
     """A batch of the given bucket shape: one 1-token sequence on the null
     page, the rest padding (the step writes only the null page)."""
@@ -90,43 +68,44 @@ def _dummy_batch(T: int, S: int, P: int):
         np.zeros(S, np.int32)
 
 
-def warm_up(runner) -> tuple[int, float]:
-    """Compiles the step for every reachable bucket (greedy and sampled
-    variants) and the page-copy programs. Returns (programs, seconds)."""
+def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
+    """Compiles the step for every bucket (`Buckets.all_shapes`) in its
+    greedy, sampled and filtered variants, and the page-copy programs.
+    Tracing and lowering run one program at a time (they hold the GIL); the
+    XLA compiles, most of the time, run in a thread pool, and the
+    executables go to ``runner.programs``, where `ModelRunner.run_step`
+    finds them. Returns (programs, seconds)."""
     t0 = time.perf_counter()
-    shapes = reachable_shapes(runner.buckets, runner.block_size)
+    shapes = runner.buckets.all_shapes()
     # Greedy, plain sampling, and sampling with top-k / top-p / min-p (one
     # variant: sampling_inputs sends the three filters together).
     variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
                 SamplingParams(temperature=1.0, top_p=0.9)]
     sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
-    n = n_decode_only = 0
-    for T, S, P in shapes:
+    lowered = {}
+    for T, S, P, decode_only in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
         packed = pack_step(input_ids, positions, md)
-        # The dummy batch (one 1-token sequence) is valid for both attention
-        # variants: the general one, and the decode-only one where it can
-        # occur.
-        flags = [False]
-        if decode_only_reachable(runner.buckets, (T, S, P)):
-            flags.append(True)
-            n_decode_only += 1
+        dims = (T, S, P, decode_only)
         for sp in variants:
             smd = runner.sampling_inputs.build(
                 sched, {"warmup": Request("warmup", [0], sp)}, S)
-            for decode_only in flags:
-                _, _, runner.kv_pages, _ = runner._step(
-                    None, (T, S, P, decode_only), runner.params,
-                    runner.kv_pages, None, runner.cos_sin, packed, logits_idx,
-                    smd, None)
-                n += 1
+            dyn = runner.step_args(None, packed, logits_idx, smd, None)
+            key = runner.program_key(None, dims, dyn)
+            if key not in runner.programs and key not in lowered:
+                lowered[key] = runner._step.lower(None, dims, *dyn)
+    t_lower = time.perf_counter() - t0
+    workers = max_workers or min(len(lowered), os.cpu_count() or 1) or 1
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        compiled = pool.map(lambda low: low.compile(), lowered.values())
+        runner.programs.update(zip(lowered, compiled))
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap",
         runner.scheduler_config.max_num_seqs)
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
-    logger.info("warm-up compiled %d step programs (%d shape buckets, %d "
-                "with a decode-only variant, x %d sampling variants) and %d "
-                "page-copy programs in %.1fs", n, len(shapes),
-                n_decode_only, len(variants), n_copy, seconds)
-    return n + n_copy, seconds
+    logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
+                "sampling variants; lowering %.1fs, %d compile threads) and "
+                "%d page-copy programs in %.1fs", len(lowered), len(shapes),
+                len(variants), t_lower, workers, n_copy, seconds)
+    return len(lowered) + n_copy, seconds

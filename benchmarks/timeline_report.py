@@ -1,0 +1,151 @@
+"""Where a run's time goes: a step timeline (`--profile-steps`) against the
+roofline of each of its steps, as a table and a PNG.
+
+    python benchmarks/timeline_report.py DIR           # after engine_speed.py
+    python benchmarks/timeline_report.py DIR --png     # also DIR/<run>.png (matplotlib)
+
+Roofline of one step (BENCHMARKS.md, per step):
+``t_min = max((W + kv_tokens * kv_bytes) / BW, (2 * P * tokens + 4 * N * H * L * pairs) / FLOPS)``
+with W the streamed weight bytes (all but the embedding table), P the
+parameters a token passes through, ``kv_tokens`` the KV entries the step
+reads, ``pairs`` its causal query-key pairs; BW and FLOPS measured in the
+same run. A run's roofline is the sum over its steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+# llama3-8b shape (benchmarks/models/llama3-8b/config.json), bf16.
+LLAMA3_8B = dict(streamed_weight_bytes=15.01e9, token_params=7.50e9,
+                 kv_bytes_per_token=131072, attn_flops_per_pair=4 * 32 * 128 * 32)
+
+
+def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
+    tokens = r["prefill_tokens"] + r["decode_tokens"]
+    t_bytes = (m["streamed_weight_bytes"] + r["kv_tokens"] *
+               m["kv_bytes_per_token"]) / roof["bw"]
+    t_flops = (2 * m["token_params"] * tokens +
+               m["attn_flops_per_pair"] * r["attn_pairs"]) / roof["flops"]
+    return max(t_bytes, t_flops)
+
+
+def load_steps(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def kind(r: dict) -> str:
+    if r["compiles"]:
+        return "compile"
+    return "decode" if r["decode_only"] else "mixed"
+
+
+def summarize(steps: list[dict], roof: dict, elapsed_s: float | None) -> dict:
+    out = {"steps": len(steps)}
+    t_min = sum(step_t_min(r, roof) for r in steps)
+    dev = sum(r["device_ms"] for r in steps) / 1e3
+    out.update(roofline_s=t_min, device_s=dev,
+               host_s=sum(r["host_ms"] for r in steps) / 1e3,
+               compile_s=sum(r["compile_ms"] for r in steps) / 1e3,
+               preemptions=sum(r["preempted"] for r in steps))
+    if elapsed_s:
+        out.update(elapsed_s=elapsed_s, roofline_fraction=t_min / elapsed_s)
+    by = {}
+    for r in steps:
+        k = kind(r)
+        b = by.setdefault(k, {"n": 0, "device_s": 0.0, "t_min_s": 0.0,
+                              "host_s": 0.0})
+        b["n"] += 1
+        b["device_s"] += r["device_ms"] / 1e3
+        b["host_s"] += r["host_ms"] / 1e3
+        b["t_min_s"] += step_t_min(r, roof)
+    out["by_kind"] = by
+    return out
+
+
+def table(name: str, s: dict) -> str:
+    lines = [f"{name}: {s['steps']} steps, roofline {s['roofline_s']:.1f} s"
+             + (f", wall {s['elapsed_s']:.1f} s, fraction "
+                f"{s['roofline_fraction']:.2f}" if "elapsed_s" in s else "")
+             + f"; device {s['device_s']:.1f} s, host {s['host_s']:.1f} s, "
+             f"compile {s['compile_s']:.1f} s, preemptions {s['preemptions']}",
+             f"  {'kind':8} {'steps':>6} {'device s':>9} {'roofline s':>10} "
+             f"{'ratio':>6} {'host s':>7} {'ms/step':>8}"]
+    for k, b in sorted(s["by_kind"].items()):
+        ratio = b["t_min_s"] / b["device_s"] if b["device_s"] else 0.0
+        lines.append(f"  {k:8} {b['n']:>6} {b['device_s']:>9.2f} "
+                     f"{b['t_min_s']:>10.2f} {ratio:>6.2f} {b['host_s']:>7.2f} "
+                     f"{1e3 * b['device_s'] / max(b['n'], 1):>8.2f}")
+    return "\n".join(lines)
+
+
+def elapsed_of(bench: dict | None) -> float | None:
+    if not bench:
+        return None
+    if "elapsed_s" in bench:
+        return bench["elapsed_s"]
+    if "latencies_s" in bench:
+        return sum(bench["latencies_s"])
+    return None
+
+
+def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
+    if summary is None:
+        with open(os.path.join(d, "summary.json")) as f:
+            summary = json.load(f)
+    roof = summary["roofline"]
+    parts = [f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul "
+             f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof.get('device', '')})"]
+    for name, run in summary["runs"].items():
+        path = os.path.join(d, f"{name}.steps.jsonl")
+        if not os.path.exists(path):
+            parts.append(f"{name}: no timeline (rc={run.get('rc')})")
+            continue
+        steps = load_steps(path)
+        s = summarize(steps, roof, elapsed_of(run.get("bench")))
+        run["timeline"] = s
+        parts.append(table(name, s))
+        if png:
+            plot(steps, roof, os.path.join(d, f"{name}.png"), name)
+    with open(os.path.join(d, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return "\n".join(parts)
+
+
+def plot(steps: list[dict], roof: dict, path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colours = {"decode": "tab:blue", "mixed": "tab:orange", "compile": "tab:red"}
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for k, c in colours.items():
+        xs = [r["step"] for r in steps if kind(r) == k]
+        ys = [r["device_ms"] for r in steps if kind(r) == k]
+        if xs:
+            ax.scatter(xs, ys, s=3, c=c, label=f"{k} (device)")
+    ax.plot([r["step"] for r in steps],
+            [1e3 * step_t_min(r, roof) for r in steps], "k-", lw=0.5,
+            label="roofline of the step")
+    ax.plot([r["step"] for r in steps], [r["host_ms"] for r in steps],
+            c="tab:green", lw=0.5, label="host")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(markerscale=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--png", action="store_true")
+    a = ap.parse_args()
+    print(report_dir(a.dir, png=a.png))
+    sys.exit(0)

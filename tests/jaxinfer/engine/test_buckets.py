@@ -1,0 +1,36 @@
+"""Every step lands in a bucket that warm-up compiles, and the bucket
+holds the step."""
+
+from hypothesis import given, settings, strategies as st
+
+from jaxinfer.worker.buckets import Buckets
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4096), st.integers(1, 512), st.integers(1, 256),
+       st.booleans(), st.data())
+def test_every_step_lands_in_a_listed_bucket(max_tokens, max_seqs, max_pages,
+                                             fixed, data):
+    max_seqs = min(max_seqs, max_tokens)
+    b = Buckets.make(max_tokens, max_seqs, max_pages, fixed_pages=fixed)
+    shapes = set(b.all_shapes())
+    assert len(shapes) == len(b.all_shapes())  # no program listed twice
+    n_seqs = data.draw(st.integers(1, max_seqs))
+    decode_only = data.draw(st.booleans())
+    n_tok = n_seqs if decode_only else data.draw(
+        st.integers(min(n_seqs + 1, max_tokens), max_tokens))
+    if n_tok == n_seqs:
+        decode_only = True
+    pages = data.draw(st.integers(1, max_pages))
+    T, S, P = b.pick(n_tok, n_seqs, pages, decode_only)
+    assert (T, S, P, decode_only) in shapes
+    assert T >= n_tok and S >= n_seqs and P >= pages and S <= T
+
+
+def test_fixed_pages_make_one_width_and_few_programs():
+    ladder = Buckets.make(2048, 256, 128)
+    fixed = Buckets.make(2048, 256, 128, fixed_pages=True)
+    assert fixed.pages == (128,)
+    assert len(ladder.pages) > 1
+    # llama3-8b on one GPU: 7 decode-only + 8 prefill shapes.
+    assert len(fixed.all_shapes()) == 15
