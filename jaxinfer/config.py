@@ -16,7 +16,10 @@ def _check(cond: bool, field: str, allowed: str, value) -> None:
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV page
-    gpu_memory_utilization: float = 0.9  # share of device memory the engine may use
+    # Share of device memory the engine may use; None: 0.9 on accelerators,
+    # and on CPU the fixed cpu_num_blocks (a share of host memory only when
+    # asked for: the host is shared with everything else).
+    gpu_memory_utilization: float | None = None
     num_gpu_blocks_override: int | None = None  # fixes the page count (tests, CPU)
     enable_prefix_caching: bool = True
     swap_space: float = 4.0  # GiB of host memory for swapped-out pages
@@ -25,8 +28,10 @@ class CacheConfig:
     def __post_init__(self):
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size",
                "one of 8, 16, 32, 64, 128", self.block_size)
-        _check(0.0 < self.gpu_memory_utilization <= 1.0,
-               "gpu_memory_utilization", "in (0, 1]", self.gpu_memory_utilization)
+        _check(self.gpu_memory_utilization is None
+               or 0.0 < self.gpu_memory_utilization <= 1.0,
+               "gpu_memory_utilization", "in (0, 1] or None",
+               self.gpu_memory_utilization)
         _check(self.num_gpu_blocks_override is None
                or self.num_gpu_blocks_override >= 2, "num_gpu_blocks_override",
                ">= 2 (page 0 is reserved) or None", self.num_gpu_blocks_override)
@@ -100,8 +105,10 @@ class EngineArgs:
         "stretched by its RoPE scaling factor as vLLM does; 2048 at most on CPU)")
     block_size: int = _arg(16, "tokens per KV page",
                            choices=(8, 16, 32, 64, 128))
-    gpu_memory_utilization: float = _arg(
-        0.9, "share of device memory the engine may use (weights + KV pages)")
+    gpu_memory_utilization: float | None = _arg(
+        None, "share of device memory the engine may use, weights + KV pages "
+        "(default 0.9); on CPU, of host memory, and only when given (the "
+        "default there is a fixed pool of 2048 pages)")
     num_gpu_blocks_override: int | None = _arg(
         None, "fixes the number of KV pages (overrides the memory sizing)")
     enable_prefix_caching: bool = _arg(True, "reuse KV pages of shared prompt "

@@ -136,22 +136,27 @@ class ModelRunner:
         cc = self.cache_config
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
-        if self.on_cpu:
+        if self.on_cpu and cc.gpu_memory_utilization is None:
             return cc.cpu_num_blocks
-        stats = jax.local_devices()[0].memory_stats() or {}
-        limit = stats.get("bytes_limit", 0)
-        in_use = stats.get("bytes_in_use", 0)
+        util = 0.9 if cc.gpu_memory_utilization is None else cc.gpu_memory_utilization
+        if self.on_cpu:  # the share is of host memory, this process's use counted
+            limit, in_use = host_memory_bytes()
+        else:
+            stats = jax.local_devices()[0].memory_stats() or {}
+            limit = stats.get("bytes_limit", 0)
+            in_use = stats.get("bytes_in_use", 0)
         # Headroom for the step's activations and logits at the largest bucket.
         sc = self.scheduler_config
         workspace = (sc.max_num_batched_tokens *
                      (self.cfg.hidden_size * 16 + self.cfg.intermediate_size * 8) *
                      4 + sc.max_num_seqs * self.cfg.vocab_size * 16 + (1 << 30))
-        free = limit * cc.gpu_memory_utilization - in_use - workspace
+        free = limit * util - in_use - workspace
         n = int(free // self.page_bytes)
         if n < 2:
             raise ValueError(
-                f"no room for the KV cache: {limit / 2**30:.1f} GiB device "
-                f"memory x gpu_memory_utilization={cc.gpu_memory_utilization} "
+                f"no room for the KV cache: {limit / 2**30:.1f} GiB "
+                f"{'host' if self.on_cpu else 'device'} memory x "
+                f"gpu_memory_utilization={util} "
                 f"leaves {free / 2**30:.2f} GiB after weights; raise "
                 "gpu_memory_utilization or lower max_num_batched_tokens")
         return n
@@ -295,3 +300,17 @@ class InFlightStep:
     dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
     launched_at: float | None = None  # when the call returned (compiled, enqueued)
     ready_at: float | None = None
+
+
+def host_memory_bytes() -> tuple[int, int]:
+    """(physical memory, this process's resident bytes), for sizing the KV
+    pool on CPU from gpu_memory_utilization."""
+    import os
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    try:
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * page
+    except OSError:  # not Linux: count nothing in use
+        resident = 0
+    return total, resident

@@ -96,3 +96,20 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
     out = llm.generate([list(range(30, 40))], SamplingParams(
         max_tokens=1, temperature=0, truncate_prompt_tokens=3), use_tqdm=False)
     assert out[0].prompt_token_ids == [37, 38, 39]
+
+
+def test_cpu_pool_honours_gpu_memory_utilization(llm, make_llm, monkeypatch):
+    """On CPU the default is the fixed pool; a given share sizes the pool
+    from host memory: more memory, proportionally more pages."""
+    from jaxinfer.worker import model_runner
+    assert llm.llm_engine.runner.num_blocks == 2048
+    page = llm.llm_engine.runner.page_bytes
+    sizes = []
+    for extra_pages in (0, 1000):
+        limit = int(2.2 * 2**30) + 2 * extra_pages * page  # x 0.5 below
+        monkeypatch.setattr(model_runner, "host_memory_bytes",
+                            lambda limit=limit: (limit, 0))
+        sizes.append(make_llm(gpu_memory_utilization=0.5,
+                              num_gpu_blocks_override=None).llm_engine.runner.num_blocks)
+    assert 2 < sizes[0] != 2048
+    assert abs(sizes[1] - sizes[0] - 1000) <= 1
