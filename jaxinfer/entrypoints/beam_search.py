@@ -44,65 +44,110 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float,
     return cumulative_logprob / (seq_len ** length_penalty)
 
 
+class BeamSearchState:
+    """The beams of several prompts between steps: which to extend next
+    (``live``), how to extend them from one step's logprobs (``advance``),
+    and the best ``beam_width`` at the end (``results``). The sync and the
+    async search drive it the same way."""
+
+    def __init__(self, prompt_ids: list[list[int]], params: BeamSearchParams,
+                 eos_token_ids):
+        self.params = params
+        self.eos = set(eos_token_ids)
+        self.running = [[BeamSearchSequence(tokens=list(ids), logprobs=[])]
+                        for ids in prompt_ids]
+        self.completed: list[list[BeamSearchSequence]] = [[] for _ in prompt_ids]
+        # Each step: one token per beam, with 2 x width candidates.
+        self.step_params = SamplingParams(logprobs=2 * params.beam_width,
+                                          max_tokens=1,
+                                          temperature=params.temperature)
+
+    def score(self, beam: BeamSearchSequence) -> float:
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, self.eos,
+                                     self.params.length_penalty)
+
+    def live(self) -> list[BeamSearchSequence]:
+        return [b for inst in self.running for b in inst]
+
+    def advance(self, step_logprobs: list) -> None:
+        """``step_logprobs[k]``: the ``{token: Logprob}`` of live beam k's
+        next position (None or empty: that beam got nothing)."""
+        k = 0
+        for i, inst in enumerate(self.running):
+            new = []
+            for beam in inst:
+                lp = step_logprobs[k]
+                k += 1
+                for tok, obj in (lp or {}).items():
+                    cand = BeamSearchSequence(
+                        tokens=beam.tokens + [tok],
+                        logprobs=beam.logprobs + [lp],
+                        cum_logprob=beam.cum_logprob + obj.logprob)
+                    if tok in self.eos and not self.params.ignore_eos:
+                        cand.finish_reason, cand.stop_reason = "stop", tok
+                        self.completed[i].append(cand)
+                    else:
+                        new.append(cand)
+            self.running[i] = sorted(new, key=self.score,
+                                     reverse=True)[:self.params.beam_width]
+
+    def results(self, tokenizer) -> list[BeamSearchOutput]:
+        out = []
+        for inst, done in zip(self.running, self.completed):
+            for beam in inst:
+                beam.finish_reason = "length"
+            best = sorted(done + inst, key=self.score,
+                          reverse=True)[:self.params.beam_width]
+            for beam in best:
+                beam.text = tokenizer.decode(beam.tokens, skip_special_tokens=True)
+            out.append(BeamSearchOutput(sequences=best))
+        return out
+
+
 def beam_search(llm, prompts, params: BeamSearchParams,
                 use_tqdm: bool = False) -> list[BeamSearchOutput]:
     engine = llm.llm_engine
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
-    eos = set(engine.eos_token_ids)
-    width = params.beam_width
-    step_params = SamplingParams(logprobs=2 * width, max_tokens=1,
-                                 temperature=params.temperature)
-
-    def score(beam: BeamSearchSequence) -> float:
-        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos,
-                                     params.length_penalty)
-
-    running: list[list[BeamSearchSequence]] = []
-    completed: list[list[BeamSearchSequence]] = []
-    for p in prompts:
-        _, ids = engine._tokenize(p)
-        running.append([BeamSearchSequence(tokens=ids, logprobs=[])])
-        completed.append([])
+    state = BeamSearchState([engine._tokenize(p)[1] for p in prompts], params,
+                            engine.eos_token_ids)
     steps = range(params.max_tokens)
     if use_tqdm:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc="Beam search")
     for _ in steps:
-        beams = [b for inst in running for b in inst]
+        beams = state.live()
         if not beams:
             break
         outs = llm.generate([{"prompt_token_ids": b.tokens} for b in beams],
-                            step_params, use_tqdm=False)
-        k = 0
-        for i, inst in enumerate(running):
-            new = []
-            for beam in inst:
-                lp = outs[k].outputs[0].logprobs
-                k += 1
-                if not lp:
-                    continue
-                for tok, obj in lp[0].items():
-                    cand = BeamSearchSequence(
-                        tokens=beam.tokens + [tok],
-                        logprobs=beam.logprobs + [lp[0]],
-                        cum_logprob=beam.cum_logprob + obj.logprob)
-                    if tok in eos and not params.ignore_eos:
-                        cand.finish_reason, cand.stop_reason = "stop", tok
-                        completed[i].append(cand)
-                    else:
-                        new.append(cand)
-            running[i] = sorted(new, key=score, reverse=True)[:width]
-    tok = engine.tokenizer
-    results = []
-    for inst, done in zip(running, completed):
-        for beam in inst:
-            beam.finish_reason = "length"
-        best = sorted(done + inst, key=score, reverse=True)[:width]
-        for beam in best:
-            beam.text = tok.decode(beam.tokens, skip_special_tokens=True)
-        results.append(BeamSearchOutput(sequences=best))
-    return results
+                            state.step_params, use_tqdm=False)
+        state.advance([(o.outputs[0].logprobs or [None])[0] for o in outs])
+    return state.results(engine.tokenizer)
+
+
+async def beam_search_async(engine, prompt_ids: list[int],
+                            params: BeamSearchParams,
+                            request_id: str) -> BeamSearchOutput:
+    """The same search over an ``AsyncLLMEngine`` (the server's
+    ``use_beam_search``): each step's beams run as concurrent requests."""
+    import asyncio
+    state = BeamSearchState([prompt_ids], params, engine.engine.eos_token_ids)
+
+    async def one(i: int, beam: BeamSearchSequence):
+        last = None
+        async for out in engine.generate({"prompt_token_ids": beam.tokens},
+                                         state.step_params,
+                                         f"{request_id}-beam{i}"):
+            last = out.outputs[0].logprobs or last
+        return last[0] if last else None
+
+    for step in range(params.max_tokens):
+        beams = state.live()
+        if not beams:
+            break
+        state.advance(await asyncio.gather(
+            *(one(step * 1000 + i, b) for i, b in enumerate(beams))))
+    return state.results(engine.tokenizer)[0]
 
 
 def beam_search_as_outputs(llm, prompts, params: SamplingParams,
