@@ -101,6 +101,9 @@ class EngineArgs:
     # A file to write the step timeline to (one JSON line per step:
     # jaxinfer/engine/step_timeline.py); None = no timeline.
     profile_steps: str | None = None
+    # Host/device overlap (vLLM's async scheduling): the next step is
+    # scheduled and enqueued while the device runs this one.
+    async_scheduling: bool = True
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
