@@ -199,8 +199,15 @@ class LLMEngine:
             compile_before = CompileClock.read() if self.timeline else None
             inflight = self.runner.dispatch(sched_out, self.scheduler.requests)
             inflight.host_s = time.perf_counter() - t0
-            inflight.compile_before = compile_before
+            if compile_before is not None:  # compiles of this dispatch alone
+                after = CompileClock.read()
+                inflight.compiled = (after[0] - compile_before[0],
+                                     after[1] - compile_before[1])
             inflight.preempted = self.scheduler.num_preemptions - preempted_before
+            pool = self.scheduler.kv.pool
+            inflight.queue = (pool.num_blocks - 1 - pool.num_free,
+                              self.scheduler.num_running,
+                              self.scheduler.num_waiting)
         if self._inflight is not None:
             outputs += self._finish(self._inflight)
         self._inflight = None
@@ -235,11 +242,11 @@ class LLMEngine:
         return outputs
 
     def _record_step(self, inflight, t_wait) -> None:
-        compile_s, compiles = CompileClock.read()
+        compile_s, compiles = inflight.compiled
         T, S, P, decode_only = inflight.dims
         device_start = max(inflight.launched_at, self._last_ready or 0.0)
         self._last_ready = inflight.ready_at
-        compile_ms = 1e3 * (compile_s - inflight.compile_before[0])
+        compile_ms = 1e3 * compile_s
         self.timeline.add(StepRecord(
             step=len(self.timeline.records),
             t_start_s=inflight.dispatched_at - self.timeline._t0, T=T, S=S,
@@ -247,12 +254,9 @@ class LLMEngine:
             host_ms=max(1e3 * inflight.host_s - compile_ms, 0.0),
             device_ms=1e3 * (inflight.ready_at - device_start),
             compile_ms=compile_ms,
-            compiles=compiles - inflight.compile_before[1],
-            preempted=inflight.preempted,
-            pages_in_use=(self.scheduler.kv.pool.num_blocks - 1
-                          - self.scheduler.kv.pool.num_free),
-            running=self.scheduler.num_running,
-            waiting=self.scheduler.num_waiting))
+            compiles=compiles,
+            preempted=inflight.preempted, pages_in_use=inflight.queue[0],
+            running=inflight.queue[1], waiting=inflight.queue[2]))
 
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv

@@ -132,7 +132,11 @@ class ModelRunner:
         self.programs: dict[tuple, object] = {}
         # The last step's sampled tokens on the device, padded to
         # max_num_seqs, and the row of each request that sampled in it.
-        self.prev_tokens = jnp.zeros(scheduler_config.max_num_seqs, jnp.int32)
+        # (Committed like the step's own output, so that the first step and
+        # the next share one compiled program.)
+        self.prev_tokens = jax.device_put(
+            jnp.zeros(scheduler_config.max_num_seqs, jnp.int32),
+            self.placement.replicated)
         self.prev_rows: dict[str, int] = {}
         self._last_ready = 0.0  # when the last collected step was done
 
@@ -320,5 +324,6 @@ class InFlightStep:
     dims: tuple | None = None  # the bucket (T, S, P, decode_only)
     # Engine bookkeeping for the step timeline.
     host_s: float = 0.0
-    compile_before: tuple | None = None
+    compiled: tuple = (0.0, 0)  # (seconds, programs) compiled by dispatch
     preempted: int = 0
+    queue: tuple = (0, 0, 0)  # pages in use, running, waiting when scheduled
