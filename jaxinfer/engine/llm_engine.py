@@ -156,10 +156,10 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)
-        req = self.parallel.add(req)  # n > 1: the first sample; others fork
-        self.scheduler.add_request(req)
+        for r in self.parallel.add(req):  # n > 1: n ordinary requests
+            self.scheduler.add_request(r)
+            self.output_processor.add_request(r)
         self.num_prompt_tokens += len(ids)
-        self.output_processor.add_request(req)
         return request_id
 
     def abort_request(self, request_ids) -> None:
@@ -168,16 +168,18 @@ class LLMEngine:
         self.output_processor.abort_requests(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return (self.scheduler.has_unfinished_requests()
-                or self._inflight is not None)
+        # A step still in flight only matters while one of its requests is
+        # alive (a request whose last token is pending stays in the
+        # scheduler until that token is read).
+        return self.scheduler.has_unfinished_requests()
 
     # -- the loop ---------------------------------------------------------
 
     def _overlap_ok(self) -> bool:
         """Whether the next step may be scheduled before the last one's
         tokens are read: not when a request's inputs depend on every token
-        (Request.needs_known_tokens) or n > 1 samples wait to be forked."""
-        if not self.args.async_scheduling or self.parallel.pending:
+        (Request.needs_known_tokens)."""
+        if not self.args.async_scheduling:
             return False
         return not any(r.needs_known_tokens for r in self.scheduler.running)
 
@@ -224,7 +226,6 @@ class LLMEngine:
         runner_out = self.runner.collect(inflight)
         t0 = time.perf_counter()
         sched_out = inflight.out
-        self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
         self.num_generation_tokens += len(updated)
         self.output_processor.record_logprobs(runner_out, updated)

@@ -260,7 +260,7 @@ class ModelRunner:
                  requests: dict[str, Request]) -> "InFlightStep":
         """Enqueues one step on the device and returns without waiting."""
         self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
-        if out.has_copies:  # swaps and copy-on-write, before the step
+        if out.has_copies:  # swaps, before the step
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
         if not out.scheduled:
             return InFlightStep(out, requests, None, None, None, None)
