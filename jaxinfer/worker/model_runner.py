@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
-                             model_class, resolve_backend, rope_cos_sin_table)
+                             model_class, resolve_backend)
+from jaxinfer.models.runtime import model_constants, run_model
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
@@ -38,7 +39,7 @@ from .sampling_inputs import SamplingInputs
 logger = logging.getLogger(__name__)
 
 
-def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
+def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           packed, logits_indices, smd: SamplingMetadata, prompt_lp_targets):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
@@ -47,8 +48,8 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
     input_ids, positions, md = unpack_step(packed, dims)
-    logits, kv_pages = model.apply({"params": params}, input_ids, positions,
-                                   kv_pages, md, cos_sin, logits_indices)
+    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
+                                 positions, md, logits_indices)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -91,8 +92,8 @@ class ModelRunner:
                                       place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
-        self.cos_sin = jnp.asarray(
-            rope_cos_sin_table(self.cfg, scheduler_config.max_model_len))
+        self.constants = model_constants(self.model,
+                                         scheduler_config.max_model_len)
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
@@ -225,7 +226,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         res, prompt_lp, self.kv_pages, state = self._step(
             num_lp, (len(input_ids), *md.block_tables.shape, md.decode_only),
-            self.params, self.kv_pages, state, self.cos_sin,
+            self.params, self.kv_pages, state, self.constants,
             pack_step(input_ids, positions, md), logits_idx, smd, targets)
         # The host waits here anyway (collect reads the tokens); timing the
         # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).

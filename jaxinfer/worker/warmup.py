@@ -117,7 +117,7 @@ def warm_up(runner) -> tuple[int, float]:
             for decode_only in flags:
                 _, _, runner.kv_pages, _ = runner._step(
                     None, (T, S, P, decode_only), runner.params,
-                    runner.kv_pages, None, runner.cos_sin, packed, logits_idx,
+                    runner.kv_pages, None, runner.constants, packed, logits_idx,
                     smd, None)
                 n += 1
     runner.kv_pages, n_copy = runner.page_mover.warm_up(

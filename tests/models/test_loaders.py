@@ -42,10 +42,10 @@ def _hf_state_dict(model_dir):
 def _assert_params_equal_hf(params, cfg, hf_sd):
     """Every param equals HF's tensor after our layout transform."""
     n = 0
-    for hf_name, path, _, convert in weight_specs(cfg):
-        ours = np.asarray(_leaf(params, path), np.float32)
-        want = convert(hf_sd[hf_name])
-        np.testing.assert_array_equal(ours, want, err_msg=hf_name)
+    for w in weight_specs(cfg):
+        ours = np.asarray(_leaf(params, w.path), np.float32)
+        want = w.convert(hf_sd[w.hf_name])
+        np.testing.assert_array_equal(ours, want, err_msg=w.hf_name)
         n += 1
     return n
 
@@ -86,9 +86,9 @@ def test_sharded_loads_and_equals_hf(sharded_dir, single_dir):
     _assert_params_equal_hf(params, files.config, _hf_state_dict(sharded_dir))
     # Same seed, same weights: sharding changes nothing.
     single = load_params(resolve_model(single_dir), jnp.float32)
-    for hf_name, path, _, _ in weight_specs(files.config):
-        np.testing.assert_array_equal(_leaf(params, path), _leaf(single, path),
-                                      err_msg=hf_name)
+    for w in weight_specs(files.config):
+        np.testing.assert_array_equal(_leaf(params, w.path),
+                                      _leaf(single, w.path), err_msg=w.hf_name)
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
     gives the logits of the HF checkpoint it was converted from."""
     from tests.models.forward import packed_prefill_logits
     from tests.runners import HfRunner
-    from jaxinfer.models import model_class, rope_cos_sin_table
+    from jaxinfer.models import model_class, model_constants
     hf_dir = tiny_model_factory("llama", "llama3")
     path = str(tmp_path / "tiny-llama3.gguf")
     _write_llama_gguf(hf_dir, path)
@@ -240,8 +240,8 @@ def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
     params = load_params(files, jnp.float32)
     model = model_class(cfg.architecture)(cfg)
     ids = list(range(100, 300))  # 200 positions, past the original 64
-    got = packed_prefill_logits(model, params, jnp.asarray(
-        rope_cos_sin_table(cfg, 256)), [ids], 16, jnp.float32)[0]
+    got = packed_prefill_logits(model, params, model_constants(model, 256),
+                                [ids], 16, jnp.float32)[0]
     want = HfRunner(hf_dir).prefill_logits([ids])[0]
     assert float(np.abs(got - want).max()) < 1e-3
 
