@@ -36,13 +36,15 @@ query rows by the caller, ``v_scale`` applied to the output.
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_matmul_helpers, mosaic_operand_problem,
+                            mosaic_interpret_params, mosaic_matmul_helpers,
+                            mosaic_operand_problem,
                             mosaic_register_helpers, round_up,
                             swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
@@ -55,6 +57,24 @@ _COPY_ROWS = 16
 # ran correctly on short ones with a 2-stage ring (v9); it stays on the
 # Triton kernel until the faulting settings pass.
 _PAGE_SIZES = (16,)
+
+
+class _Buffers(NamedTuple):
+    """The kernel's shared-memory buffers (one scoped allocation)."""
+    q: Any  # [64, H] the group's query rows, then the output rows
+    k: Any  # [num_stages, bk, H] K ring, bk = pages_per_step * B
+    v: Any  # [num_stages, bk, H] V ring
+    table: Any  # [table_chunk] int32 the program's block-table slice
+    lse: Any  # [64] f32 the split's base-2 log-sum-exp
+
+
+class _Barriers(NamedTuple):
+    """The kernel's barriers, in allocation order."""
+    q: Any  # [1] the query rows landed
+    table: Any  # [1] the block-table slice landed (one arrival per piece)
+    k_ready: Any  # [num_stages] a ring slot's K pages landed
+    v_ready: Any  # [num_stages] a ring slot's V pages landed
+    free: Any  # [num_stages] the consumer released a slot (producer mode)
 
 
 class MosaicDecodeUnsupported(ValueError):
@@ -85,7 +105,7 @@ def _decode_kernel(
     o_ref,  # [S, K, J, R, H] normalized partial output of each split
     lse_ref,  # [S, K, J, 64] f32 base-2 log-sum-exp of each split
     *, sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
-    num_splits, table_chunk, producer, interpret, no_math):
+    num_splits, table_chunk, producer, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -119,8 +139,10 @@ def _decode_kernel(
     transforms = swizzled_smem_transforms(dtype)
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(q_smem, k_smem, v_smem, tbl_smem, lse_smem, q_bar, tbl_bar,
-               k_bar, v_bar, free_bar):
+    def scoped(buffers: _Buffers, barriers: _Barriers):
+        q_smem, k_smem, v_smem, tbl_smem, lse_smem = buffers
+        q_bar, tbl_bar, k_bar, v_bar, free_bar = barriers
+
         def load_table():
             @pl.when(n > 0)
             def _():
@@ -196,11 +218,6 @@ def _decode_kernel(
             acc, m, l = carry
             slot = lax.rem(i, num_stages)
             plgpu.barrier_wait(k_bar.at[slot])
-            if no_math:  # diagnostic: the memory pipeline alone
-                plgpu.barrier_wait(v_bar.at[slot])
-                refill(i, slot)
-                return carry
-
             s = qk(q_smem, k_smem.at[slot], (_ROWS, bk))
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
@@ -268,18 +285,22 @@ def _decode_kernel(
                 plgpu.barrier_wait(free_bar.at[slot])
                 issue(i + num_stages, slot)
 
+    ring = (num_stages, bk, head_dim)
+    copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
     pl.run_scoped(
         scoped,
-        plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((table_chunk,), jnp.int32),
-        plgpu.SMEM((_ROWS,), jnp.float32),
-        plgpu.Barrier(num_barriers=1),
-        plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
-        plgpu.Barrier(num_arrivals=bk // _COPY_ROWS, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=bk // _COPY_ROWS, num_barriers=num_stages),
-        plgpu.Barrier(num_barriers=num_stages),
+        _Buffers(
+            q=plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
+            k=plgpu.SMEM(ring, dtype, transforms=transforms),
+            v=plgpu.SMEM(ring, dtype, transforms=transforms),
+            table=plgpu.SMEM((table_chunk,), jnp.int32),
+            lse=plgpu.SMEM((_ROWS,), jnp.float32)),
+        _Barriers(
+            q=plgpu.Barrier(num_barriers=1),
+            table=plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
+            k_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
+            v_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
+            free=plgpu.Barrier(num_barriers=num_stages)),
         **({"collective_axes": "wg"} if producer else {}),
     )
 
@@ -296,11 +317,9 @@ def decode_attention(
     logit_soft_cap: float | None = None,
     tuning: MosaicDecodeTuning = MosaicDecodeTuning(),
     interpret: bool = False,
-    _no_math: bool = False,
 ) -> jax.Array:  # [S, K, G, H] f32, normalized
     """Decode attention of one query row per sequence (see module doc).
-    Raises ``MosaicDecodeUnsupported`` for cases the kernel does not take.
-    ``_no_math`` (benchmark diagnostic): stream the pages, skip the math."""
+    Raises ``MosaicDecodeUnsupported`` for cases the kernel does not take."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     num_seqs, num_kv_heads, group, head_dim = q.shape
@@ -334,13 +353,11 @@ def decode_attention(
         _decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
-        producer=tuning.producer_warpgroup, interpret=interpret,
-        no_math=_no_math)
+        producer=tuning.producer_warpgroup, interpret=interpret)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret import params
-        kw["interpret"] = params.InterpretGPUParams()
+        kw["interpret"] = mosaic_interpret_params()
     else:
         kw["compiler_params"] = plgpu.CompilerParams(
             approx_math=True,

@@ -51,16 +51,17 @@ leaves garbage that the next real step's correction factor zeroes).
 
 from __future__ import annotations
 
-import contextlib
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_matmul_helpers, mosaic_operand_problem,
-                            mosaic_register_helpers, per_tensor_scales,
+                            mosaic_interpret_params, mosaic_matmul_helpers,
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            per_tensor_scales,
                             round_up, sequence_work_items,
                             swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
@@ -68,6 +69,25 @@ from .ragged_paged_attention_tuning import MosaicPrefillTuning
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
 __all__ = ["MosaicPrefillTuning", "MosaicPrefillUnsupported", "supports",
            "prefill_attention", "prefill_work_items"]
+
+
+class _Buffers(NamedTuple):
+    """The kernel's shared-memory buffers (one scoped allocation)."""
+    q: Any  # [2, block_q, H] each compute warpgroup's query rows, then output
+    k: Any  # [num_stages, bk, H] K ring, bk = pages_per_step * B
+    v: Any  # [num_stages, bk, H] V ring
+    table: Any  # [table_chunk] int32 the sequence's block-table slice
+
+
+class _Barriers(NamedTuple):
+    """The kernel's barriers, in allocation order."""
+    q: Any  # [2] one per compute warpgroup: its query rows landed
+    table: Any  # [1] the block-table slice landed (one arrival per piece)
+    k_ready: Any  # [num_stages] a ring slot's K pages landed
+    v_ready: Any  # [num_stages] a ring slot's V pages landed
+    k_free: Any  # [num_stages] both compute warpgroups consumed a K slot
+    v_free: Any  # [num_stages] both compute warpgroups consumed a V slot
+    schedule: Any  # the compute warpgroups' ping-pong
 
 
 class MosaicPrefillUnsupported(ValueError):
@@ -151,8 +171,10 @@ def _prefill_kernel(
     transforms = swizzled_smem_transforms(dtype)
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(q_smem, k_smem, v_smem, tbl_smem, q_bar, tbl_bar,
-               k_bar, v_bar, k_free, v_free, sched):
+    def scoped(buffers: _Buffers, barriers: _Barriers):
+        q_smem, k_smem, v_smem, tbl_smem = buffers
+        q_bar, tbl_bar, k_bar, v_bar, k_free, v_free, sched = barriers
+
         def sched_sync():
             if schedule_barrier:
                 plgpu.barrier_arrive(sched)
@@ -338,31 +360,26 @@ def _prefill_kernel(
                 plgpu.barrier_wait(v_free.at[slot])
                 issue(i + num_stages, slot, v_pages_ref, v_smem, v_bar)
 
+    ring = (num_stages, bk, head_dim)
     pl.run_scoped(
         scoped,
-        plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((table_chunk,), jnp.int32),
-        plgpu.Barrier(num_barriers=2),
-        plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2),
+        _Buffers(
+            q=plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),
+            k=plgpu.SMEM(ring, dtype, transforms=transforms),
+            v=plgpu.SMEM(ring, dtype, transforms=transforms),
+            table=plgpu.SMEM((table_chunk,), jnp.int32)),
+        _Barriers(
+            q=plgpu.Barrier(num_barriers=2),
+            table=plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
+            k_ready=plgpu.Barrier(num_arrivals=pages_per_step,
+                                  num_barriers=num_stages),
+            v_ready=plgpu.Barrier(num_arrivals=pages_per_step,
+                                  num_barriers=num_stages),
+            k_free=plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
+            v_free=plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
+            schedule=plgpu.Barrier(num_arrivals=2)),
         collective_axes="wg",
     )
-
-
-def _no_vma_check():
-    """What plgpu.kernel does around its launch (axis_index of the mesh
-    axes is not varying-manual-axes typed)."""
-    try:
-        from jax._src import config
-        return config._check_vma(False)
-    except (ImportError, AttributeError):  # pragma: no cover
-        return contextlib.nullcontext()
 
 
 def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
@@ -453,10 +470,9 @@ def prefill_attention(
         interpret=interpret)
     kw = {}
     if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret import params
         # TMA reads past the last query row fill; the interpreter fills
         # them with NaN (those rows are computed and dropped).
-        kw["interpret"] = params.InterpretGPUParams(
+        kw["interpret"] = mosaic_interpret_params(
             out_of_bounds_reads="uninitialized")
     else:
         kw["compiler_params"] = plgpu.CompilerParams(approx_math=True)
@@ -464,14 +480,12 @@ def prefill_attention(
                       grid_names=("head", "item"), num_threads=3,
                       thread_name="wg")
     side_shape = (num_seq_rows, 2, 8, num_q_heads, head_dim)
-    call = pl.kernel(
+    out, side = pl.kernel(
         kernel, mesh=mesh, name="ragged_paged_attention_prefill_mgpu",
         out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                  jax.ShapeDtypeStruct(side_shape, q.dtype)), **kw)
-    with _no_vma_check():
-        out, side = call(item_seq, item_start, cu_q_lens,
-                         kv_lens.astype(jnp.int32), tables, scales, q,
-                         k_pages, v_pages)
+                  jax.ShapeDtypeStruct(side_shape, q.dtype)), **kw,
+    )(item_seq, item_start, cu_q_lens, kv_lens.astype(jnp.int32), tables,
+      scales, q, k_pages, v_pages)
 
     # Rows the kernel leaves, in one scatter (index `rows` = dropped):
     # the boundary chunks' rows of each prefill sequence (chunks

@@ -180,8 +180,6 @@ def time_shape(name, s, l, bw):
     }
     for label, mt in kernels.items():
         run(f"kernel_{label}", kern(mt), qd, kp, vp, kv_lens, tables)
-    run("kernel_ws_no_math", kern(M(), _no_math=True), qd, kp, vp, kv_lens,
-        tables)
     run("kernel_ws_again", kern(M()), qd, kp, vp, kv_lens, tables)
     run("api_triton", api(decode_backend="triton"), *args)
     for label in ("ws", "ws_s3_2cta", "ws_nab", "ws_s3_2cta_nab"):

@@ -67,14 +67,37 @@ def _cases():
                                       tuning=tuning, **kw), bf16
 
 
+def _lowered_cases():
+    """The Mosaic GPU kernels compiled for Hopper (lowered without a GPU):
+    the programs a GPU would run, whatever Python wraps them."""
+    case = make_case(MIX, num_q_heads=8, num_kv_heads=2, head_dim=128,
+                     page_size=16, dtype=jnp.bfloat16)
+    mosaic = RaggedPagedAttentionTuning(
+        decode_backend="mosaic", prefill_backend="mosaic",
+        mosaic_decode=MosaicDecodeTuning(num_stages=2, kv_splits=2))
+    yield "hopper_api_mosaic", functools.partial(
+        ragged_paged_attention, sm_scale=0.125, tuning=mosaic), case
+    yield "hopper_api_mosaic_decode_only", functools.partial(
+        ragged_paged_attention, sm_scale=0.125, tuning=mosaic,
+        decode_only=True), case
+
+
+def _write(out_dir, name, text):
+    # Kernel source lines (Pallas records each body's file and line).
+    text = re.sub(r" at [^\s,)]+:\d+", "", text)
+    text = re.sub(r"loc\([^)]*\)", "loc()", text)
+    with open(os.path.join(out_dir, name), "w") as f:
+        f.write(text)
+    print(f"{name}: {len(text)} characters")
+
+
 def main(out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     for name, fn, case in _cases():
-        text = str(jax.make_jaxpr(fn)(*case))
-        text = re.sub(r" at [^\s,)]+:\d+", "", text)  # kernel source lines
-        with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
-            f.write(text)
-        print(f"{name}: {len(text)} characters")
+        _write(out_dir, f"{name}.txt", str(jax.make_jaxpr(fn)(*case)))
+    for name, fn, case in _lowered_cases():
+        lowered = jax.jit(fn).trace(*case).lower(lowering_platforms=("cuda",))
+        _write(out_dir, f"{name}.mlir", lowered.as_text())
 
 
 if __name__ == "__main__":

@@ -112,11 +112,12 @@ def test_bf16_checkpoint_loads_in_each_dtype(bf16_dir, dtype, want):
     assert resolve_dtype(dtype, files.config) == want
     params = load_params(files, resolve_dtype(dtype, files.config))
     sd = load_file(os.path.join(bf16_dir, SINGLE_FILE))
-    for hf_name, path, _, convert in weight_specs(files.config):
-        ours = _leaf(params, path)
+    for w in weight_specs(files.config):
+        hf_name = w.hf_name
+        ours = _leaf(params, w.path)
         assert ours.dtype == want, hf_name
         # bf16 -> f32 is exact; -> f16 rounds once (tiny weights fit f16).
-        expect = convert(sd[hf_name].float().numpy()).astype(want)
+        expect = w.convert(sd[hf_name].float().numpy()).astype(want)
         np.testing.assert_array_equal(np.asarray(ours, np.float32),
                                       np.asarray(expect, np.float32),
                                       err_msg=hf_name)
@@ -138,7 +139,7 @@ def test_gguf_loads_and_equals_hf_gguf_loader(hf_embedded, embedded_gguf_path):
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads,
             cfg.num_kv_heads) == (30, 576, 9, 3)
     hf_sd = hf_embedded.model.state_dict()
-    names = [s[0] for s in weight_specs(cfg)]
+    names = [w.hf_name for w in weight_specs(cfg)]
     for name in names:
         ours = files.reader.get(name)
         want = hf_sd[name].float().numpy()
