@@ -30,7 +30,7 @@ def _pow2(x: int) -> bool:
 @dataclasses.dataclass(frozen=True)
 class MosaicDecodeTuning:
     """Static launch parameters of the Mosaic GPU decode kernel
-    (``ragged_paged_attention_mgpu.py``)."""
+    (``ragged_paged_attention_decode_mgpu.py``)."""
     tokens_per_step: int = 64  # KV tokens per pipeline step (of 64 and of B)
     num_stages: int = 0  # ring depth in steps; 0 = as many as fit smem_budget
     smem_budget: int = 200 * 1024  # bytes of shared memory per program

@@ -29,7 +29,7 @@ VARIANTS = {
 
 def child(name: str) -> None:
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import ragged_paged_attention_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels import ragged_paged_attention_reference
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
         MosaicDecodeTuning)
