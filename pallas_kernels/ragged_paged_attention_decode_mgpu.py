@@ -20,9 +20,7 @@ its own TMA copy (gmem -> smem, page id read from that table) into a ring of
 copies completing on one mbarrier. By default a producer warpgroup issues the
 copies, refilling a slot as soon as the consumer warpgroup (wgmma + online
 softmax) releases it; with ``producer_warpgroup=False`` one warpgroup does
-both. Measured on one H200 at S=64 L=2048: 88% of the copy bandwidth through
-the public API on a decode-only step, 92% with 16 calls per program
-(NOTES.md v4, v7).
+both. NOTES.md v4 and v7 give the share of copy bandwidth it reaches.
 
 Split-KV (flash-decoding): the split count comes from S*K and the SM count;
 each split writes its normalized partial output and base-2 log-sum-exp and a

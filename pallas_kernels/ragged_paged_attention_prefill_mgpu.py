@@ -34,14 +34,10 @@ sequence stores them with one TMA copy; otherwise in 8-row chunks, where the
 (``item_seq == -1``) write the padding rows' zeros. The wrapper's one small
 scatter then places the boundary rows, each decode's row (``decode_out``,
 from the decode kernel) and the at most 7 padding rows before the first zero
-item: no pass over all T rows (a select pass over the output cost ~70 us of
-0.68 ms here; Mosaic GPU kernels take no input/output alias to avoid it).
-
-Measured on one H200 (benchmarks/results/kernel-prefill-mgpu-h200.json,
-8 x 2048 causal, N=32 K=8 H=128 page 16 bf16, wrapper included): 0.614 ms
-= 448 TFLOP/s = 58.5% of the bf16 matmul rate of the same run (765 TFLOP/s);
-cuDNN 0.587 ms (0.96x), the public API's Triton prefill 1.027 ms; JAX's
-bundled ``attention_mgpu`` (f16, contiguous K/V, same FA3 scheme) 0.562 ms.
+item: no pass over all T rows (a select pass over the output was a
+noticeable share of the kernel's time, NOTES.md v5; Mosaic GPU kernels take
+no input/output alias to avoid it). NOTES.md v5 and v7 compare the kernel
+with cuDNN, the Triton path and JAX's bundled ``attention_mgpu``.
 
 Softmax in base 2 with a finite mask value (a step that masks a whole row
 leaves garbage that the next real step's correction factor zeroes).
