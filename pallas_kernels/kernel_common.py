@@ -36,7 +36,7 @@ def sequence_work_items(base, end, eligible, tile: int, num_items: int):
     ``tile``-row items, the last (heaviest, causal) item of each sequence
     first: (item_seq [I], item_start [I] = -1 past the last item, the number
     of items used)."""
-    nblk = jnp.where(eligible, -(-(end - base) // tile), 0)
+    nblk = jnp.where(eligible, cdiv(end - base, tile), 0)
     ends = jnp.cumsum(nblk)
     i = jnp.arange(num_items, dtype=jnp.int32)
     # compare_all: one fused [I, S] comparison (the default binary search is

@@ -40,11 +40,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
                             mosaic_interpret_params, mosaic_matmul_helpers,
-                            mosaic_operand_problem,
-                            mosaic_register_helpers, round_up,
-                            swizzled_smem_transforms, table_pieces)
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            round_up, swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
@@ -330,11 +329,11 @@ def decode_attention(
     pages_per_step = tuning.tokens_per_step // page_size
     itemsize = jnp.dtype(q.dtype).itemsize
     num_stages = tuning.stages(head_dim, itemsize)
-    max_steps = -(-pages_per_seq // pages_per_step)
+    max_steps = cdiv(pages_per_seq, pages_per_step)
     splits = tuning.splits(num_seqs, num_kv_heads, max_steps)
     # Pages one split may read: the table slice copied to smem (whole TMA
     # pieces of 32+ entries: a copy moves a multiple of 128 bytes).
-    chunk = round_up(-(-max_steps // splits) * pages_per_step, 32)
+    chunk = round_up(cdiv(max_steps, splits) * pages_per_step, 32)
     if chunk > TABLE_PIECE:
         chunk = round_up(chunk, TABLE_PIECE)
     # Every page a program reads lies in the table, and its slice is kept

@@ -54,11 +54,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
                             mosaic_interpret_params, mosaic_matmul_helpers,
                             mosaic_operand_problem, mosaic_register_helpers,
-                            per_tensor_scales,
-                            round_up, sequence_work_items,
+                            per_tensor_scales, round_up, sequence_work_items,
                             swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
@@ -391,8 +390,8 @@ def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
     seq, start, used = sequence_work_items(
         cu_q_lens[:-1] // 8 * 8, cu_q_lens[1:], real & (q_lens > 1), tile,
         num_items)
-    zero_start = -(-cu_q_lens[num_seqs] // 8) * 8
-    num_zero = -(-(num_rows - zero_start) // tile)
+    zero_start = round_up(cu_q_lens[num_seqs], 8)
+    num_zero = cdiv(num_rows - zero_start, tile)
     z = jnp.arange(num_items, dtype=jnp.int32) - used
     is_zero = (z >= 0) & (z < num_zero)
     start = jnp.where(is_zero, zero_start + z * tile, start)
@@ -452,7 +451,7 @@ def prefill_attention(
         q = jnp.pad(q, ((0, rows - num_tokens), (0, 0), (0, 0)))
     # Sequence items: at most one per tile of rows plus one per sequence;
     # zero items: at most one per tile of padding rows plus one.
-    num_items = -(-rows // tile) + num_seq_rows + 2
+    num_items = cdiv(rows, tile) + num_seq_rows + 2
     num_seqs = jnp.reshape(num_seqs, ())
     item_seq, item_start = prefill_work_items(cu_q_lens, num_seqs, rows,
                                               num_items, tile)
@@ -504,7 +503,7 @@ def prefill_attention(
         decode_out = jnp.zeros((num_seq_rows, num_q_heads, head_dim), q.dtype)
     total = cu_q_lens[num_seqs]
     pad_idx = total + jnp.arange(8, dtype=jnp.int32)
-    pad_idx = jnp.where(pad_idx < -(-total // 8) * 8, pad_idx, rows)
+    pad_idx = jnp.where(pad_idx < round_up(total, 8), pad_idx, rows)
     out = out.at[jnp.concatenate([side_idx, dec_idx, pad_idx])].set(
         jnp.concatenate([side.reshape(-1, num_q_heads, head_dim),
                          decode_out.astype(q.dtype),
