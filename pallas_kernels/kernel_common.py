@@ -95,7 +95,7 @@ def mosaic_matmul_helpers(interpret: bool):
             return s
 
         def body(acc_ref):
-            plgpu.wgmma(acc_ref, q_ref, plgpu.transpose_ref(k_ref, (1, 0)))
+            plgpu.wgmma(acc_ref, q_ref, k_ref.transpose((1, 0)))
             then()
             return acc_ref[...]
         return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
