@@ -6,9 +6,13 @@ Runs on CPU (tracing only; nothing executes). Usage, from a checkout:
     PYTHONPATH=. python benchmarks/kernels/dump_jaxprs.py OUT_DIR
     # change the kernels, dump again, then: diff -r BEFORE_DIR AFTER_DIR
 
-The source locations Pallas records (``name_and_src_info``: file and line of
-each kernel body) are dropped, so moving code or renaming a file leaves the
-dump unchanged while any change to the traced operations shows.
+Two kinds of output: the jaxprs of the public function and the Mosaic
+prefill wrapper in interpret mode (``*.txt``), and the Mosaic GPU kernels
+lowered for Hopper without a GPU (``*.mlir``: the serialized kernel modules
+a GPU would compile). Source locations are dropped from both (Pallas records
+each kernel body's file and line; the lowered modules would carry every
+line number), so moving code or renaming a file leaves the dump unchanged
+while any change to the traced operations shows.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import os
 import re
 import sys
 
-import jax
-import jax.numpy as jnp
+# No source lines inside the lowered kernel modules (set before jax loads).
+os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
-from jaxinfer.pallas_kernels import ragged_paged_attention
-from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
-from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from jaxinfer.pallas_kernels import ragged_paged_attention  # noqa: E402
+from jaxinfer.pallas_kernels import (  # noqa: E402
+    ragged_paged_attention_prefill_mgpu as pm)
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (  # noqa: E402
     MosaicDecodeTuning, RaggedPagedAttentionTuning)
-from tests.pallas_kernels.cases import make_case
+from tests.pallas_kernels.cases import make_case  # noqa: E402
 
 MIX = [(1, 1), (5, 18), (1, 129), (120, 597)]
 DECODES = [(1, 700), (1, 45), (1, 333)]
