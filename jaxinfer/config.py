@@ -61,15 +61,6 @@ class SchedulerConfig:
                "'recompute' or 'swap'", self.preemption_mode)
 
 
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    tensor_parallel_size: int = 1
-
-    def __post_init__(self):
-        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1",
-               self.tensor_parallel_size)
-
-
 @dataclasses.dataclass
 class EngineArgs:
     """vLLM's engine arguments (the same names and meanings)."""
@@ -117,6 +108,9 @@ class EngineArgs:
             _check(value is None or (isinstance(value, int) and value >= 1),
                    field, "a positive integer or None", value)
         _check(self.max_logprobs >= 0, "max_logprobs", ">= 0", self.max_logprobs)
+        _check(isinstance(self.tensor_parallel_size, int)
+               and self.tensor_parallel_size >= 1, "tensor_parallel_size",
+               "a positive integer", self.tensor_parallel_size)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -149,6 +143,3 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode)
-
-    def parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
-                             model_class, resolve_backend, rope_cos_sin_table)
+                             model_class, resolve_backend)
+from jaxinfer.models.runtime import model_constants, run_model
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 
-def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
+def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           prev_tokens, packed, logits_indices, smd: SamplingMetadata,
           prompt_lp_targets):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
@@ -59,8 +60,8 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
                           input_ids)
-    logits, kv_pages = model.apply({"params": params}, input_ids, positions,
-                                   kv_pages, md, cos_sin, logits_indices)
+    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
+                                 positions, md, logits_indices)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -104,8 +105,8 @@ class ModelRunner:
                                       place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
-        self.cos_sin = jnp.asarray(
-            rope_cos_sin_table(self.cfg, scheduler_config.max_model_len))
+        self.constants = model_constants(self.model,
+                                         scheduler_config.max_model_len)
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
@@ -228,7 +229,7 @@ class ModelRunner:
 
     def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
         """The step's dynamic arguments, in order."""
-        return (self.params, self.kv_pages, state, self.cos_sin,
+        return (self.params, self.kv_pages, state, self.constants,
                 self.prev_tokens, packed, logits_idx, smd, targets)
 
     @staticmethod

@@ -105,6 +105,6 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     seconds = time.perf_counter() - t0
     logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
                 "sampling variants; lowering %.1fs, %d compile threads) and "
-                "%d page-copy programs in %.1fs", len(lowered), len(shapes),
+                "%d swap programs in %.1fs", len(lowered), len(shapes),
                 len(variants), t_lower, workers, n_copy, seconds)
     return len(lowered) + n_copy, seconds
