@@ -199,7 +199,7 @@ class LLMEngine:
         inflight = None
         if not sched_out.is_empty:
             compile_before = CompileClock.read() if self.timeline else None
-            inflight = self.runner.dispatch(sched_out, self.scheduler.requests)
+            inflight = self.runner.dispatch(sched_out)
             inflight.host_s = time.perf_counter() - t0
             if compile_before is not None:  # compiles of this dispatch alone
                 after = CompileClock.read()

@@ -19,8 +19,7 @@ import numpy as np
 
 from jaxinfer.models import AttentionMetadata
 
-from ..core.scheduler_output import ScheduledRequest
-from ..request import Request
+from ..core.scheduler_output import NewRequestData, ScheduledRequest
 from ..sampling_params import SamplingParams
 from .packing import pack_step
 
@@ -89,7 +88,7 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         dims = (T, S, P, decode_only)
         for sp in variants:
             smd = runner.sampling_inputs.build(
-                sched, {"warmup": Request("warmup", [0], sp)}, S)
+                sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
             dyn = runner.step_args(None, packed, logits_idx, smd, None)
             key = runner.program_key(None, dims, dyn)
             if key not in runner.programs and key not in lowered:
