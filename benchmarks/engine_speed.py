@@ -139,7 +139,6 @@ def run_workload(llm, name: str, out_dir: str) -> dict:
     if kind == "latency":  # one untimed batch, then the timed ones
         llm.generate(prompts(n), sp, use_tqdm=False)
     engine.timeline = StepTimeline(os.path.join(out_dir, f"{name}.steps.jsonl"))
-    engine._last_ready = None
     engine.runner.device_seconds = 0.0
     times = []
     for _ in range(3 if kind == "latency" else 1):

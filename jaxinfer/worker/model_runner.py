@@ -251,11 +251,6 @@ class ModelRunner:
             return program(*dyn)
         return self._step(num_lp, dims, *dyn)
 
-    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Runs one step; returns the sampled token of every request whose
-        chunk reached its last known token (and logprobs where asked)."""
-        return self.collect(self.dispatch(out))
-
     def dispatch(self, out: SchedulerOutput) -> "InFlightStep":
         """Enqueues one step on the device and returns without waiting.
         ``out`` is all the runner learns of the step (the requests joining
@@ -312,6 +307,8 @@ class ModelRunner:
         # device-busy share of a run (BENCHMARKS.md `idle`).
         start = max(step.dispatched_at, self._last_ready)
         self.device_seconds += max(step.ready_at - start, 0.0)
+        # The step timeline's device time leaves compiles out.
+        step.device_start = max(step.launched_at, self._last_ready)
         self._last_ready = step.ready_at
         return self.sampling_inputs.collect(step.out.scheduled,
                                             step.wants_logprobs, step.res,
@@ -329,6 +326,7 @@ class InFlightStep:
     dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
     launched_at: float | None = None  # when the call returned (compiled, enqueued)
     ready_at: float | None = None
+    device_start: float | None = None  # when the device could start it
     dims: tuple | None = None  # the bucket (T, S, P, decode_only)
     # Engine bookkeeping for the step timeline.
     host_s: float = 0.0
