@@ -66,15 +66,6 @@ class SchedulerConfig:
                "'recompute' or 'swap'", self.preemption_mode)
 
 
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    tensor_parallel_size: int = 1
-
-    def __post_init__(self):
-        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1",
-               self.tensor_parallel_size)
-
-
 def _arg(default, help: str, **cli):
     """An EngineArgs field with what its CLI flag needs (``cli.py`` builds
     every engine flag from these): ``help``, and optionally ``choices`` and
@@ -167,6 +158,9 @@ class EngineArgs:
             _check(value is None or (isinstance(value, int) and value >= 1),
                    field, "a positive integer or None", value)
         _check(self.max_logprobs >= 0, "max_logprobs", ">= 0", self.max_logprobs)
+        _check(isinstance(self.tensor_parallel_size, int)
+               and self.tensor_parallel_size >= 1, "tensor_parallel_size",
+               "a positive integer", self.tensor_parallel_size)
         _check(self.preemption_mode in (None, "recompute", "swap"),
                "preemption_mode", "'recompute', 'swap' or None",
                self.preemption_mode)
@@ -224,9 +218,6 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             preemption_mode=self.resolved_preemption()[0])
-
-    def parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
 
 # RoPE types whose config states the trained length, which the scaling
