@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from .errors import InvalidConfigError
 
@@ -16,11 +17,12 @@ def _check(cond: bool, field: str, allowed: str, value) -> None:
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV page
-    gpu_memory_utilization: float = 0.9  # share of device memory the engine may use
-    num_gpu_blocks_override: int | None = None  # fixes the page count (tests, CPU)
+    # Share of device memory the engine may use; on CPU, share of the host
+    # memory available at start that the KV pages may take.
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None  # fixes the page count (tests)
     enable_prefix_caching: bool = True
     swap_space: float = 4.0  # GiB of host memory for swapped-out pages
-    cpu_num_blocks: int = 2048  # page count on CPU when not overridden
 
     def __post_init__(self):
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size",
@@ -31,6 +33,39 @@ class CacheConfig:
                or self.num_gpu_blocks_override >= 2, "num_gpu_blocks_override",
                ">= 2 (page 0 is reserved) or None", self.num_gpu_blocks_override)
         _check(self.swap_space >= 0, "swap_space", ">= 0 GiB", self.swap_space)
+
+
+def host_available_bytes() -> int:
+    """Host memory free for new allocations (Linux: MemAvailable; elsewhere
+    the physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_num_blocks(cache: CacheConfig, max_model_len: int, max_num_seqs: int,
+                   page_bytes: int, available_bytes: int) -> int:
+    """The CPU page pool: room for every seat at full length (more could
+    never be used at once), capped by ``gpu_memory_utilization`` of the
+    host memory available; at least one full-length sequence must fit.
+    Page 0 is the null page."""
+    per_seq = -(-max_model_len // cache.block_size)
+    by_memory = int(cache.gpu_memory_utilization * available_bytes //
+                    page_bytes) - 1
+    if by_memory < per_seq:
+        raise InvalidConfigError(
+            f"no room for the KV cache on CPU: gpu_memory_utilization="
+            f"{cache.gpu_memory_utilization} of {available_bytes / 2**30:.1f} "
+            f"GiB available host memory holds {max(by_memory, 0)} pages of "
+            f"{cache.block_size} tokens, fewer than one sequence of "
+            f"max_model_len={max_model_len} needs ({per_seq}): raise "
+            "gpu_memory_utilization or lower max_model_len")
+    return min(max_num_seqs * per_seq, by_memory) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +130,7 @@ class EngineArgs:
     # why), reference on CPU; "pallas": Mosaic GPU kernels where they apply.
     attention_backend: str | None = None
     # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
-    # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
+    # ~/.cache/jaxinfer/xla (CPU included); "" = off.
     compilation_cache_dir: str | None = None
     warmup: bool = False  # compile every shape bucket at start
 
@@ -129,7 +164,9 @@ class EngineArgs:
             raise InvalidConfigError(
                 f"max_model_len ({max_len}) is larger than the model's "
                 f"max_position_embeddings ({model_max_len})")
-        max_seqs = self.max_num_seqs or (32 if on_cpu else 256)
+        # Fewer seats on CPU: the KV pool is sized for every seat at full
+        # length and zeroed at start, which a first run waits for.
+        max_seqs = self.max_num_seqs or (8 if on_cpu else 256)
         if self.max_num_seqs is None and self.max_num_batched_tokens:
             # The default seat count yields to an explicit token budget.
             max_seqs = min(max_seqs, self.max_num_batched_tokens)

@@ -38,7 +38,7 @@ def load_tokenizer(source: TokenizerSource):
         if cached and os.path.isdir(cached):
             try:
                 return _from_folder(cached)
-            except (OSError, ValueError) as e:
+            except Exception as e:  # whatever a damaged file raises
                 logger.warning("the cached tokenizer in %s is unreadable (%s); "
                                "rebuilding it from the GGUF file", cached, e)
                 shutil.rmtree(cached, ignore_errors=True)

@@ -21,7 +21,8 @@ from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
-from ..config import CacheConfig, SchedulerConfig
+from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
+                      host_available_bytes)
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
 from ..request import Request
@@ -129,7 +130,9 @@ class ModelRunner:
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
         if self.on_cpu:
-            return cc.cpu_num_blocks
+            sc = self.scheduler_config
+            return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
+                                  self.page_bytes, host_available_bytes())
         stats = jax.local_devices()[0].memory_stats() or {}
         limit = stats.get("bytes_limit", 0)
         in_use = stats.get("bytes_in_use", 0)
