@@ -37,7 +37,7 @@ def load_tokenizer(source: TokenizerSource):
                   if source.cache_dir else None)
         if cached and os.path.isdir(cached):
             try:
-                return _from_folder(cached)
+                return _from_cache(cached)
             except Exception as e:  # whatever a damaged file raises
                 logger.warning("the cached tokenizer in %s is unreadable (%s); "
                                "rebuilding it from the GGUF file", cached, e)
@@ -56,6 +56,20 @@ def load_tokenizer(source: TokenizerSource):
 def _from_folder(directory: str):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def _from_cache(directory: str):
+    """A tokenizer saved by ``_save``. Ours (byte-level BPE) load as a plain
+    fast tokenizer: AutoTokenizer would first import the config machinery,
+    which imports torch, for nothing."""
+    import json
+    with open(os.path.join(directory, "tokenizer_config.json")) as f:
+        cls = json.load(f).get("tokenizer_class")
+    if cls in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(directory,
+                                                       local_files_only=True)
+    return _from_folder(directory)
 
 
 def _from_gguf(source: TokenizerSource):
