@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxinfer.config import CacheConfig, EngineArgs, cpu_num_blocks
+from jaxinfer.config import (CPU_KV_CACHE_MAX_BYTES, CacheConfig, EngineArgs,
+                             cpu_num_blocks)
 from jaxinfer.errors import InvalidConfigError
 
 PAGE = 1 << 20  # bytes per page, all layers
@@ -27,6 +28,11 @@ def test_gpu_memory_utilization_caps_the_pool_on_cpu():
     assert big == int(0.9 * 1024)  # 921 pages of 1 MiB fit, null page included
     assert small == int(0.3 * 1024)
     assert small < big < 64 * 128 + 1
+
+
+def test_pool_never_exceeds_the_cpu_cap_however_much_memory_is_free():
+    n = cpu_num_blocks(CacheConfig(), 2048, 256, PAGE, 1 << 40)
+    assert n == CPU_KV_CACHE_MAX_BYTES // PAGE
 
 
 def test_too_little_memory_for_one_sequence_names_the_flag():
