@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from .errors import InvalidConfigError
 
@@ -16,14 +17,13 @@ def _check(cond: bool, field: str, allowed: str, value) -> None:
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV page
-    # Share of device memory the engine may use; None: 0.9 on accelerators,
-    # and on CPU the fixed cpu_num_blocks (a share of host memory only when
-    # asked for: the host is shared with everything else).
+    # Share of device memory the engine may use; None: 0.9. On CPU, the
+    # share of the host memory available at start that the KV pages may take
+    # (cpu_num_blocks).
     gpu_memory_utilization: float | None = None
-    num_gpu_blocks_override: int | None = None  # fixes the page count (tests, CPU)
+    num_gpu_blocks_override: int | None = None  # fixes the page count (tests)
     enable_prefix_caching: bool = True
     swap_space: float = 4.0  # GiB of host memory for swapped-out pages
-    cpu_num_blocks: int = 2048  # page count on CPU when not overridden
 
     def __post_init__(self):
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size",
@@ -36,6 +36,49 @@ class CacheConfig:
                or self.num_gpu_blocks_override >= 2, "num_gpu_blocks_override",
                ">= 2 (page 0 is reserved) or None", self.num_gpu_blocks_override)
         _check(self.swap_space >= 0, "swap_space", ">= 0 GiB", self.swap_space)
+
+
+def host_available_bytes() -> int:
+    """Host memory free for new allocations (Linux: MemAvailable; elsewhere
+    the physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# At most this much KV cache on CPU unless num_gpu_blocks_override asks for
+# more (vLLM's CPU backend defaults to the same 4 GiB): the pool is zeroed
+# at start, and a host shares its memory with everything else.
+CPU_KV_CACHE_MAX_BYTES = 4 << 30
+
+
+def cpu_num_blocks(cache: CacheConfig, max_model_len: int, max_num_seqs: int,
+                   page_bytes: int, available_bytes: int) -> int:
+    """The CPU page pool: room for every seat at full length (more could
+    never be used at once), capped by ``gpu_memory_utilization`` of the
+    host memory available and by CPU_KV_CACHE_MAX_BYTES; at least one
+    full-length sequence must fit. Page 0 is the null page."""
+    per_seq = -(-max_model_len // cache.block_size)
+    share = (0.9 if cache.gpu_memory_utilization is None
+             else cache.gpu_memory_utilization)
+    budget = min(share * available_bytes, CPU_KV_CACHE_MAX_BYTES)
+    by_memory = int(budget // page_bytes) - 1
+    if by_memory < per_seq:
+        raise InvalidConfigError(
+            f"no room for the KV cache on CPU: gpu_memory_utilization="
+            f"{share} of {available_bytes / 2**30:.1f} "
+            f"GiB available host memory (at most "
+            f"{CPU_KV_CACHE_MAX_BYTES / 2**30:.0f} GiB) holds "
+            f"{max(by_memory, 0)} pages of {cache.block_size} tokens, fewer "
+            f"than one sequence of max_model_len={max_model_len} needs "
+            f"({per_seq}): raise gpu_memory_utilization, set "
+            "num_gpu_blocks_override, or lower max_model_len")
+    return min(max_num_seqs * per_seq, by_memory) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +141,9 @@ class EngineArgs:
                            choices=(8, 16, 32, 64, 128))
     gpu_memory_utilization: float | None = _arg(
         None, "share of device memory the engine may use, weights + KV pages "
-        "(default 0.9); on CPU, of host memory, and only when given (the "
-        "default there is a fixed pool of 2048 pages)")
+        "(default 0.9); on CPU, the share of available host memory the KV "
+        "pages may take (the pool holds every seat at full length, 4 GiB at "
+        "most)")
     num_gpu_blocks_override: int | None = _arg(
         None, "fixes the number of KV pages (overrides the memory sizing)")
     enable_prefix_caching: bool = _arg(True, "reuse KV pages of shared prompt "
@@ -109,7 +153,7 @@ class EngineArgs:
         "turns on swap preemption (default: 4 with --preemption-mode swap, "
         "else no host pool)")
     max_num_seqs: int | None = _arg(
-        None, "sequences in one step (default: 256 on GPU, 32 on CPU)")
+        None, "sequences in one step (default: 256 on GPU, 8 on CPU)")
     max_num_batched_tokens: int | None = _arg(
         None, "tokens in one step (default: 2048 on GPU, 256 on CPU)")
     enable_chunked_prefill: bool = _arg(True, "split long prompts over steps")
@@ -131,10 +175,10 @@ class EngineArgs:
         "the Triton lowering", choices=("reference", "pallas", "pallas_triton",
                                         "pallas_interpret"))
     # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
-    # ~/.cache/jaxinfer/xla on accelerators and none on CPU; "" = off.
+    # ~/.cache/jaxinfer/xla (CPU included); "" = off.
     compilation_cache_dir: str | None = _arg(
         None, "persistent XLA compilation cache ('' = off; default: "
-        "$JAXINFER_COMPILATION_CACHE_DIR, else ~/.cache/jaxinfer/xla on GPU)")
+        "$JAXINFER_COMPILATION_CACHE_DIR, else ~/.cache/jaxinfer/xla)")
     warmup: bool = _arg(False, "compile every shape bucket at start, before "
                         "the first request (`serve` turns it on)")
     profile_steps: str | None = _arg(
@@ -204,7 +248,9 @@ class EngineArgs:
                 f"max_model_len ({max_len}) is larger than the model's "
                 f"context ({model_max_len}: max_position_embeddings times "
                 "the RoPE scaling factor, if any): lower max_model_len")
-        max_seqs = self.max_num_seqs or (32 if on_cpu else 256)
+        # Fewer seats on CPU: the KV pool is sized for every seat at full
+        # length and zeroed at start, which a first run waits for.
+        max_seqs = self.max_num_seqs or (8 if on_cpu else 256)
         if self.max_num_seqs is None and self.max_num_batched_tokens:
             # The default seat count yields to an explicit token budget.
             max_seqs = min(max_seqs, self.max_num_batched_tokens)

@@ -105,9 +105,9 @@ def paged_attention(
     k_pages, v_pages = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
     fn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
                            sliding_window=sliding_window,
-                           logit_soft_cap=logit_soft_cap)
+                           logit_soft_cap=logit_soft_cap,
+                           decode_only=md.decode_only)
     if backend != "reference":
-        fn = functools.partial(fn, decode_only=md.decode_only)
         if _splits_heads(mesh, k_pages.shape[0]):
             fn = _per_shard(fn, mesh)
     out = fn(q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,

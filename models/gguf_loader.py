@@ -40,13 +40,19 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-@functools.lru_cache(maxsize=4)
 def open_gguf(path: str):
     """A parsed `gguf.GGUFReader`, shared by the weight loader and the
-    tokenizer (parsing a 49k-token vocabulary takes seconds)."""
-    import gguf
+    tokenizer (parsing a 49k-token vocabulary takes seconds); a file
+    rewritten in place is parsed again."""
     if not os.path.isfile(path):
         raise CheckpointError(f"GGUF file {path} does not exist")
+    st = os.stat(path)
+    return _parse_gguf(path, st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_gguf(path: str, *_file_identity):
+    import gguf
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # the reader raises ValueError/struct errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import jax.numpy as jnp
@@ -13,7 +14,10 @@ from .errors import CheckpointError
 from .gguf_loader import GGUFReader
 from .orbax_checkpoint import is_orbax_model
 from .safetensors_loader import SafetensorsReader
-from .weights import build_params
+from . import weight_cache
+from .weights import build_params, weight_specs
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
           "float16": jnp.float16}
@@ -21,9 +25,12 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSource:
-    """Where the tokenizer lives: an HF folder, or a GGUF file's metadata."""
+    """Where the tokenizer lives: an HF folder, or a GGUF file's metadata
+    (``cache_dir``: the file's weight-cache entry, where the tokenizer's
+    fast form is kept once built)."""
     directory: str
     gguf_file: str | None = None
+    cache_dir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +63,7 @@ def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
         reader = None if load_format == "dummy" else SafetensorsReader(path)
         return ModelFiles(cfg, TokenizerSource(path), reader, path, hf)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        reader = GGUFReader(path)
-        hf = reader.hf_config()
-        cfg = model_config_from_hf(hf)
-        directory, name = os.path.split(os.path.abspath(path))
-        return ModelFiles(cfg, TokenizerSource(directory, name), reader, path,
-                          hf, "gguf")
+        return _resolve_gguf(path)
     raise CheckpointError(
         f"model {model!r} is neither a local HF model folder, a .gguf file, "
         "nor an embedded model name (jaxinfer never downloads from a hub; "
@@ -83,6 +85,60 @@ def resolve_tokenizer(reference: str) -> TokenizerSource:
             f"tokenizer folder {reference!r} holds none of "
             f"{', '.join(_TOKENIZER_FILES)}")
     return resolve_model(reference, "dummy").tokenizer
+
+
+def _resolve_gguf(path: str) -> ModelFiles:
+    """A GGUF file through its weight-cache entry (see weight_cache.py): on
+    a hit the file is only hashed; on a miss (or with the cache off) it is
+    parsed and dequantized, and the entry written for the next start."""
+    directory, name = os.path.split(os.path.abspath(path))
+    root = weight_cache.cache_root()
+    cached = None
+    if root is not None:
+        digest = weight_cache.file_digest(path)
+        entry = os.path.join(root, digest)
+        if os.path.isdir(entry):
+            try:
+                cached = weight_cache.read_entry(entry, digest)
+            except CheckpointError as e:
+                logger.warning("the weight cache entry %s is unreadable (%s); "
+                               "rebuilding it", entry, e)
+        if cached is None:
+            cached = _build_cache_entry(path, root, digest)
+    if cached is not None:
+        hf = cached.hf_config
+        return ModelFiles(model_config_from_hf(hf),
+                          TokenizerSource(directory, name, cached.directory),
+                          cached, path, hf, "gguf")
+    reader = GGUFReader(path)
+    hf = reader.hf_config()
+    return ModelFiles(model_config_from_hf(hf), TokenizerSource(directory, name),
+                      reader, path, hf, "gguf")
+
+
+def _build_cache_entry(path: str, root: str, digest: str):
+    """Converts the GGUF into a new cache entry; None (and the caller reads
+    the GGUF directly) when the cache folder cannot be written."""
+    logger.info("converting %s for the weight cache (first start of this "
+                "file only)", path)
+    reader = GGUFReader(path)
+    hf = reader.hf_config()
+    cfg = model_config_from_hf(hf)
+    # Only the tensors the model needs; one missing is left out here and
+    # named by build_params at load time.
+    tensors = ((n, w) for n, w in
+               ((spec.hf_name, reader.get(spec.hf_name))
+                 for spec in weight_specs(cfg))
+               if w is not None)
+    try:
+        entry = weight_cache.write_entry(root, digest, path, hf, tensors)
+        weight_cache.remove_stale_entries(root, path, keep=digest)
+        return weight_cache.read_entry(entry, digest)
+    except (OSError, CheckpointError) as e:
+        logger.warning("cannot use the weight cache at %s (%s); set %s to a "
+                       "writable folder, or to '' to turn it off", root, e,
+                       weight_cache.ENV_VAR)
+        return None
 
 
 def resolve_dtype(dtype: str, cfg: ModelConfig):

@@ -50,7 +50,8 @@ def _per_token(scale, block_tables, block_size):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("sm_scale", "sliding_window", "logit_soft_cap"))
+    static_argnames=("sm_scale", "sliding_window", "logit_soft_cap",
+                     "decode_only"))
 def ragged_paged_attention_reference(
     q: jax.Array,  # [T, N, H]
     k_pages: jax.Array,  # [K, num_pages, B, H]
@@ -65,7 +66,11 @@ def ragged_paged_attention_reference(
     logit_soft_cap: float | None = None,
     k_scale: jax.Array | None = None,
     v_scale: jax.Array | None = None,
+    decode_only: bool = False,
 ) -> jax.Array:
+    """``decode_only``: every real sequence has exactly one query token
+    (token s belongs to sequence s), which lets each sequence attend to its
+    own gathered K/V instead of every token gathering its sequence's."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[0]
     if num_q_heads % num_kv_heads:
@@ -90,6 +95,9 @@ def ragged_paged_attention_reference(
         v_all = v_all * _per_token(v_scale, block_tables, block_size)
     max_len = k_all.shape[1]
     kv_pos = jnp.arange(max_len, dtype=jnp.int32)
+    if decode_only:
+        return _decode_attention(q, k_all, v_all, kv_lens, num_seqs, kv_pos,
+                                 sm_scale, sliding_window, logit_soft_cap)
 
     pad = (-num_tokens) % TOKEN_BLOCK
     qf = jnp.pad(q.astype(jnp.float32), ((0, pad), (0, 0), (0, 0)))
@@ -112,4 +120,30 @@ def ragged_paged_attention_reference(
     out = jax.lax.map(one_block, (qf, blk(seq_ids), blk(pos)))
     out = out.reshape(-1, num_q_heads, head_dim)[:num_tokens]
     out = jnp.where(valid[:, None, None], out, 0.0)
+    return out.astype(q.dtype)
+
+
+def _decode_attention(q, k_all, v_all, kv_lens, num_seqs, kv_pos, sm_scale,
+                      sliding_window, logit_soft_cap):
+    """One query token per sequence: q rows [:S] against k_all/v_all [S, L,
+    K, H] directly (the general path gathers a copy of the sequence's K/V
+    for every token, which dominated CPU decode steps)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    n = min(num_tokens, k_all.shape[0])
+    num_kv_heads = k_all.shape[2]
+    qs = q[:n].astype(jnp.float32).reshape(
+        n, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    s = jnp.einsum("skgh,slkh->skgl", qs, k_all[:n]) * sm_scale
+    if logit_soft_cap is not None:
+        s = logit_soft_cap * jnp.tanh(s / logit_soft_cap)
+    pos = kv_lens[:n] - 1  # each sequence's query sits at its last position
+    mask = kv_pos[None, :] <= pos[:, None]
+    if sliding_window is not None:
+        mask &= kv_pos[None, :] > pos[:, None] - sliding_window
+    s = jnp.where(mask[:, None, None, :], s, _MASK_VALUE)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("skgl,slkh->skgh", p, v_all[:n]).reshape(
+        n, num_q_heads, head_dim)
+    out = jnp.where((jnp.arange(n) < num_seqs)[:, None, None], out, 0.0)
+    out = jnp.pad(out, ((0, num_tokens - n), (0, 0), (0, 0)))
     return out.astype(q.dtype)

@@ -51,19 +51,55 @@ def engine_args_from(ns: argparse.Namespace, **overrides):
 
 
 def _generate(ns: argparse.Namespace) -> int:
+    """Loads the model, then streams each prompt's tokens to stdout as they
+    are sampled (as llama-cli does); what takes time (loading, compiling)
+    is said on stderr."""
+    import contextlib
+    import time
+
     from ..entrypoints.llm import LLM
-    from ..sampling_params import SamplingParams
-    llm = LLM.from_engine_args(engine_args_from(ns))
+    from ..sampling_params import RequestOutputKind, SamplingParams
+    from .progress import Status, show_engine_logs
+    show_engine_logs()
+    status = Status(sys.stderr)
+    t0 = time.perf_counter()
+    with status.running(f"loading {ns.model}"):
+        llm = LLM.from_engine_args(engine_args_from(ns))
+    status.say(f"loaded in {time.perf_counter() - t0:.1f}s")
     sp = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature,
-                        top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed)
-    prompts = ns.prompt or ["The capital of France is"]
-    if ns.chat:
-        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], sp,
-                        use_tqdm=False)
-    else:
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-    for prompt, out in zip(prompts, outs):
-        print(f"Prompt: {prompt!r}\nOutput: {out.outputs[0].text!r}\n")
+                        top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed,
+                        output_kind=RequestOutputKind.DELTA)
+    engine = llm.llm_engine
+    for prompt in ns.prompt or ["The capital of France is"]:
+        if ns.chat:
+            ids = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=True,
+                add_generation_prompt=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            request_id = engine.add_request(None, {"prompt_token_ids": ids}, sp)
+        else:
+            request_id = engine.add_request(None, prompt, sp)
+        print(f"Prompt: {prompt!r}\nOutput: ", end="", flush=True)
+        t1, first, n = time.perf_counter(), None, 0
+        while engine.has_unfinished_requests():
+            # The first step compiles (or loads from the compilation
+            # cache); later ones stay quiet so the streamed text stays whole.
+            with (status.running("compiling", after=1.0) if first is None
+                  else contextlib.nullcontext()):
+                outs = engine.step()
+            for out in outs:
+                if out.request_id != request_id:
+                    continue
+                piece = out.outputs[0]
+                if piece.token_ids and first is None:
+                    first = time.perf_counter() - t1
+                n += len(piece.token_ids)
+                print(piece.text, end="", flush=True)
+        total = time.perf_counter() - t1
+        print()
+        rate = (n - 1) / (total - first) if n > 1 and total > first else 0.0
+        status.say(f"{n} tokens in {total:.1f}s (first after {first or 0:.1f}s, "
+                   f"then {rate:.1f} tok/s)")
     return 0
 
 

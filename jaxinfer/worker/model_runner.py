@@ -23,7 +23,8 @@ from jaxinfer.models.runtime import model_constants, run_model
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
-from ..config import CacheConfig, SchedulerConfig
+from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
+                      host_available_bytes)
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..request import PENDING_TOKEN
@@ -157,15 +158,14 @@ class ModelRunner:
         cc = self.cache_config
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
-        if self.on_cpu and cc.gpu_memory_utilization is None:
-            return cc.cpu_num_blocks
+        if self.on_cpu:
+            sc = self.scheduler_config
+            return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
+                                  self.page_bytes, host_available_bytes())
         util = 0.9 if cc.gpu_memory_utilization is None else cc.gpu_memory_utilization
-        if self.on_cpu:  # the share is of host memory, this process's use counted
-            limit, in_use = host_memory_bytes()
-        else:
-            stats = jax.local_devices()[0].memory_stats() or {}
-            limit = stats.get("bytes_limit", 0)
-            in_use = stats.get("bytes_in_use", 0)
+        stats = jax.local_devices()[0].memory_stats() or {}
+        limit = stats.get("bytes_limit", 0)
+        in_use = stats.get("bytes_in_use", 0)
         # Headroom for the step's activations and logits at the largest bucket.
         sc = self.scheduler_config
         workspace = (sc.max_num_batched_tokens *

@@ -31,14 +31,14 @@ DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "jaxinfer",
 
 def enable_compilation_cache(cache_dir: str | None) -> str | None:
     """Points JAX's persistent compilation cache at ``cache_dir`` (created if
-    needed). None: ``$JAXINFER_COMPILATION_CACHE_DIR`` if set, else the
-    default directory on accelerators and no cache on CPU (CPU programs are
-    quick to build). An empty string turns the cache off. Returns the
-    directory in use."""
+    needed). None: ``$JAXINFER_COMPILATION_CACHE_DIR`` if set, else
+    ``~/.cache/jaxinfer/xla``, on every platform: on a laptop CPU the
+    compiles of a first ``generate`` take longer than the rest of the run,
+    so the second run loads them instead. An empty string (argument or
+    variable) turns the cache off. Returns the directory in use."""
     if cache_dir is None:
-        cache_dir = os.environ.get("JAXINFER_COMPILATION_CACHE_DIR")
-        if cache_dir is None and jax.default_backend() != "cpu":
-            cache_dir = DEFAULT_CACHE_DIR
+        cache_dir = os.environ.get("JAXINFER_COMPILATION_CACHE_DIR",
+                                   DEFAULT_CACHE_DIR)
     if not cache_dir:
         return None
     current = jax.config.jax_compilation_cache_dir

@@ -148,9 +148,12 @@ def test_gguf_loads_and_equals_hf_gguf_loader(hf_embedded, embedded_gguf_path):
     # The q/k rows really were permuted in the file: read raw (without our
     # inverse permutation) they do not match HF.
     import gguf
+
+    from jaxinfer.models.gguf_loader import GGUFReader
+    raw_reader = GGUFReader(embedded_gguf_path)  # resolve_model's may be the cache
     for name in ("model.layers.0.self_attn.q_proj.weight",
                  "model.layers.0.self_attn.k_proj.weight"):
-        t = files.reader._tensors[name]
+        t = raw_reader._tensors[name]
         want = hf_sd[name].float().numpy()
         raw = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type),
                          np.float32).reshape(want.shape)

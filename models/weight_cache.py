@@ -1,0 +1,204 @@
+"""A converted copy of each GGUF model, kept on disk and keyed by the file's
+hash, so that only the first start pays for parsing and dequantizing.
+
+Parsing a GGUF file (its metadata holds the whole vocabulary) and
+dequantizing every tensor take seconds on a laptop CPU, every start. The
+first start of a file therefore writes an entry:
+
+    <root>/<sha256 of the GGUF>/
+        config.json                HF-style config rebuilt from the metadata
+        model-00001.safetensors    the tensors the model needs, float32, in
+        ...                        HF names and layout (q/k un-permuted)
+        manifest.json              written last: format, source, tensor list
+
+and later starts read ``config.json`` and map the safetensors files, without
+opening the GGUF beyond hashing it. The tokenizer's fast form
+(``tokenizer.json``) is saved into the same folder by ``jaxinfer.tokenizer``.
+
+Keying by content (not path or mtime) means an edited or replaced file never
+meets a stale entry; building an entry for a path also removes the entries
+earlier versions of that path left behind. An entry that does not read back
+(truncated, overwritten, half-written by a killed process) is deleted and
+rebuilt. Entries are written to a temporary folder and renamed into place,
+so concurrent first starts (pytest-xdist workers) never see half an entry.
+
+Location: ``$JAXINFER_WEIGHT_CACHE_DIR``, else ``~/.cache/jaxinfer/gguf``;
+an empty value turns the cache off (every start converts the file again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from .errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "JAXINFER_WEIGHT_CACHE_DIR"
+DEFAULT_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "jaxinfer",
+                            "gguf")
+# Bump when the layout of an entry changes: older entries are then rebuilt.
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIG = "config.json"
+# Tensors are written in files of at most this many bytes, so building an
+# entry holds one file's worth of float32 tensors in memory, not the model.
+SHARD_BYTES = 2 << 30
+
+
+def cache_root() -> str | None:
+    """The cache folder, or None when the cache is turned off."""
+    root = os.environ.get(ENV_VAR)
+    if root is None:
+        return DEFAULT_ROOT
+    return root or None
+
+
+def file_digest(path: str) -> str:
+    """sha256 of the file's bytes, hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@dataclasses.dataclass
+class CachedWeights:
+    """One valid entry: ``hf_config`` and ``get(hf_name)`` (the reader
+    interface ``weights.build_params`` takes), read from mapped files."""
+    directory: str
+    hf_config: dict
+    files: dict[str, str]  # tensor name -> safetensors file in the entry
+
+    def get(self, hf_name: str):
+        fname = self.files.get(hf_name)
+        if fname is None:
+            return None
+        return _open(os.path.join(self.directory, fname)).get_tensor(hf_name)
+
+
+_handles: dict[str, object] = {}
+
+
+def _open(path: str):
+    """A safetensors handle per file, kept open: its tensors are read from
+    the mapped file on demand."""
+    from safetensors import safe_open
+    handle = _handles.get(path)
+    if handle is None:
+        handle = _handles[path] = safe_open(path, framework="numpy")
+    return handle
+
+
+def _forget(directory: str) -> None:
+    for path in [p for p in _handles if p.startswith(directory + os.sep)]:
+        del _handles[path]
+
+
+def read_entry(directory: str, digest: str) -> CachedWeights:
+    """The entry in ``directory``; raises CheckpointError when it is
+    incomplete or does not read back as written."""
+    try:
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+        if manifest.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"format {manifest.get('format')!r}, "
+                                  f"expected {FORMAT_VERSION}")
+        if manifest.get("sha256") != digest:
+            raise CheckpointError("made from another file")
+        with open(os.path.join(directory, CONFIG)) as f:
+            hf_config = json.load(f)
+        files = {}
+        for fname, tensors in manifest["files"].items():
+            handle = _open(os.path.join(directory, fname))
+            for name, shape in tensors.items():
+                # Reads the header only; the data stays mapped until used.
+                got = handle.get_slice(name).get_shape()
+                if list(got) != list(shape):
+                    raise CheckpointError(f"{name} has shape {got}, the "
+                                          f"manifest says {shape}")
+                files[name] = fname
+    except CheckpointError:
+        _forget(directory)
+        raise
+    except Exception as e:  # json, OSError, safetensors' own errors
+        _forget(directory)
+        raise CheckpointError(f"{type(e).__name__}: {e}") from e
+    return CachedWeights(directory, hf_config, files)
+
+
+def write_entry(root: str, digest: str, source: str, hf_config: dict,
+                tensors) -> str:
+    """Writes an entry from ``tensors`` (an iterable of (hf_name, float32
+    array)) and returns its folder. Another process that finished the same
+    entry first wins; ours is dropped."""
+    from safetensors.numpy import save_file
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, digest)
+    tmp = tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=root)
+    try:
+        files: dict[str, dict[str, list[int]]] = {}
+        shard: dict[str, np.ndarray] = {}
+        size = 0
+
+        def flush():
+            nonlocal shard, size
+            fname = f"model-{len(files) + 1:05d}.safetensors"
+            save_file(shard, os.path.join(tmp, fname))
+            files[fname] = {k: list(v.shape) for k, v in shard.items()}
+            shard, size = {}, 0
+
+        for name, array in tensors:
+            array = np.ascontiguousarray(array, dtype=np.float32)
+            if shard and size + array.nbytes > SHARD_BYTES:
+                flush()
+            shard[name] = array
+            size += array.nbytes
+        if shard or not files:
+            flush()
+        with open(os.path.join(tmp, CONFIG), "w") as f:
+            json.dump(hf_config, f)
+        manifest = {"format": FORMAT_VERSION, "sha256": digest,
+                    "source": os.path.abspath(source), "files": files}
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f)
+        if os.path.isdir(final):  # a corrupt entry, or another process won
+            try:
+                read_entry(final, digest)
+                return final
+            except CheckpointError:
+                _forget(final)
+                shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process renamed its copy in meanwhile
+            pass
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_entries(root: str, source: str, keep: str) -> list[str]:
+    """Deletes the entries built from earlier contents of ``source``."""
+    source = os.path.abspath(source)
+    removed = []
+    for name in os.listdir(root):
+        entry = os.path.join(root, name)
+        if name == keep or name.startswith(".") or not os.path.isdir(entry):
+            continue
+        try:
+            with open(os.path.join(entry, MANIFEST)) as f:
+                if json.load(f).get("source") != source:
+                    continue
+        except (OSError, ValueError):
+            continue
+        _forget(entry)
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
