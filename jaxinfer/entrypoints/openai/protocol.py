@@ -1,6 +1,13 @@
 """Pydantic models of the OpenAI API (the subset vLLM serves), with vLLM's
 extra sampling fields. Bounds that protect the engine (ids that land in int32
-arrays, seeds) are declared here so they show in the OpenAPI schema."""
+arrays, seeds) are declared here so they show in the OpenAPI schema.
+
+Requests are validated strictly: a float, string or bool where an integer
+belongs is refused, not converted, and text must be valid Unicode (no lone
+surrogates). Bounds that depend on the served model (vocabulary size,
+max_model_len, max_num_seqs, max_logprobs) carry an ``x-limit`` mark that the
+app replaces with the real value in its OpenAPI schema (`model_limits`).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +15,17 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .model_limits import limit
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 INT32_MAX = 2 ** 31 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # larger would be inf in the sampler
 
 
-# A token id as the schema states it; the vocabulary bound is checked per model.
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+# A token id; the schema states the served vocabulary's bound.
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX, json_schema_extra=limit("token_id"))]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
@@ -27,6 +37,45 @@ class OpenAIBaseModel(BaseModel):
     # Unknown fields are ignored (clients send newer fields); NaN and
     # infinities are rejected (400) instead of reaching the sampler.
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StrictModel(OpenAIBaseModel):
+    """What clients send: no type coercion ("5", 5.0 and true are not 5)."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+
+
+def find_invalid_text(value: Any, path: str = "body") -> str | None:
+    """The path of the first string (or key) in decoded JSON that is not
+    valid Unicode (a lone surrogate, which JSON's \\u escapes allow)."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return where
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((k, f"{where} (a key)"))
+                stack.append((v, f"{where}.{k}"))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(item))
+    return None
+
+
+class RequestModel(StrictModel):
+    """A request body: strict types, and valid Unicode everywhere."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = find_invalid_text(data, "")
+        if where is not None:
+            raise ValueError(f"{where.lstrip('.') or 'the body'} is not valid "
+                             "Unicode (it holds a lone surrogate); send UTF-8 text")
+        return data
 
 
 # -- errors --------------------------------------------------------------------
@@ -44,7 +93,7 @@ class ErrorResponse(OpenAIBaseModel):
 
 # -- shared --------------------------------------------------------------------
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(StrictModel):
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
 
@@ -55,24 +104,25 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
-class SamplingFields(OpenAIBaseModel):
+class SamplingFields(RequestModel):
     """Fields both completion endpoints share (OpenAI's, then vLLM's)."""
     model: str | None = None
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    n: int = Field(1, ge=1, le=INT32_MAX)
+    n: int = Field(1, ge=1, le=INT32_MAX, json_schema_extra=limit("max_num_seqs"))
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=FLOAT32_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
     # vLLM extensions
-    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX,
+                              json_schema_extra=limit("vocab_size"))
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=FLOAT32_MAX)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
@@ -90,11 +140,13 @@ class CompletionRequest(SamplingFields):
              | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]],
                          Field(min_length=1)])
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX,
+                                   json_schema_extra=limit("max_tokens"))
+    logprobs: int | None = Field(None, ge=0, le=INT32_MAX,
+                                 json_schema_extra=limit("max_logprobs"))
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
     add_special_tokens: bool = True
 
 
@@ -124,28 +176,31 @@ class CompletionResponse(OpenAIBaseModel):
 
 # -- chat ----------------------------------------------------------------------
 
-class ChatContentPart(OpenAIBaseModel):
+class ChatContentPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(OpenAIBaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+class ChatMessage(StrictModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
     role: str
     content: str | list[ChatContentPart] | None = None
     name: str | None = None
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX,
+                                   json_schema_extra=limit("max_tokens"))
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=INT32_MAX, json_schema_extra=limit("max_tokens"))
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX,
+                                     json_schema_extra=limit("max_logprobs"))
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -230,13 +285,13 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeCompletionRequest(OpenAIBaseModel):
+class TokenizeCompletionRequest(RequestModel):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
 
 
-class TokenizeChatRequest(OpenAIBaseModel):
+class TokenizeChatRequest(RequestModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
@@ -251,7 +306,7 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[TokenId]
 

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from ...errors import http_status
 from .errors import APIError, sse_error
 from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
                        ChatCompletionResponse, ChatCompletionResponseChoice,
@@ -67,7 +68,8 @@ class OpenAIServingChat(OpenAIServing):
         if not isinstance(text, str):
             raise APIError("the chat template did not render to text",
                            param="chat_template_kwargs")
-        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+        return text, self.engine.input_processor.encode(
+            "the rendered chat", text, add_special_tokens=False)
 
     def _logprobs(self, token_ids, lps, k: int) -> ChatChoiceLogprobs:
         content = []
@@ -100,8 +102,9 @@ class OpenAIServingChat(OpenAIServing):
             raise APIError("top_logprobs needs logprobs to be true",
                            param="top_logprobs")
         top_k = (req.top_logprobs or 0) if req.logprobs else None
-        text, ids = self.render(req.messages, req.add_generation_prompt,
-                                req.continue_final_message, req.chat_template_kwargs)
+        text, ids = await self.engine.run_blocking(
+            self.render, req.messages, req.add_generation_prompt,
+            req.continue_final_message, req.chat_template_kwargs)
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens
                       is not None else req.max_tokens)
         params = self.sampling_params(req, max_tokens, top_k, len(ids))
@@ -156,7 +159,7 @@ class OpenAIServingChat(OpenAIServing):
                         finish_reason=c.finish_reason, stop_reason=c.stop_reason))
             if include_usage:
                 yield chunk(None, usage())
-        except ValueError as e:
-            yield sse_error(str(e))
+        except Exception as e:  # noqa: BLE001 - the client must hear why
+            yield sse_error(str(e), http_status(e))
         yield "data: [DONE]\n\n"
 

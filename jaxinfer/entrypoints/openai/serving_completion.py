@@ -8,6 +8,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from ...errors import http_status
 from .errors import APIError, sse_error
 from .protocol import (CompletionLogProbs, CompletionRequest,
                        CompletionResponse, CompletionResponseChoice,
@@ -30,11 +31,10 @@ class OpenAIServingCompletion(OpenAIServing):
         out = []
         for item in p:
             if isinstance(item, str):
-                out.append((item, list(self.tokenizer.encode(
-                    item, add_special_tokens=req.add_special_tokens))))
+                out.append((item, self.engine.input_processor.encode(
+                    "prompt", item, req.add_special_tokens)))
             else:
-                self._check_ids("prompt", item)
-                out.append((None, list(item)))
+                out.append((None, self.check_ids("prompt", item)))
         return out
 
     def _logprobs(self, token_ids, lps, k: int, offset: int) -> CompletionLogProbs:
@@ -62,13 +62,14 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs needs prompt logprobs, which are "
                            "not supported yet", param="echo")
-        prompts = self._prompts(req)
+        prompts = await self.engine.run_blocking(self._prompts, req)
         params = [self.sampling_params(req, req.max_tokens, req.logprobs, len(ids))
                   for _, ids in prompts]
         request_id = random_id("cmpl")
         gens = await add_all(self.engine, request_id, prompts, params)
-        prompt_texts = [text if text is not None else self.tokenizer.decode(ids)
-                        for text, ids in prompts] if req.echo else None
+        prompt_texts = await self.engine.run_blocking(
+            lambda: [text if text is not None else self.tokenizer.decode(ids)
+                     for text, ids in prompts]) if req.echo else None
         choices = {(i, j): Choice() for i in range(len(prompts))
                    for j in range(req.n)}
         num_prompt_tokens = sum(len(ids) for _, ids in prompts)
@@ -127,6 +128,6 @@ class OpenAIServingCompletion(OpenAIServing):
                 chunk = CompletionResponse(id=request_id, model=model,
                                            choices=[], usage=usage())
                 yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-        except ValueError as e:
-            yield sse_error(str(e))
+        except Exception as e:  # noqa: BLE001 - the client must hear why
+            yield sse_error(str(e), http_status(e))
         yield "data: [DONE]\n\n"

@@ -13,6 +13,8 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from ...engine.async_engine import AsyncLLMEngine
+from ...engine.input_processor import check_context_length, check_token_ids
+from ...errors import InvalidRequestError
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from .errors import APIError, ModelNotFoundError
@@ -84,33 +86,25 @@ class OpenAIServing:
             text = self.tokenizer.decode([token_id])
         return text
 
-    def _check_ids(self, field: str, ids) -> None:
-        bad = [t for t in ids or () if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise APIError(f"{field} holds token ids {bad[:5]} outside the "
-                           f"vocabulary [0, {self.vocab_size})", param=field)
+    def check_ids(self, field: str, ids) -> list[int]:
+        try:
+            return check_token_ids(field, ids or [], self.vocab_size)
+        except InvalidRequestError as e:
+            raise APIError(str(e), param=field) from None
 
     def sampling_params(self, req: SamplingFields, max_tokens: int | None,
                         logprobs: int | None, prompt_len: int) -> SamplingParams:
         """Maps the request onto SamplingParams; raises APIError (400) for
-        values the engine cannot serve, naming the limit."""
-        if req.n > self.max_num_seqs:
-            raise APIError(f"n must be <= max_num_seqs ({self.max_num_seqs}), "
-                           f"got {req.n}", param="n")
+        values the engine cannot serve, naming the limit. The engine's
+        `InputProcessor` checks the rest when the request is added."""
+        try:
+            check_context_length(prompt_len, max_tokens, self.max_model_len)
+        except InvalidRequestError as e:
+            raise APIError(str(e), param="prompt" if prompt_len >= self.max_model_len
+                           else "max_tokens") from None
         room = self.max_model_len - prompt_len
-        if room <= 0:
-            raise APIError(
-                f"This model's maximum context length is {self.max_model_len} "
-                f"tokens. However, your prompt has {prompt_len} tokens: shorten "
-                f"it to at most {self.max_model_len - 1} tokens.", param="prompt")
-        if max_tokens is not None and max_tokens > room:
-            raise APIError(
-                f"This model's maximum context length is {self.max_model_len} "
-                f"tokens. However, you requested {prompt_len + max_tokens} tokens "
-                f"({prompt_len} in the prompt, {max_tokens} for the completion). "
-                f"Reduce the prompt or max_tokens.", param="max_tokens")
-        self._check_ids("stop_token_ids", req.stop_token_ids)
-        self._check_ids("allowed_token_ids", req.allowed_token_ids)
+        self.check_ids("stop_token_ids", req.stop_token_ids)
+        self.check_ids("allowed_token_ids", req.allowed_token_ids)
         logit_bias = None
         if req.logit_bias:
             try:
@@ -118,7 +112,7 @@ class OpenAIServing:
             except ValueError:
                 raise APIError("logit_bias keys must be token ids (integers)",
                                param="logit_bias") from None
-            self._check_ids("logit_bias", logit_bias)
+            self.check_ids("logit_bias", list(logit_bias))
         kwargs = dict(
             n=req.n, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
@@ -136,7 +130,7 @@ class OpenAIServing:
         try:
             return SamplingParams.from_optional(**kwargs)
         except ValueError as e:
-            raise APIError(str(e)) from None
+            raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 
 async def add_all(engine: AsyncLLMEngine, request_id: str,
