@@ -154,8 +154,8 @@ class SamplingParams:
             bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            if value is not None and (not is_int(value) or value < 0):
-                bad(field, "an integer >= 0 or None")
+            if value is not None and (not is_int(value) or value < -1):
+                bad(field, "an integer >= 0, -1 (the whole vocabulary) or None")
         if self.stop is not None and (
                 not isinstance(self.stop, (list, tuple))
                 or any(not isinstance(s, str) or not s for s in self.stop)):
@@ -198,8 +198,12 @@ class SamplingParams:
 
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
+            if value == -1:  # vLLM: the whole vocabulary
+                value = vocab_size
+                setattr(self, field, value)
             if value is not None and value > max_logprobs:
-                bad(field, f"<= max_logprobs ({max_logprobs})", value)
+                bad(field, f"<= max_logprobs ({max_logprobs}; -1 asks for "
+                    f"the whole vocabulary, {vocab_size})", value)
         if self.top_k > vocab_size:
             bad("top_k", f"<= the vocabulary size ({vocab_size})", self.top_k)
         for field, ids in (("stop_token_ids", self.stop_token_ids),

@@ -190,7 +190,8 @@ class AsyncLLMEngine:
 
     async def add_request(self, request_id: str, prompt: Any,
                           params: SamplingParams | None = None,
-                          arrival_time: float | None = None) -> RequestStream:
+                          arrival_time: float | None = None,
+                          priority: int = 0) -> RequestStream:
         """Checks and queues a request; returns its stream once the engine
         accepted it. ``prompt`` is anything `LLMEngine.add_request` takes.
         Raises InvalidRequestError (400), QueueFullError or
@@ -211,7 +212,8 @@ class AsyncLLMEngine:
             with self._lock:  # the loop's death handling drains under it
                 self._check_admission()
                 self._commands.put(("add", stream, ProcessedInput(
-                    prompt.prompt, prompt.prompt_token_ids, params), arrival))
+                    prompt.prompt, prompt.prompt_token_ids, params), arrival,
+                    priority))
                 queued = True
         finally:
             if not queued:
@@ -239,11 +241,12 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: Any, params: SamplingParams,
                        request_id: str,
-                       arrival_time: float | None = None
+                       arrival_time: float | None = None, priority: int = 0
                        ) -> AsyncIterator[RequestOutput]:
         """Yields the request's DELTA outputs; the last one has
         ``finished=True``. Leaving early (cancel, close) aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, arrival_time)
+        stream = await self.add_request(request_id, prompt, params, arrival_time,
+                                        priority)
         async for out in self.iterate(stream):
             yield out
 
@@ -338,12 +341,12 @@ class AsyncLLMEngine:
         return stats
 
     def _do_add(self, stream: RequestStream, request: ProcessedInput,
-                arrival: float) -> None:
+                arrival: float, priority: int = 0) -> None:
         with self._lock:
             self._pending -= 1
         try:
             self.engine.add_request(stream.request_id, request,
-                                    arrival_time=arrival)
+                                    arrival_time=arrival, priority=priority)
         except Exception as e:  # noqa: BLE001 - fails this request alone
             if not isinstance(e, ValueError):
                 logger.exception("request %s failed while being added",
@@ -357,7 +360,7 @@ class AsyncLLMEngine:
             return
         self._streams[stream.request_id] = stream
         self._trackers[stream.request_id] = _Tracker(arrival)
-        self.metrics.record_request_params(params)
+        self.metrics.record_request_params(request.params)
         self._deliver([(stream, _ACK)])
 
     def _discard(self, request_id: str) -> None:

@@ -65,7 +65,7 @@ class LLMEngine:
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
                                   tensor_parallel_size=args.tensor_parallel_size,
-                                  max_logprobs=args.max_logprobs,
+                                  max_logprobs=self.max_logprobs,
                                   load_format=args.load_format)
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
         if capacity < self.max_model_len:
@@ -99,6 +99,13 @@ class LLMEngine:
         return cls(args)
 
     @property
+    def max_logprobs(self) -> int:
+        """max_logprobs, with vLLM's -1 (the whole vocabulary) resolved."""
+        if self.args.max_logprobs == -1:
+            return self.model_config.vocab_size
+        return self.args.max_logprobs
+
+    @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
 
@@ -110,7 +117,7 @@ class LLMEngine:
         return InputProcessor(
             self.tokenizer, vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
-            max_logprobs=self.args.max_logprobs,
+            max_logprobs=self.max_logprobs,
             max_num_seqs=self.scheduler_config.max_num_seqs)
 
     def add_request(self, request_id: str | None, prompt: Any,

@@ -12,6 +12,8 @@ import hmac
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -28,6 +30,8 @@ from .protocol import (ChatCompletionRequest, CompletionRequest,
 from .serving_chat import OpenAIServingChat, load_chat_template
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import engine_lifespan
+from .server_extras import (install_load_tracking, read_json_body,
+                            tokenizer_description)
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +43,19 @@ _GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None, chat_template: str | None = None,
               owns_engine: bool = True,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              return_tokens_as_token_ids: bool = False,
+              enable_tokenizer_info_endpoint: bool = False,
+              enable_server_load_tracking: bool = False) -> FastAPI:
     """The server over a running (or startable) engine. With ``owns_engine``
-    the app stops the engine loop when it shuts down."""
+    the app stops the engine loop when it shuts down. The last three are
+    vLLM's flags of the same names."""
     names = list(served_model_names or [str(engine.engine.args.model)])
     template = load_chat_template(chat_template)
     completion = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names, template)
+    for serving in (completion, chat):
+        serving.return_tokens_as_token_ids = return_tokens_as_token_ids
 
     app = FastAPI(title="jaxinfer OpenAI-compatible server", version=__version__,
                   lifespan=engine_lifespan(engine, owns_engine))
@@ -112,6 +122,35 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                                      raw_request: Request):
         return await chat.create_chat_completion(req, raw_request)
 
+    @app.post("/invocations", responses=_ERRORS)
+    async def invocations(raw_request: Request):
+        """SageMaker's single route: a chat body (``messages``) or a
+        completion body (``prompt``), answered as the matching endpoint."""
+        body = await read_json_body(raw_request)
+        model = (ChatCompletionRequest if isinstance(body, dict)
+                 and "messages" in body else CompletionRequest)
+        try:
+            req = model.model_validate(body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        if model is ChatCompletionRequest:
+            return await chat.create_chat_completion(req, raw_request)
+        return await completion.create_completion(req, raw_request)
+
+    if enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info() -> dict:
+            """The tokenizer's configuration (vLLM's
+            --enable-tokenizer-info-endpoint; it shows the chat template)."""
+            return tokenizer_description(completion.tokenizer, template)
+
+    if enable_server_load_tracking:
+        load = install_load_tracking(app, _GENERATION_PATHS | {"/invocations"})
+
+        @app.get("/load")
+        async def server_load() -> dict:
+            return {"server_load": load.value}
+
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(req: TokenizeChatRequest | TokenizeCompletionRequest):
         completion.check_model(req.model)
@@ -122,13 +161,16 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                                param="chat_template")
             _, ids = await engine.run_blocking(
                 chat.render, req.messages, req.add_generation_prompt,
-                req.continue_final_message, req.chat_template_kwargs)
+                req.continue_final_message, req.chat_template_kwargs,
+                req.add_special_tokens)
         else:
             ids = await engine.run_blocking(
                 engine.input_processor.encode, "prompt", req.prompt,
                 req.add_special_tokens)
+        strs = (completion.tokenizer.convert_ids_to_tokens(ids)
+                if req.return_token_strs else None)
         return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len,
-                                tokens=ids)
+                                tokens=ids, token_strs=strs)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
     async def detokenize(req: DetokenizeRequest):
@@ -155,7 +197,8 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
           max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           grace_period: float = DEFAULT_GRACE_PERIOD_S,
-          log_level: str = "info", engine: AsyncLLMEngine | None = None) -> int:
+          log_level: str = "info", engine: AsyncLLMEngine | None = None,
+          **app_options) -> int:
     """Loads the engine (unless given) and serves until SIGTERM or engine
     death (`jaxinfer serve`); returns the exit status."""
     from ...metrics import EngineMetrics
@@ -168,7 +211,7 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
         print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
               f"{engine.engine.warmup_seconds:.1f} s", flush=True)
     app = build_app(engine, names, api_key=api_key, chat_template=chat_template,
-                    max_body_bytes=max_body_bytes)
+                    max_body_bytes=max_body_bytes, **app_options)
     return run_server(app, engine, host=host, port=port,
                       grace_period=grace_period, log_level=log_level)
 

@@ -58,8 +58,21 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical",
                             "trace"])
+    for flag, help_ in _APP_SWITCHES.items():
+        p.add_argument(flag, action=argparse.BooleanOptionalAction,
+                       default=False, help=help_)
     add_vllm_flags(p)
     return p
+
+
+# vLLM's switches of the HTTP app, passed to build_app under their dest.
+_APP_SWITCHES = {
+    "--return-tokens-as-token-ids": "show logprob tokens as 'token_id:{id}' "
+    "(a request's return_tokens_as_token_ids overrides it)",
+    "--enable-tokenizer-info-endpoint": "serve /tokenizer_info (it shows the "
+    "tokenizer's configuration and chat template)",
+    "--enable-server-load-tracking": "count requests in flight, read at /load",
+}
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
@@ -103,4 +116,6 @@ def run_serve(ns: argparse.Namespace) -> int:
                  chat_template=ns.chat_template, max_num_waiting=ns.max_num_waiting,
                  max_body_bytes=ns.max_request_body_bytes,
                  grace_period=ns.shutdown_grace_period,
-                 log_level=ns.uvicorn_log_level)
+                 log_level=ns.uvicorn_log_level,
+                 **{f[2:].replace("-", "_"): getattr(ns, f[2:].replace("-", "_"))
+                    for f in _APP_SWITCHES})

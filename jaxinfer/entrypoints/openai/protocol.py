@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,7 +66,19 @@ def find_invalid_text(value: Any, path: str = "body") -> str | None:
 
 
 class RequestModel(StrictModel):
-    """A request body: strict types, and valid Unicode everywhere."""
+    """A request body: strict types, and valid Unicode everywhere. Before
+    parsing, vLLM's fields that jaxinfer lacks are refused naming the feature
+    (or ignored, logged) and unknown fields are refused by name
+    (``jaxinfer/compat/``), for the bodies that name their ``surface_kind``."""
+    surface_kind: ClassVar[str] = ""  # the recorded vLLM body this model is
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_surface(cls, data: Any) -> Any:
+        if cls.surface_kind:
+            from ...compat.request_check import check_request_body
+            check_request_body(cls.surface_kind, data, set(cls.model_fields))
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -105,7 +117,27 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class SamplingFields(RequestModel):
-    """Fields both completion endpoints share (OpenAI's, then vLLM's)."""
+    """Fields both completion endpoints share (OpenAI's, then vLLM's).
+    Before parsing, vLLM's fields that jaxinfer lacks are refused naming the
+    feature (or ignored, logged), and unknown fields are refused by name
+    (``jaxinfer/compat/``)."""
+    @model_validator(mode="after")
+    def _stream_only_fields(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be given when stream "
+                             "is true")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs are not available when stream "
+                             "is true")
+        if self.stream and self.use_beam_search:
+            raise ValueError("use_beam_search does not stream: set stream "
+                             "to false")
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise ValueError("best_of above n does not stream (every sample "
+                             "must finish before the best are known): set "
+                             "stream to false")
+        return self
+
     model: str | None = None
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -131,6 +163,20 @@ class SamplingFields(RequestModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX,
+                                json_schema_extra=limit("max_num_seqs"))
+    use_beam_search: bool = False
+    length_penalty: float = Field(1.0, ge=-FLOAT32_MAX, le=FLOAT32_MAX)
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=1, le=INT32_MAX, json_schema_extra=limit("max_model_len"))
+    # -1: the whole vocabulary (then bounded by --max-logprobs), as vLLM
+    prompt_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX,
+                                        json_schema_extra=limit("max_logprobs"))
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)  # lower runs first
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    return_tokens_as_token_ids: bool | None = None  # "token_id:{id}" strings
+    return_token_ids: bool | None = None  # token ids beside the text
+    echo: bool = False
 
 
 # -- completions ---------------------------------------------------------------
@@ -142,12 +188,11 @@ class CompletionRequest(SamplingFields):
                          Field(min_length=1)])
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX,
                                    json_schema_extra=limit("max_tokens"))
-    logprobs: int | None = Field(None, ge=0, le=INT32_MAX,
+    logprobs: int | None = Field(None, ge=-1, le=INT32_MAX,
                                  json_schema_extra=limit("max_logprobs"))
-    echo: bool = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
     add_special_tokens: bool = True
+    surface_kind: ClassVar[str] = "completion_request"
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -157,12 +202,26 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """One candidate at a prompt position (vLLM's Logprob)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt token: {token id: candidate}; None for the first token.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -199,7 +258,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(
         None, ge=1, le=INT32_MAX, json_schema_extra=limit("max_tokens"))
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=INT32_MAX,
+    top_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX,
                                      json_schema_extra=limit("max_logprobs"))
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
@@ -209,6 +268,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # the template adds its own
+    surface_kind: ClassVar[str] = "chat_completion_request"
 
 
 class TopLogprob(OpenAIBaseModel):
@@ -236,6 +297,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -245,6 +307,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -258,6 +322,7 @@ class ChatStreamChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):
@@ -289,6 +354,8 @@ class TokenizeCompletionRequest(RequestModel):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+    surface_kind: ClassVar[str] = "tokenize_completion"
 
 
 class TokenizeChatRequest(RequestModel):
@@ -298,17 +365,21 @@ class TokenizeChatRequest(RequestModel):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+    surface_kind: ClassVar[str] = "tokenize_chat"
 
 
 class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None  # with return_token_strs
 
 
 class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[TokenId]
+    surface_kind: ClassVar[str] = "detokenize"
 
 
 class DetokenizeResponse(OpenAIBaseModel):

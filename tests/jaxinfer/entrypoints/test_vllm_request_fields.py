@@ -16,17 +16,23 @@ from jaxinfer.compat.request_fields import request_field_status
 from jaxinfer.compat.status import Ignored, Refused
 from jaxinfer.compat.surface import vllm_surface
 
-from .conftest import start_server
+from .conftest import ServerThread
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_factory):
-    server, engine = start_server(
-        tiny_model_factory(), served_model_names=["tiny"], max_model_len=128,
+    from jaxinfer.config import EngineArgs
+    from jaxinfer.engine.async_engine import AsyncLLMEngine
+    from jaxinfer.entrypoints.openai.api_server import build_app
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(
+        model=tiny_model_factory(), max_model_len=128,
         num_gpu_blocks_override=256, max_num_seqs=8, max_num_batched_tokens=128,
-        scheduling_policy="priority")
+        scheduling_policy="priority"))
+    server = ServerThread(build_app(engine, ["tiny"],
+                                    enable_tokenizer_info_endpoint=True,
+                                    enable_server_load_tracking=True))
     yield server
     server.stop()
 
@@ -205,3 +211,34 @@ def test_tokenizer_info_invocations_and_token_strs(server):
     r = post(server, "/tokenize", {"prompt": "one two", "return_token_strs": True})
     body = r.json()
     assert len(body["token_strs"]) == len(body["tokens"]) == body["count"]
+    assert requests.get(server.base_url + "/load", timeout=10).json() == {
+        "server_load": 0}  # nothing in flight between requests
+
+
+def test_request_id_and_return_token_ids(server):
+    r = post(server, "/v1/completions", {**COMPLETION, "request_id": "abc",
+                                         "return_token_ids": True}).json()
+    assert r["id"] == "cmpl-abc"
+    choice = r["choices"][0]
+    assert len(choice["token_ids"]) == r["usage"]["completion_tokens"]
+    assert len(choice["prompt_token_ids"]) == r["usage"]["prompt_tokens"]
+
+
+def test_best_of_on_the_server(server):
+    r = post(server, "/v1/completions", {**COMPLETION, "n": 1, "best_of": 3,
+                                         "temperature": 1.0, "seed": 1,
+                                         "logprobs": 0}).json()
+    assert len(r["choices"]) == 1
+
+
+def test_chat_echo_and_multimodal_refused(server):
+    r = post(server, "/v1/chat/completions", {
+        **CHAT, "echo": True, "add_generation_prompt": False,
+        "continue_final_message": True,
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": "Hello the"}]}).json()
+    assert r["choices"][0]["message"]["content"].startswith("Hello the")
+    r = post(server, "/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": [{"type": "image_url",
+                                      "image_url": {"url": "x"}}]}]})
+    assert r.status_code == 400 and "multimodal" in r.json()["error"]["message"]
