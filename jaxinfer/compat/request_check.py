@@ -6,6 +6,7 @@ validator, so the client gets a 400 in OpenAI's shape."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..errors import UnsupportedFeatureError
@@ -34,8 +35,8 @@ def check_request_body(kind: str, body: Any, own_fields: set[str]) -> None:
             "field)")
     for name, value in body.items():
         entry = request_field_status(kind, name)
-        if entry is not None:
-            entry.check(name, value)
+        if entry is not None:  # per request: ignored fields log at debug level
+            entry.check(name, value, logging.DEBUG)
     options = body.get("stream_options")
     if isinstance(options, dict):
         for name, value in options.items():

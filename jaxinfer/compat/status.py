@@ -23,9 +23,9 @@ class Ignored:
     """Accepted, no effect; ``reason`` says why that changes nothing."""
     reason: str
 
-    def check(self, name: str, value: Any) -> None:
-        logger.warning("%s=%r accepted and ignored: %s", name, value,
-                       self.reason)
+    def check(self, name: str, value: Any, level: int = logging.WARNING) -> None:
+        logger.log(level, "%s=%r accepted and ignored: %s", name, value,
+                   self.reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Refused:
     def allows(self, value: Any) -> bool:
         return any(_same(value, a) for a in self.accepts)
 
-    def check(self, name: str, value: Any) -> None:
+    def check(self, name: str, value: Any, level: int = logging.WARNING) -> None:
         if not self.allows(value):
             raise UnsupportedFeatureError(name, self.feature, self.hint)
 
