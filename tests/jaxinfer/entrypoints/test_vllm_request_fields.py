@@ -90,8 +90,11 @@ def test_every_vllm_field_is_honoured_or_refused(server, kind, path, base):
                 failures.append((name, r.status_code, r.text[:200]))
             continue
         body[name] = SUPPORTED_VALUES.get(name, base.get(name))
-        if name == "use_beam_search":
-            body.update(n=2, temperature=0)
+        if kind == "chat_completion_request" and name in ("logprobs",
+                                                          "top_logprobs"):
+            body["logprobs"] = True
+        if name in ("use_beam_search", "length_penalty"):
+            body.update(use_beam_search=True, n=2, temperature=0)
         if name == "best_of":
             body.update(temperature=1.0)
         if name == "n":
