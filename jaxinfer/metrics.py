@@ -95,6 +95,19 @@ class EngineMetrics:
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        # vLLM's older names, which its example dashboard and many alerts
+        # still query: the same observations under both.
+        self.time_per_output_token = histogram(
+            "time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (the older name "
+            "of inter_token_latency_seconds).", ITL_BUCKETS)
+        self.gpu_cache_usage_perc = gauge(
+            "gpu_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage (the older name of "
+            "kv_cache_usage_perc).")
+        self.num_requests_swapped = gauge(
+            "num_requests_swapped",
+            "Number of requests whose KV pages are swapped to host memory.")
         self.e2e_request_latency = histogram(
             "e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS)
@@ -193,7 +206,9 @@ class EngineMetrics:
         self._last_totals["num_steps"] = steps
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
+        self.num_requests_swapped.set(getattr(stats, "num_swapped", 0))
         self.kv_cache_usage_perc.set(stats.kv_cache_usage)
+        self.gpu_cache_usage_perc.set(stats.kv_cache_usage)
         for field, metric in (("num_preemptions", self.num_preemptions),
                               ("prefix_cache_queries", self.prefix_cache_queries),
                               ("prefix_cache_hits", self.prefix_cache_hits)):

@@ -404,6 +404,7 @@ class AsyncLLMEngine:
                 m.request_queue_time.observe(max(0.0, (sched or now) - tr.arrival))
             elif tr.last_token is not None:
                 m.inter_token_latency.observe(now - tr.last_token)
+                m.time_per_output_token.observe(now - tr.last_token)
             tr.last_token = now
             tr.generated += new_tokens
             m.generation_tokens.inc(new_tokens)
