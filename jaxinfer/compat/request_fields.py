@@ -60,9 +60,6 @@ REQUEST_FIELDS = {
     "tokenize_chat.chat_template": refuse(
         "chat templates sent in requests",
         "start the server with --chat-template"),
-    "tokenize_chat.add_special_tokens": refuse(
-        "add_special_tokens on chat tokenization",
-        "the chat template adds the special tokens", accepts=(None, False)),
 }
 
 # The qualifier of each endpoint's keys above.

@@ -365,6 +365,7 @@ class TokenizeChatRequest(RequestModel):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # the template adds its own
     return_token_strs: bool | None = False
     surface_kind: ClassVar[str] = "tokenize_chat"
 
