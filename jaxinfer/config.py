@@ -151,6 +151,10 @@ class EngineArgs:
         None, "write the step timeline to this file (one JSON line per step: "
         "jaxinfer/engine/step_timeline.py; benchmarks/timeline_report.py "
         "reads it)", metavar="FILE")
+    async_scheduling: bool = _arg(
+        True, "host/device overlap: the next step is scheduled and enqueued "
+        "while the device runs this one (vLLM's async scheduling; on by "
+        "default here)")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)

@@ -8,6 +8,11 @@ import time
 from .sampling_params import SamplingParams
 
 
+# A token id the host does not know yet: the step that samples it is still
+# on the device; the runner feeds it from that step's device output.
+PENDING_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -42,6 +47,9 @@ class Request:
         # Tokens whose K/V are in pages (or will be, after the step that
         # scheduled them runs).
         self.num_computed_tokens = 0
+        # Tokens sampled by steps still on the device (host/device overlap):
+        # counted in the next schedule, appended when their step is read.
+        self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.num_preemptions = 0
         # Prefix caching: the chain of full-block hashes (filled by the KV
@@ -72,9 +80,18 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return self.num_tokens + self.num_pending_tokens
+
     def token_ids_between(self, start: int, end: int) -> list[int]:
         """``all_token_ids[start:end]`` without building the whole list (the
-        scheduler asks every step, and a decode needs one token)."""
+        scheduler asks every step, and a decode needs one token). Positions
+        whose token is still on the device (pending) read as PENDING_TOKEN."""
+        known = self.num_tokens
+        if end > known:
+            return (self.token_ids_between(start, known) if start < known
+                    else []) + [PENDING_TOKEN] * (end - max(start, known))
         p = len(self.prompt_token_ids)
         if start >= p:
             return self.output_token_ids[start - p:end - p]
@@ -85,6 +102,24 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    @property
+    def needs_known_tokens(self) -> bool:
+        """Whether the next step's inputs depend on every sampled token
+        (penalty counts, bad-word prefixes, min_tokens, n > 1 forks), so
+        the engine must not schedule it while a token is still pending."""
+        sp = self.sampling_params
+        return bool(sp.presence_penalty or sp.frequency_penalty
+                    or sp.repetition_penalty != 1.0 or sp.bad_words
+                    or len(self.output_token_ids) < sp.min_tokens
+                    or sp.n > 1)
+
+    def out_of_budget_with_pending(self) -> bool:
+        """The pending tokens already reach max_tokens (the context's room
+        included): nothing more to schedule for it."""
+        return (self.num_pending_tokens > 0 and self.max_tokens is not None
+                and len(self.output_token_ids)
+                + self.num_pending_tokens >= self.max_tokens)
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

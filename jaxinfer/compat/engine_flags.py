@@ -213,8 +213,6 @@ ENGINE_FLAGS = {
     "disable_hybrid_kv_cache_manager": ignore(
         "every layer shares one KV page pool; there is no hybrid manager "
         "to turn off"),
-    "async_scheduling": refuse("asynchronous scheduling",
-                               "steps are scheduled one after another"),
     "speculative_config": refuse(SPEC),
     "kv_transfer_config": refuse("KV transfer (disaggregated prefill)"),
     "kv_events_config": refuse("KV cache events"),

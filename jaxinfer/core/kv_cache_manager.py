@@ -164,7 +164,10 @@ class KVCacheManager:
             return
         rid = req.request_id
         done = self._num_cached_blocks.get(rid, 0)
-        n_full = num_tokens // self.block_size
+        # Only blocks whose tokens are all known: a pending token (still on
+        # the device) cannot be hashed yet; its block is registered by a
+        # later step.
+        n_full = min(num_tokens, req.num_tokens) // self.block_size
         if n_full <= done:
             return
         hashes = self.block_hashes(req)

@@ -133,8 +133,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens,
+                          budget)
+            if num_new <= 0 or req.out_of_budget_with_pending():
                 i += 1
                 continue
             while (copies := self.kv.allocate_slots(req, num_new)) is None:
@@ -182,15 +183,18 @@ class Scheduler:
 
         for req, n in scheduled:
             start = req.num_computed_tokens
+            sample = start + n == req.num_tokens_with_pending
             out.scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
                 token_ids=req.token_ids_between(start, start + n),
                 start_pos=start,
                 block_table=list(self.kv.block_table(req.request_id)),
-                sample=start + n == req.num_tokens))
+                sample=sample))
             # Counted as computed now: the step that runs them is already
-            # enqueued when the next schedule() is called.
+            # enqueued when the next schedule() is called. Its sampled token
+            # is pending until update_from_output reads it.
             req.num_computed_tokens += n
+            req.num_pending_tokens += sample
         out.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_ids, self._finished_ids = self._finished_ids, []
         return out
@@ -198,21 +202,28 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:
         """Appends each sampled token, applies token-level stops and frees
-        finished requests. Returns the requests that got a new token."""
+        finished requests. Returns the requests that got a new token. A
+        request preempted after this step was scheduled (host/device overlap
+        schedules the next step first) still takes its token: recompute
+        starts over with it, swap keeps it."""
         updated = []
         now = time.time()
         for sr in output.scheduled:
-            req = self.requests.get(sr.request_id)
-            if req is None or req.is_finished or not sr.sample:
+            if not sr.sample:
                 continue
-            if req.status != RequestStatus.RUNNING:
-                continue  # preempted after being scheduled
+            req = self.requests.get(sr.request_id)
+            if req is None or req.is_finished:
+                continue  # finished (or aborted) while this step ran
+            req.num_pending_tokens -= 1
             req.append_output_token(sampled[sr.request_id])
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
             if req.check_stop():
-                self.running.remove(req)
+                if req in self.running:
+                    self.running.remove(req)
+                else:
+                    self.waiting.remove(req)
                 self._free(req)
             updated.append(req)
         return updated

@@ -93,6 +93,7 @@ class LLMEngine:
         self.timeline = (StepTimeline(args.profile_steps)
                          if args.profile_steps else None)
         self._last_ready: float | None = None
+        self._inflight = None  # a dispatched step whose tokens are unread
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -158,24 +159,57 @@ class LLMEngine:
         self.output_processor.abort_requests(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return (self.scheduler.has_unfinished_requests()
+                or self._inflight is not None)
 
     # -- the loop ---------------------------------------------------------
 
+    def _overlap_ok(self) -> bool:
+        """Whether the next step may be scheduled before the last one's
+        tokens are read: not when a request's inputs depend on every token
+        (Request.needs_known_tokens) or n > 1 samples wait to be forked."""
+        if not self.args.async_scheduling or self.parallel.pending:
+            return False
+        return not any(r.needs_known_tokens for r in self.scheduler.running)
+
     def step(self) -> list[RequestOutput]:
+        """One engine step. With overlap (async_scheduling), step N+1 is
+        scheduled and enqueued before step N's tokens are read, so the
+        device never waits on the host; those tokens feed N+1 on the
+        device, and a request that stopped at N drops its N+1 token."""
+        outputs: list[RequestOutput] = []
+        overlap = self._overlap_ok()
+        if self._inflight is not None and not overlap:
+            outputs += self._finish(self._inflight)
+            self._inflight = None
         t0 = time.perf_counter()
         preempted_before = self.scheduler.num_preemptions
         sched_out = self.scheduler.schedule()
-        if sched_out.is_empty:
-            return []
-        requests = self.scheduler.requests
-        self.num_steps += 1
-        self.last_step_tokens = sched_out.num_scheduled_tokens
-        compile_before = CompileClock.read() if self.timeline else None
-        inflight = self.runner.dispatch(sched_out, requests)
-        t_dispatched = time.perf_counter()
+        inflight = None
+        if not sched_out.is_empty:
+            self.num_steps += 1
+            self.last_step_tokens = sched_out.num_scheduled_tokens
+            compile_before = CompileClock.read() if self.timeline else None
+            inflight = self.runner.dispatch(sched_out, self.scheduler.requests)
+            inflight.host_s = time.perf_counter() - t0
+            inflight.compile_before = compile_before
+            inflight.preempted = self.scheduler.num_preemptions - preempted_before
+        if self._inflight is not None:
+            outputs += self._finish(self._inflight)
+        self._inflight = None
+        if inflight is not None:
+            if overlap:
+                self._inflight = inflight
+            else:
+                outputs += self._finish(inflight)
+        return outputs
+
+    def _finish(self, inflight) -> list[RequestOutput]:
+        """Reads a dispatched step's tokens and turns them into outputs."""
+        t_wait = time.perf_counter()
         runner_out = self.runner.collect(inflight)
-        t_ready = time.perf_counter()
+        t0 = time.perf_counter()
+        sched_out = inflight.out
         self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
         self.num_generation_tokens += len(updated)
@@ -189,27 +223,25 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         if self.timeline is not None and sched_out.scheduled:
-            self._record_step(sched_out, inflight, t0, t_dispatched, t_ready,
-                              compile_before, preempted_before)
+            inflight.host_s += time.perf_counter() - t0
+            self._record_step(inflight, t_wait)
         return outputs
 
-    def _record_step(self, sched_out, inflight, t0, t_dispatched, t_ready,
-                     compile_before, preempted_before) -> None:
+    def _record_step(self, inflight, t_wait) -> None:
         compile_s, compiles = CompileClock.read()
-        T, S, P, decode_only = self.runner.last_dims
-        end = time.perf_counter()
+        T, S, P, decode_only = inflight.dims
         device_start = max(inflight.launched_at, self._last_ready or 0.0)
         self._last_ready = inflight.ready_at
-        compile_ms = 1e3 * (compile_s - compile_before[0])
+        compile_ms = 1e3 * (compile_s - inflight.compile_before[0])
         self.timeline.add(StepRecord(
             step=len(self.timeline.records),
-            t_start_s=t0 - self.timeline._t0, T=T, S=S, P=P,
-            decode_only=decode_only, **step_shape(sched_out.scheduled),
-            host_ms=1e3 * ((end - t0) - (t_ready - t_dispatched)) - compile_ms,
+            t_start_s=inflight.dispatched_at - self.timeline._t0, T=T, S=S,
+            P=P, decode_only=decode_only, **step_shape(inflight.out.scheduled),
+            host_ms=max(1e3 * inflight.host_s - compile_ms, 0.0),
             device_ms=1e3 * (inflight.ready_at - device_start),
             compile_ms=compile_ms,
-            compiles=compiles - compile_before[1],
-            preempted=self.scheduler.num_preemptions - preempted_before,
+            compiles=compiles - inflight.compile_before[1],
+            preempted=inflight.preempted,
             pages_in_use=(self.scheduler.kv.pool.num_blocks - 1
                           - self.scheduler.kv.pool.num_free),
             running=self.scheduler.num_running,

@@ -25,7 +25,7 @@ from jaxinfer.models.orbax_checkpoint import restore_params
 from ..config import CacheConfig, SchedulerConfig
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
-from ..request import Request
+from ..request import PENDING_TOKEN, Request
 from .buckets import Buckets
 from .packing import pack_step, unpack_step
 from .logprob_ops import gather_logprobs
@@ -44,14 +44,21 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
-          packed, logits_indices, smd: SamplingMetadata, prompt_lp_targets):
+          prev_tokens, packed, logits_indices, smd: SamplingMetadata,
+          prompt_lp_targets):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
-    logprobs). ``num_logprobs`` (static): None, or the top-K to return."""
+    logprobs). ``num_logprobs`` (static): None, or the top-K to return.
+    prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
+    the device; an input id -1 - r stands for its row r (a token the host
+    has not read yet). Returns this step's tokens padded the same way."""
     # packed: token ids, positions and attention metadata in one int32
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
     input_ids, positions, md = unpack_step(packed, dims)
+    input_ids = jnp.where(input_ids < 0,
+                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
+                          input_ids)
     logits, kv_pages = model.apply({"params": params}, input_ids, positions,
                                    kv_pages, md, cos_sin, logits_indices)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
@@ -62,7 +69,8 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
     prompt_lp = None
     if prompt_lp_targets is not None:
         prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
-    return out, prompt_lp, kv_pages, penalty_state
+    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(out.token_ids)
+    return out, prompt_lp, kv_pages, penalty_state, next_tokens
 
 
 class ModelRunner:
@@ -122,6 +130,11 @@ class ModelRunner:
                              static_argnums=(0, 1), donate_argnums=(3, 4))
         # Programs compiled ahead by warm-up, by program_key.
         self.programs: dict[tuple, object] = {}
+        # The last step's sampled tokens on the device, padded to
+        # max_num_seqs, and the row of each request that sampled in it.
+        self.prev_tokens = jnp.zeros(scheduler_config.max_num_seqs, jnp.int32)
+        self.prev_rows: dict[str, int] = {}
+        self._last_ready = 0.0  # when the last collected step was done
 
     # -- sizing -----------------------------------------------------------
 
@@ -194,6 +207,10 @@ class ModelRunner:
         input_ids[:n_tok] = np.fromiter(
             itertools.chain.from_iterable(s.token_ids for s in sched),
             np.int32, n_tok)
+        pending = np.flatnonzero(input_ids[:n_tok] == PENDING_TOKEN)
+        if pending.size:  # tokens of the step before, read on the device
+            rows = [self.prev_rows[sched[i].request_id] for i in seq_of[pending]]
+            input_ids[pending] = -1 - np.asarray(rows, np.int32)
         positions = np.zeros(T, np.int32)
         positions[:n_tok] = pos
         slots = np.zeros(T, np.int32)  # padding -> the null page
@@ -212,15 +229,15 @@ class ModelRunner:
 
     def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
         """The step's dynamic arguments, in order."""
-        return (self.params, self.kv_pages, state, self.cos_sin, packed,
-                logits_idx, smd, targets)
+        return (self.params, self.kv_pages, state, self.cos_sin,
+                self.prev_tokens, packed, logits_idx, smd, targets)
 
     @staticmethod
     def program_key(num_lp, dims, dyn_args) -> tuple:
         """What selects one compiled program: the static arguments and the
         structure and shapes of the per-step inputs (params and pages never
         change shape)."""
-        per_step = dyn_args[2:]
+        per_step = dyn_args[2:3] + dyn_args[5:]
         leaves, tree = jax.tree_util.tree_flatten(per_step)
         return (num_lp, dims, tree,
                 tuple((x.shape, str(x.dtype)) for x in leaves))
@@ -266,15 +283,16 @@ class ModelRunner:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
         dims = (len(input_ids), *md.block_tables.shape, md.decode_only)
-        self.last_dims = dims
         t0 = time.perf_counter()
-        res, prompt_lp, self.kv_pages, state = self.run_step(
+        res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
             num_lp, dims, state, pack_step(input_ids, positions, md),
             logits_idx, smd, targets)
+        self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
+                          if s.sample}
         if state is not None:
             self.penalty_state = state
         return InFlightStep(out, requests, res, prompt_lp, plan, t0,
-                            time.perf_counter())
+                            time.perf_counter(), dims=dims)
 
     def collect(self, step: "InFlightStep") -> ModelRunnerOutput:
         """Waits for a dispatched step and brings its results to the host."""
@@ -282,9 +300,13 @@ class ModelRunner:
             return ModelRunnerOutput({})
         jax.block_until_ready(step.res.token_ids)
         step.ready_at = time.perf_counter()
-        # The host waits here anyway (collect reads the tokens); timing the
-        # wait gives the device-busy share of a run (BENCHMARKS.md `idle`).
-        self.device_seconds += step.ready_at - step.dispatched_at
+        # The host waits here anyway (collect reads the tokens); the device
+        # worked on this step from its launch, or from the end of the step
+        # before when that was later (overlap queues steps), to now: the
+        # device-busy share of a run (BENCHMARKS.md `idle`).
+        start = max(step.dispatched_at, self._last_ready)
+        self.device_seconds += max(step.ready_at - start, 0.0)
+        self._last_ready = step.ready_at
         return self.sampling_inputs.collect(step.out.scheduled, step.requests,
                                             step.res, step.prompt_lp, step.plan)
 
@@ -300,6 +322,11 @@ class InFlightStep:
     dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
     launched_at: float | None = None  # when the call returned (compiled, enqueued)
     ready_at: float | None = None
+    dims: tuple | None = None  # the bucket (T, S, P, decode_only)
+    # Engine bookkeeping for the step timeline.
+    host_s: float = 0.0
+    compile_before: tuple | None = None
+    preempted: int = 0
 
 
 def host_memory_bytes() -> tuple[int, int]:

@@ -130,7 +130,11 @@ class SamplingInputs:
             for i, (req, sp) in enumerate(zip(reqs, sps)):
                 temp[i] = 0.0 if sp.greedy else sp.temperature
                 seeds[i] = self.request_seed(req)
-                pos[i] = len(req.output_token_ids)
+                # The index of the token this step samples: pending tokens
+                # (sampled by steps still on the device, this one included)
+                # come before it.
+                pos[i] = len(req.output_token_ids) + max(
+                    req.num_pending_tokens - 1, 0)
             kw.update(temperature=temp, seeds=seeds, positions=pos)
             if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0
                    for sp in sps):

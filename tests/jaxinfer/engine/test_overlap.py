@@ -1,0 +1,110 @@
+"""Host/device overlap (async scheduling) changes when the host reads tokens,
+never which tokens: the same workload gives the same outputs with it on and
+off (greedy, seeded sampling, stop strings, max_tokens, preemption, an
+abort mid-run), and leaves no page held."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jaxinfer import SamplingParams
+
+from .conftest import random_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def _params(rng: random.Random, tok) -> SamplingParams:
+    kind = rng.choice(["greedy", "seeded", "stop"])
+    if kind == "greedy":
+        return SamplingParams(max_tokens=rng.randrange(1, 20), temperature=0.0)
+    if kind == "seeded":
+        return SamplingParams(max_tokens=rng.randrange(1, 20), temperature=1.0,
+                              top_p=rng.choice([1.0, 0.9]),
+                              seed=rng.randrange(1000), ignore_eos=True)
+    # Single letters: the tiny random model's text hits them within 24
+    # tokens, so some requests end on a stop string.
+    return SamplingParams(max_tokens=24, temperature=0.0,
+                          stop=[rng.choice("aeiou"), rng.choice("nrst")])
+
+
+def _run(engine, prompts, params, abort_id=None, abort_after=3):
+    ids = [engine.add_request(str(i), {"prompt_token_ids": p}, sp)
+           for i, (p, sp) in enumerate(zip(prompts, params))]
+    final, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+        steps += 1
+        if steps == abort_after and abort_id is not None:
+            engine.abort_request(abort_id)
+    return {i: (final[i].outputs[0].token_ids, final[i].outputs[0].text,
+                final[i].outputs[0].finish_reason) for i in ids if i in final}
+
+
+def _pages_all_free(engine) -> bool:
+    pool = engine.scheduler.kv.pool
+    return (pool.num_free == pool.num_blocks - 1
+            and not engine.scheduler.kv.block_tables)
+
+
+@pytest.mark.parametrize("blocks", [None, 20], ids=["roomy", "preempting"])
+def test_outputs_identical_with_overlap_on_and_off(make_llm, blocks):
+    prompts = random_prompts(24, seed=3)
+    results, engines = {}, {}
+    for overlap in (False, True):
+        llm = make_llm(async_scheduling=overlap,
+                       num_gpu_blocks_override=blocks)
+        engine = llm.llm_engine
+        rng = random.Random(7)
+        params = [_params(rng, engine.tokenizer) for _ in prompts]
+        results[overlap] = _run(engine, prompts, params, abort_id="5")
+        engines[overlap] = engine
+        assert _pages_all_free(engine)
+    assert results[True] == results[False]
+    assert "5" not in results[True]  # aborted before it finished
+    reasons = {r[2] for r in results[True].values()}
+    assert {"stop", "length"} <= reasons
+    if blocks is not None:
+        assert engines[True].scheduler.num_preemptions > 0
+
+
+def test_overlap_really_overlaps(make_llm):
+    """With overlap, step N+1 is enqueued before step N's tokens are read:
+    some step carries a token the host has not seen (fed on the device)."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.llm_engine
+    seen_pending = []
+    dispatch = engine.runner.dispatch
+
+    def spy(out, requests):
+        seen_pending.append(any(-1 in s.token_ids for s in out.scheduled))
+        return dispatch(out, requests)
+    engine.runner.dispatch = spy
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
+                       SamplingParams(max_tokens=8, temperature=0.0),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
+    assert any(seen_pending)
+
+
+def test_requests_needing_every_token_run_without_overlap(make_llm):
+    """Penalties count the tokens so far: such a batch is never scheduled
+    with a pending token, and gives the same tokens as without overlap."""
+    sp = SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3,
+                        ignore_eos=True)
+    outs = {}
+    for overlap in (False, True):
+        llm = make_llm(async_scheduling=overlap)
+        engine = llm.llm_engine
+        dispatch = engine.runner.dispatch
+        pending = []
+        engine.runner.dispatch = lambda o, r: (pending.append(
+            any(-1 in s.token_ids for s in o.scheduled)), dispatch(o, r))[1]
+        outs[overlap] = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], sp,
+                                     use_tqdm=False)[0].outputs[0].token_ids
+        assert not any(pending)
+    assert outs[True] == outs[False]
