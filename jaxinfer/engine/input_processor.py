@@ -144,9 +144,11 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"sampling params must be a SamplingParams, got "
                 f"{type(params).__name__}")
-        if params.n > self.max_num_seqs:
+        if params.num_samples > self.max_num_seqs:
+            field = "best_of" if params.num_samples > params.n else "n"
             raise InvalidRequestError(
-                f"n must be <= max_num_seqs ({self.max_num_seqs}), got {params.n}")
+                f"{field} must be <= max_num_seqs ({self.max_num_seqs}), got "
+                f"{params.num_samples}")
         try:
             params.verify_for_model(self.vocab_size, self.max_logprobs)
         except ValueError as e:
