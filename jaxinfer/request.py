@@ -106,13 +106,12 @@ class Request:
     @property
     def needs_known_tokens(self) -> bool:
         """Whether the next step's inputs depend on every sampled token
-        (penalty counts, bad-word prefixes, min_tokens, n > 1 forks), so
+        (penalty counts, bad-word prefixes, min_tokens), so
         the engine must not schedule it while a token is still pending."""
         sp = self.sampling_params
         return bool(sp.presence_penalty or sp.frequency_penalty
                     or sp.repetition_penalty != 1.0 or sp.bad_words
-                    or len(self.output_token_ids) < sp.min_tokens
-                    or sp.n > 1)
+                    or len(self.output_token_ids) < sp.min_tokens)
 
     def out_of_budget_with_pending(self) -> bool:
         """The pending tokens already reach max_tokens (the context's room

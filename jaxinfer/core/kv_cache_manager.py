@@ -1,9 +1,9 @@
 """`KVCacheManager`: which pages each request owns (its block table), prefix
-caching over them, copy-on-write for shared pages, and host swap slots.
+caching over them, and host swap slots.
 
 Every page id a block table holds is one reference in the `BlockPool`; the
-same page may sit in several tables (a shared prefix, or the samples of a
-forked request). A table covers positions ``[0, len(table) * block_size)``.
+same page may sit in several tables (a shared prefix, the samples of an
+n > 1 request among them), and a shared page is full, so never written. A table covers positions ``[0, len(table) * block_size)``.
 
 Prefix caching: once a block of ``block_size`` tokens is full (its tokens
 scheduled), its page is registered under a hash that chains over the whole
@@ -117,15 +117,13 @@ class KVCacheManager:
     # -- allocation -------------------------------------------------------
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
-                       computed_pages: list[int] = ()
-                       ) -> list[tuple[int, int]] | None:
+                       computed_pages: list[int] = ()) -> bool:
         """Makes room for ``num_new_tokens`` more tokens of ``req`` after its
         ``num_computed_tokens`` (plus ``computed_pages``, prefix-cache hits of
-        a request with no pages yet). All or nothing: returns None, changing
-        nothing, when too few pages are free. Otherwise returns the
-        copy-on-write pairs ``(src_page, dst_page)`` the runner must copy
-        before the step: shared pages this step would write are replaced by
-        private copies."""
+        a request with no pages yet). All or nothing: returns False, changing
+        nothing, when too few pages are free. Shared pages (prefix-cache
+        hits) are full and never written: the last prompt token is always
+        computed, in a page of the request's own."""
         rid = req.request_id
         B = self.block_size
         table = self.block_tables.get(rid, [])
@@ -135,27 +133,18 @@ class KVCacheManager:
         end = start + num_new_tokens
         n_have = len(table) + len(computed_pages)
         needed = max(0, cdiv(end, B) - n_have)
-        # Pages of the table this step writes that others also hold.
-        cow = [i for i in range(start // B, min(cdiv(end, B), len(table)))
-               if self.pool.ref_cnt[table[i]] > 1]
         reusable = sum(1 for p in computed_pages if self.pool.ref_cnt[p] == 0)
-        if needed + len(cow) > self.pool.num_free - reusable:
-            return None
+        if needed > self.pool.num_free - reusable:
+            return False
         self.pool.touch(computed_pages)
         table = self.block_tables.setdefault(rid, [])
         table.extend(computed_pages)
         if computed_pages:
             self._num_cached_blocks[rid] = len(computed_pages)
-        copies = []
-        for i in cow:
-            (new,) = self.pool.allocate(1)
-            copies.append((table[i], new))
-            self.pool.free([table[i]])
-            table[i] = new
         if needed:
             table.extend(self.pool.allocate(needed))
         self._cache_full_blocks(req, end)
-        return copies
+        return True
 
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Registers the request's blocks that are full once ``num_tokens``
@@ -185,19 +174,6 @@ class KVCacheManager:
         # Free the tail first so the prefix stays cached longest.
         self.pool.free(reversed(table))
         self.host.free(self.host_tables.pop(rid, []))
-
-    def fork(self, parent: Request, child: Request) -> None:
-        """Gives ``child`` the parent's pages, shared (one more reference
-        each). The first write into a shared page copies it (see
-        ``allocate_slots``). The child must have the parent's tokens."""
-        if child.request_id in self.block_tables:
-            raise RuntimeError(f"request {child.request_id} already has pages")
-        table = list(self.block_tables.get(parent.request_id, []))
-        self.pool.touch(table)
-        self.block_tables[child.request_id] = table
-        self._num_cached_blocks[child.request_id] = \
-            self._num_cached_blocks.get(parent.request_id, 0)
-        child.block_hashes = list(parent.block_hashes)
 
     # -- swapping ---------------------------------------------------------
 
@@ -230,7 +206,6 @@ class KVCacheManager:
         self.block_tables[rid] = pages
         del self.host_tables[rid]
         self.host.free(slots)
-        # Fresh pages are never shared, so there is nothing to copy; the
-        # swapped-in full blocks are registered in the cache again.
+        # The swapped-in full blocks are registered in the cache again.
         self.allocate_slots(req, num_new_tokens)
         return list(zip(pages, slots))

@@ -49,25 +49,6 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def fork_request(self, parent_id: str, child: Request) -> None:
-        """Adds ``child``, a copy of running request ``parent_id`` (same
-        tokens so far), sharing the parent's pages (copy-on-write). For the
-        samples of one request."""
-        parent = self.requests[parent_id]
-        if parent.status != RequestStatus.RUNNING:
-            raise ValueError(f"request {parent_id!r} is not running")
-        if child.all_token_ids != parent.all_token_ids:
-            raise ValueError("a forked request must start with the parent's tokens")
-        if child.request_id in self.requests:
-            raise ValueError(f"request id {child.request_id!r} is already in use")
-        self.kv.fork(parent, child)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
-        child.first_scheduled_time = parent.first_scheduled_time
-        child.status = RequestStatus.RUNNING
-        self.requests[child.request_id] = child
-        self.policy.admit(self.running, child)
-
     def finish_requests(self, request_ids, status: RequestStatus) -> None:
         """Ends requests from outside the step (abort, stop string)."""
         if isinstance(request_ids, str):
@@ -138,13 +119,12 @@ class Scheduler:
             if num_new <= 0 or req.out_of_budget_with_pending():
                 i += 1
                 continue
-            while (copies := self.kv.allocate_slots(req, num_new)) is None:
+            while not self.kv.allocate_slots(req, num_new):
                 victim = self.running[-1]  # ranked last by the policy
                 self._preempt(victim, out)
                 if victim is req:
                     break
             else:
-                out.blocks_to_copy.extend(copies)
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
@@ -167,7 +147,7 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill and num_new > budget:
                     break
                 num_new = min(num_new, budget)
-                if self.kv.allocate_slots(req, num_new, pages) is None:
+                if not self.kv.allocate_slots(req, num_new, pages):
                     break
                 self.kv.record_query(req.num_tokens, num_hit)
                 req.num_computed_tokens = num_hit

@@ -23,16 +23,14 @@ class SchedulerOutput:
     # Copies the runner makes before the step, in this order:
     blocks_to_swap_out: list[tuple[int, int]]  # (device_page, host_slot): device -> host
     blocks_to_swap_in: list[tuple[int, int]]  # (device_page, host_slot): host -> device
-    blocks_to_copy: list[tuple[int, int]]  # (src_page, dst_page): copy-on-write of shared pages
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":
-        return cls([], 0, [], [], [], [], [])
+        return cls([], 0, [], [], [], [])
 
     @property
     def has_copies(self) -> bool:
-        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in
-                    or self.blocks_to_copy)
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in)
 
     @property
     def is_empty(self) -> bool:

@@ -147,10 +147,10 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)
-        req = self.parallel.add(req)  # n > 1: the first sample; others fork
-        self.scheduler.add_request(req)
+        for r in self.parallel.add(req):  # n > 1: n ordinary requests
+            self.scheduler.add_request(r)
+            self.output_processor.add_request(r)
         self.num_prompt_tokens += len(ids)
-        self.output_processor.add_request(req)
         return request_id
 
     def abort_request(self, request_ids) -> None:
@@ -159,16 +159,18 @@ class LLMEngine:
         self.output_processor.abort_requests(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return (self.scheduler.has_unfinished_requests()
-                or self._inflight is not None)
+        # A step still in flight only matters while one of its requests is
+        # alive (a request whose last token is pending stays in the
+        # scheduler until that token is read).
+        return self.scheduler.has_unfinished_requests()
 
     # -- the loop ---------------------------------------------------------
 
     def _overlap_ok(self) -> bool:
         """Whether the next step may be scheduled before the last one's
         tokens are read: not when a request's inputs depend on every token
-        (Request.needs_known_tokens) or n > 1 samples wait to be forked."""
-        if not self.args.async_scheduling or self.parallel.pending:
+        (Request.needs_known_tokens)."""
+        if not self.args.async_scheduling:
             return False
         return not any(r.needs_known_tokens for r in self.scheduler.running)
 
@@ -192,8 +194,15 @@ class LLMEngine:
             compile_before = CompileClock.read() if self.timeline else None
             inflight = self.runner.dispatch(sched_out, self.scheduler.requests)
             inflight.host_s = time.perf_counter() - t0
-            inflight.compile_before = compile_before
+            if compile_before is not None:  # compiles of this dispatch alone
+                after = CompileClock.read()
+                inflight.compiled = (after[0] - compile_before[0],
+                                     after[1] - compile_before[1])
             inflight.preempted = self.scheduler.num_preemptions - preempted_before
+            pool = self.scheduler.kv.pool
+            inflight.queue = (pool.num_blocks - 1 - pool.num_free,
+                              self.scheduler.num_running,
+                              self.scheduler.num_waiting)
         if self._inflight is not None:
             outputs += self._finish(self._inflight)
         self._inflight = None
@@ -210,7 +219,6 @@ class LLMEngine:
         runner_out = self.runner.collect(inflight)
         t0 = time.perf_counter()
         sched_out = inflight.out
-        self.parallel.fork_ready(self.scheduler, sched_out, self.output_processor)
         updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
         self.num_generation_tokens += len(updated)
         self.output_processor.record_logprobs(runner_out, updated)
@@ -228,11 +236,11 @@ class LLMEngine:
         return outputs
 
     def _record_step(self, inflight, t_wait) -> None:
-        compile_s, compiles = CompileClock.read()
+        compile_s, compiles = inflight.compiled
         T, S, P, decode_only = inflight.dims
         device_start = max(inflight.launched_at, self._last_ready or 0.0)
         self._last_ready = inflight.ready_at
-        compile_ms = 1e3 * (compile_s - inflight.compile_before[0])
+        compile_ms = 1e3 * compile_s
         self.timeline.add(StepRecord(
             step=len(self.timeline.records),
             t_start_s=inflight.dispatched_at - self.timeline._t0, T=T, S=S,
@@ -240,12 +248,9 @@ class LLMEngine:
             host_ms=max(1e3 * inflight.host_s - compile_ms, 0.0),
             device_ms=1e3 * (inflight.ready_at - device_start),
             compile_ms=compile_ms,
-            compiles=compiles - inflight.compile_before[1],
-            preempted=inflight.preempted,
-            pages_in_use=(self.scheduler.kv.pool.num_blocks - 1
-                          - self.scheduler.kv.pool.num_free),
-            running=self.scheduler.num_running,
-            waiting=self.scheduler.num_waiting))
+            compiles=compiles,
+            preempted=inflight.preempted, pages_in_use=inflight.queue[0],
+            running=inflight.queue[1], waiting=inflight.queue[2]))
 
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv

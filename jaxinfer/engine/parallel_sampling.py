@@ -1,14 +1,11 @@
-"""``n > 1``: the samples of one request share the prompt's pages.
+"""``n > 1``: the samples of one request are n ordinary requests.
 
-The request runs as n child requests (ids ``"{i}_{request_id}"``, as vLLM).
-Child 0 computes the prompt. In the step where it samples its first token,
-children 1..n-1 are forked from it (`Scheduler.fork_request`: they hold the
-same pages, one more reference each) with their last prompt token marked
-uncomputed, so each draws its own first token from its own stream the next
-step; writing that position copies the last, partly filled page
-(copy-on-write), and the full prompt pages stay shared by all n. If the
-running batch has no seats for the children then, they are queued as
-ordinary requests instead (sharing through the prefix cache, if on).
+The request runs as n child requests (ids ``"{i}_{request_id}"``, as vLLM
+V1), queued together. They share the prompt's full pages through the prefix
+cache: child 0's pages are registered when it is scheduled, so the others,
+admitted right after it, find them (the last, partly filled page and each
+child's own tokens are private). Nothing is forked mid-step, and no page is
+ever written while shared.
 
 Seeded requests give child i the seed ``seed + i`` (vLLM's rule). Outputs are
 merged per parent by `ParentRequest.merge`.
@@ -85,7 +82,6 @@ class ParentRequest:
                                    outputs=outputs, finished=done,
                                    prompt_logprobs=prompt_lp)
 
-
     def _best(self) -> list[CompletionOutput]:
         ranked = sorted(self.completions.values(),
                         key=lambda c: c.cumulative_logprob, reverse=True)
@@ -99,19 +95,18 @@ class ParentRequest:
 
 
 class ParallelSampling:
-    """The engine's bookkeeping for requests with n > 1."""
+    """The engine's bookkeeping for requests with n > 1 (or best_of > 1)."""
 
     def __init__(self):
         self.parents: dict[str, ParentRequest] = {}  # by parent id
         self.child_of: dict[str, tuple[ParentRequest, int]] = {}
-        self.pending: dict[str, list[Request]] = {}  # child 0 id -> to fork
 
-    def add(self, req: Request) -> Request:
-        """Returns the request to schedule: ``req`` itself for n = 1, else
-        its child 0 (the others wait to be forked from it)."""
+    def add(self, req: Request) -> list[Request]:
+        """The requests to schedule: ``[req]`` for n = 1, else its n
+        children."""
         params = req.sampling_params
         if params.num_samples == 1:
-            return req
+            return [req]
         if req.request_id in self.parents:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         parent = ParentRequest(req.request_id, params)
@@ -120,44 +115,18 @@ class ParallelSampling:
                     for i in range(params.num_samples)]
         for i, c in enumerate(children):
             self.child_of[c.request_id] = (parent, i)
-        self.pending[children[0].request_id] = children[1:]
-        return children[0]
-
-    def fork_ready(self, scheduler, sched_out, output_processor) -> None:
-        """Forks the waiting samples of every child 0 that samples its first
-        token in this step (call before the step's tokens are appended)."""
-        for s in sched_out.scheduled:
-            children = self.pending.get(s.request_id)
-            if not s.sample or children is None:
-                continue
-            first = scheduler.requests.get(s.request_id)
-            if first is None or first.output_token_ids:
-                continue
-            del self.pending[s.request_id]
-            seats = scheduler.config.max_num_seqs - scheduler.num_running
-            for child in children:
-                output_processor.add_request(child)
-                if seats <= 0:
-                    scheduler.add_request(child)  # computes its own prompt
-                    continue
-                scheduler.fork_request(s.request_id, child)
-                # Recompute the last prompt position: the child then draws
-                # its first token itself (and copies only the last page).
-                child.num_computed_tokens = child.num_prompt_tokens - 1
-                seats -= 1
+        return children
 
     def expand(self, request_ids) -> list[str]:
-        """Parent ids -> their children's ids (pending children dropped)."""
+        """Parent ids -> their children's ids."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
         out = []
         for rid in request_ids:
-            parent = self.parents.get(rid)
+            parent = self.parents.pop(rid, None)
             if parent is None:
                 out.append(rid)
                 continue
-            self.pending.pop(f"0_{rid}", None)
-            del self.parents[rid]
             for i in range(parent.n):
                 self.child_of.pop(f"{i}_{rid}", None)
                 out.append(f"{i}_{rid}")

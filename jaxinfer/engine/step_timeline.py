@@ -76,9 +76,9 @@ class StepRecord:
     compile_ms: float  # compiling / loading programs during this step
     compiles: int
     preempted: int  # requests preempted by this step's schedule
-    pages_in_use: int
-    running: int
-    waiting: int
+    pages_in_use: int  # when the step was scheduled
+    running: int  # requests running, when the step was scheduled
+    waiting: int  # requests queued, when the step was scheduled
 
 
 class StepTimeline:

@@ -132,7 +132,11 @@ class ModelRunner:
         self.programs: dict[tuple, object] = {}
         # The last step's sampled tokens on the device, padded to
         # max_num_seqs, and the row of each request that sampled in it.
-        self.prev_tokens = jnp.zeros(scheduler_config.max_num_seqs, jnp.int32)
+        # (Committed like the step's own output, so that the first step and
+        # the next share one compiled program.)
+        self.prev_tokens = jax.device_put(
+            jnp.zeros(scheduler_config.max_num_seqs, jnp.int32),
+            self.placement.replicated)
         self.prev_rows: dict[str, int] = {}
         self._last_ready = 0.0  # when the last collected step was done
 
@@ -261,7 +265,7 @@ class ModelRunner:
                  requests: dict[str, Request]) -> "InFlightStep":
         """Enqueues one step on the device and returns without waiting."""
         self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
-        if out.has_copies:  # swaps and copy-on-write, before the step
+        if out.has_copies:  # swaps, before the step
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
         if not out.scheduled:
             return InFlightStep(out, requests, None, None, None, None)
@@ -325,8 +329,9 @@ class InFlightStep:
     dims: tuple | None = None  # the bucket (T, S, P, decode_only)
     # Engine bookkeeping for the step timeline.
     host_s: float = 0.0
-    compile_before: tuple | None = None
+    compiled: tuple = (0.0, 0)  # (seconds, programs) compiled by dispatch
     preempted: int = 0
+    queue: tuple = (0, 0, 0)  # pages in use, running, waiting when scheduled
 
 
 def host_memory_bytes() -> tuple[int, int]:

@@ -1,5 +1,5 @@
-"""Whole-page copies on the KV pool: swap out to host memory, swap in, and
-copy-on-write. The scheduler decides them (pairs in `SchedulerOutput`); this
+"""Whole-page copies between the KV pool and host memory: swap out and swap
+in (preemption by swap). The scheduler decides them (pairs in `SchedulerOutput`); this
 module moves the bytes, before the step that needs them.
 
 Each kind is one jitted program per count bucket (a power of two), padded
@@ -30,18 +30,12 @@ def _scatter(kv_pages, ids, data):
             for (k, v), (dk, dv) in zip(kv_pages, data)]
 
 
-def _copy(kv_pages, src, dst):
-    return [(k.at[:, dst].set(k[:, src]), v.at[:, dst].set(v[:, src]))
-            for k, v in kv_pages]
-
-
 class PageMover:
     def __init__(self, num_pages: int, num_host_pages: int):
         self.num_host_pages = num_host_pages
         self.ladder = _pow2_ladder(8, max(8, 1 << (num_pages - 1).bit_length()))
         self._gather = jax.jit(_gather)
         self._scatter = jax.jit(_scatter, donate_argnums=(0,))
-        self._copy = jax.jit(_copy, donate_argnums=(0,))
         self._host: list[np.ndarray] | None = None
 
     def _pad(self, ids: list[int]) -> np.ndarray:
@@ -84,29 +78,18 @@ class PageMover:
         data = [(h[0][:, slots], h[1][:, slots]) for h in host]
         return self._scatter(kv_pages, pages, data)
 
-    def copy(self, kv_pages, pairs: list[tuple[int, int]]):
-        """Copies pages ``(src, dst)`` (copy-on-write); returns the new pool."""
-        if not pairs:
-            return kv_pages
-        return self._copy(kv_pages, self._pad([s for s, _ in pairs]),
-                          self._pad([d for _, d in pairs]))
-
     def apply(self, kv_pages, out):
         """Runs a step's page moves in the order the scheduler assumes:
-        swap out, swap in, copy."""
+        swap out, then swap in."""
         self.swap_out(kv_pages, out.blocks_to_swap_out)
-        kv_pages = self.swap_in(kv_pages, out.blocks_to_swap_in)
-        return self.copy(kv_pages, out.blocks_to_copy)
+        return self.swap_in(kv_pages, out.blocks_to_swap_in)
 
-    def warm_up(self, kv_pages, swap: bool, max_copies: int):
-        """Compiles the copy programs (and the swap ones when ``swap``) for
-        every bucket; returns (the pool, programs compiled)."""
+    def warm_up(self, kv_pages, swap: bool):
+        """Compiles the swap programs for every bucket when ``swap``;
+        returns (the pool, programs compiled)."""
         n = 0
-        for size in self.ladder:
-            if size <= max(8, max_copies):
-                kv_pages = self.copy(kv_pages, [(0, 0)] * size)
-                n += 1
-            if swap and self.num_host_pages:
+        if swap and self.num_host_pages:
+            for size in self.ladder:
                 self.swap_out(kv_pages, [(0, 0)] * size)
                 kv_pages = self.swap_in(kv_pages, [(0, 0)] * size)
                 n += 2

@@ -70,7 +70,7 @@ def _dummy_batch(T: int, S: int, P: int):
 
 def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     """Compiles the step for every bucket (`Buckets.all_shapes`) in its
-    greedy, sampled and filtered variants, and the page-copy programs.
+    greedy, sampled and filtered variants, and the swap programs.
     Tracing and lowering run one program at a time (they hold the GIL); the
     XLA compiles, most of the time, run in a thread pool, and the
     executables go to ``runner.programs``, where `ModelRunner.run_step`
@@ -100,8 +100,7 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         compiled = pool.map(lambda low: low.compile(), lowered.values())
         runner.programs.update(zip(lowered, compiled))
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
-        runner.kv_pages, runner.scheduler_config.preemption_mode == "swap",
-        runner.scheduler_config.max_num_seqs)
+        runner.kv_pages, runner.scheduler_config.preemption_mode == "swap")
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
     logger.info("warm-up compiled %d step programs (%d shape buckets x %d "

@@ -17,42 +17,54 @@ import random
 from jaxinfer.config import CacheConfig, SchedulerConfig
 from jaxinfer.core.policy import priority_key
 from jaxinfer.core.scheduler import Scheduler
-from jaxinfer.request import Request, RequestStatus
+from jaxinfer.request import PENDING_TOKEN, Request, RequestStatus
 from jaxinfer.sampling_params import SamplingParams
 
 EOS = 0
 
 
 class FakeRunner:
+    """A device that stores token ids in pages. It keeps each sequence as it
+    knows it (``seq``: prompt and every token it sampled, read by the host
+    or not), feeds pending tokens (PENDING_TOKEN) from there as the real
+    runner does from its last output, and checks that every position a row
+    attends to holds that sequence's token."""
+
     def __init__(self, num_blocks: int, num_host: int, block_size: int):
         self.B = block_size
         self.device = [[None] * block_size for _ in range(num_blocks)]
         self.host = [[None] * block_size for _ in range(num_host)]
+        self.seq: dict[str, list[int]] = {}
 
     def execute(self, out, requests, rng: random.Random) -> dict[str, int]:
         for page, slot in out.blocks_to_swap_out:
             self.host[slot] = list(self.device[page])
         for page, slot in out.blocks_to_swap_in:
             self.device[page] = list(self.host[slot])
-        for src, dst in out.blocks_to_copy:
-            self.device[dst] = list(self.device[src])
         sampled = {}
         for s in out.scheduled:
             req = requests[s.request_id]
-            tokens = req.all_token_ids
+            seq = self.seq.setdefault(s.request_id, list(req.prompt_token_ids))
+            known = req.all_token_ids
+            assert seq[:len(known)] == known, "host and device disagree"
             for pos in range(s.start_pos):  # what attention reads
                 page = s.block_table[pos // self.B]
                 got = self.device[page][pos % self.B]
-                assert got == tokens[pos], (
+                assert got == seq[pos], (
                     f"{s.request_id}: position {pos} in page {page} holds "
-                    f"{got}, expected {tokens[pos]}")
+                    f"{got}, expected {seq[pos]}")
             for j, tok in enumerate(s.token_ids):
                 pos = s.start_pos + j
-                assert tok == tokens[pos]
+                if tok == PENDING_TOKEN:  # sampled by the step before
+                    assert pos >= len(known)
+                    tok = seq[pos]
+                assert tok == seq[pos]
                 self.device[s.block_table[pos // self.B]][pos % self.B] = tok
             if s.sample:
-                sampled[s.request_id] = EOS if rng.random() < 0.05 else \
-                    rng.randrange(1, 50)
+                assert s.start_pos + len(s.token_ids) == len(seq)
+                tok = EOS if rng.random() < 0.05 else rng.randrange(1, 50)
+                seq.append(tok)
+                sampled[s.request_id] = tok
         return sampled
 
 
@@ -96,7 +108,8 @@ class Driver:
 
     def __init__(self, *, num_blocks=24, block_size=4, max_tokens=32,
                  max_seqs=6, policy="fcfs", mode="recompute", host_blocks=16,
-                 caching=True, chunked=True, max_model_len=64, seed=0):
+                 caching=True, chunked=True, max_model_len=64, seed=0,
+                 overlap=False):
         max_seqs = min(max_seqs, max_tokens)  # vLLM: seats <= token budget
         sc = SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_seqs,
                              max_num_batched_tokens=max_tokens,
@@ -110,12 +123,13 @@ class Driver:
         self.sched = Scheduler(sc, cc, num_blocks, host_blocks)
         self.runner = FakeRunner(num_blocks, host_blocks, block_size)
         self.rng = random.Random(seed)
+        self.overlap = overlap
+        self._pending = None  # (SchedulerOutput, sampled) not yet read
         self.max_model_len = max_model_len
         self.prefixes = [[self.rng.randrange(1, 50) for _ in range(n)]
                          for n in (3, 9, 17)]
         self.fates: dict[str, RequestStatus] = {}
         self.added: list[str] = []
-        self.forks = 0
         self.n = 0
         self.admission = {}  # request id -> step of its latest admission
 
@@ -123,6 +137,9 @@ class Driver:
             arrival: float | None = None) -> None:
         prompt = (self.prefixes[prefix] if prefix < len(self.prefixes) else []) \
             + [self.rng.randrange(1, 50) for _ in range(suffix_len)]
+        self._queue(prompt, priority, max_tokens, arrival)
+
+    def _queue(self, prompt, priority, max_tokens, arrival=None) -> None:
         prompt = prompt[:self.max_model_len - 1] or [1]
         rid = f"r{self.n}"
         self.n += 1
@@ -133,6 +150,13 @@ class Driver:
             max_model_len=self.max_model_len))
         self.added.append(rid)
 
+    def add_siblings(self, n: int, prompt_len: int, max_tokens: int) -> None:
+        """n requests with one prompt, queued together: the samples of an
+        n > 1 request, which share its full pages through the prefix cache."""
+        prompt = [self.rng.randrange(1, 50) for _ in range(prompt_len)]
+        for _ in range(n):
+            self._queue(prompt, 0, max_tokens)
+
     def abort(self, k: int) -> None:
         live = sorted(self.sched.requests)
         if live:
@@ -140,23 +164,29 @@ class Driver:
             self.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
             self.fates[rid] = RequestStatus.FINISHED_ABORTED
 
-    def fork(self, k: int) -> None:
-        """Shares a running request's pages with a new copy of it."""
-        cands = [r for r in self.sched.running if r.output_token_ids]
-        if not cands or len(self.sched.running) >= self.sched.config.max_num_seqs:
-            return
-        parent = cands[k % len(cands)]
-        rid = f"{parent.request_id}.f{self.forks}"
-        self.forks += 1
-        child = Request(rid, parent.prompt_token_ids, parent.sampling_params,
-                        (EOS,), arrival_time=parent.arrival_time,
-                        priority=parent.priority, max_model_len=self.max_model_len)
-        child.output_token_ids = list(parent.output_token_ids)
-        self.sched.fork_request(parent.request_id, child)
-        self.admission[rid] = self.n_steps
-        self.added.append(rid)
-
     def step(self) -> None:
+        """One engine step. With overlap, the step is scheduled and run on
+        the fake device before the previous step's tokens are read (the
+        engine's async scheduling); otherwise its own tokens are read at
+        once."""
+        s = self.sched
+        if not self.overlap:
+            self._schedule_and_run()
+            self._read_pending()
+            return
+        self._schedule_and_run()
+
+    def _read_pending(self) -> None:
+        if self._pending is None:
+            return
+        out, sampled = self._pending
+        self._pending = None
+        for req in self.sched.update_from_output(out, sampled):
+            if req.is_finished:
+                self.fates[req.request_id] = req.status
+        check_invariants(self.sched)
+
+    def _schedule_and_run(self) -> None:
         s = self.sched
         before_running = [r.request_id for r in s.running]
         waiting_before = list(s.waiting)
@@ -170,10 +200,11 @@ class Driver:
         self._check_order(before_running, waiting_before, out)
         requests = dict(s.requests)
         sampled = self.runner.execute(out, requests, self.rng)
-        for req in s.update_from_output(out, sampled):
-            if req.is_finished:
-                self.fates[req.request_id] = req.status
-        check_invariants(s)
+        previous, self._pending = self._pending, (out, sampled)
+        if previous is not None:  # overlap: read step N after N+1 started
+            self._pending, newest = previous, self._pending
+            self._read_pending()
+            self._pending = newest
 
     def _check_order(self, before_running, waiting_before, out) -> None:
         s = self.sched
@@ -211,8 +242,8 @@ class Driver:
                 self.add(*op[1:])
             elif kind == "abort":
                 self.abort(op[1])
-            elif kind == "fork":
-                self.fork(op[1])
+            elif kind == "siblings":
+                self.add_siblings(*op[1:])
             else:
                 self.n_steps += 1
                 self.step()
@@ -223,6 +254,7 @@ class Driver:
                 break
             self.n_steps += 1
             self.step()
+        self._read_pending()
         assert not self.sched.has_unfinished_requests(), "requests never finished"
         for rid in self.added:
             assert self.fates.get(rid) in (

@@ -1,5 +1,7 @@
-"""Property tests: random arrivals, aborts, forks, preemptions (recompute and
-swap) and prefix hits against the pure-Python scheduler (see harness.py)."""
+"""Property tests: random arrivals, aborts, sibling requests (n > 1),
+preemptions (recompute and swap) and prefix hits against the pure-Python
+scheduler (see harness.py), with the host reading each step's tokens at once
+or one step late (host/device overlap)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ op = st.one_of(
     st.tuples(st.just("add"), st.integers(0, 3), st.integers(0, 30),
               st.integers(0, 3), st.integers(1, 12)),
     st.tuples(st.just("abort"), st.integers(0, 100)),
-    st.tuples(st.just("fork"), st.integers(0, 100)),
+    st.tuples(st.just("siblings"), st.integers(2, 4), st.integers(1, 30),
+              st.integers(1, 12)),
     st.just(("step",)), st.just(("step",)), st.just(("step",)),
 )
 
@@ -28,6 +31,7 @@ configs = st.fixed_dictionaries(dict(
     host_blocks=st.sampled_from([0, 8, 64]),
     caching=st.booleans(),
     seed=st.integers(0, 2**16),
+    overlap=st.booleans(),
 ))
 
 
@@ -40,13 +44,14 @@ def test_random_traffic_keeps_invariants(cfg, ops):
     d.drain()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_long_soak(policy, mode):
+def test_long_soak(policy, mode, overlap):
     """Thousands of steps under memory pressure with frequent prefix hits."""
     rng = random.Random(7)
     d = Driver(num_blocks=20, max_tokens=16, max_seqs=6, policy=policy,
-               mode=mode, host_blocks=24, seed=3)
+               mode=mode, host_blocks=24, seed=3, overlap=overlap)
     steps = 0
     while steps < 2500:
         r = rng.random()
@@ -56,7 +61,8 @@ def test_long_soak(policy, mode):
         elif r < 0.28:
             d.abort(rng.randrange(100))
         elif r < 0.31:
-            d.fork(rng.randrange(100))
+            d.add_siblings(rng.randrange(2, 4), rng.randrange(1, 30),
+                           rng.randrange(1, 12))
         else:
             d.n_steps += 1
             d.step()

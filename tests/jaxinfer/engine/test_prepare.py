@@ -58,7 +58,7 @@ def test_prepare_matches_a_per_request_loop(reqs, seed):
     total = sum(len(s.token_ids) for s in sched)
     if total > 1024 or max(len(s.block_table) for s in sched) > 64:
         return
-    out = SchedulerOutput(sched, total, [], [], [], [], [])
+    out = SchedulerOutput(sched, total, [], [], [], [])
     ids, pos, md, logits_idx, _ = _runner().prepare(out, {})
     T, (S, P) = len(ids), md.block_tables.shape
     want = _reference(sched, T, S, P)
@@ -82,6 +82,6 @@ def test_decode_only_flag_on_a_decode_step_and_a_mixed_one():
     mixed = decode + [ScheduledRequest("c", [1, 2, 3], 0, [8], True)]
     for sched, want in ((decode, True), (mixed, False)):
         total = sum(len(s.token_ids) for s in sched)
-        out = SchedulerOutput(sched, total, [], [], [], [], [])
+        out = SchedulerOutput(sched, total, [], [], [], [])
         _, _, md, _, _ = _runner().prepare(out, {})
         assert md.decode_only is want

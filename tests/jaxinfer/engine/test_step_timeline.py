@@ -1,0 +1,83 @@
+"""The step timeline records what each step really ran, and warm-up builds
+exactly the programs the buckets list (and steps use them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxinfer import SamplingParams
+
+from .conftest import random_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def test_timeline_fields_match_the_steps(make_llm, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    llm = make_llm(profile_steps=str(path))
+    engine = llm.llm_engine
+    dispatched = []
+    dispatch = engine.runner.dispatch
+
+    def spy(out, requests):
+        step = dispatch(out, requests)
+        dispatched.append((step.dims, [(len(s.token_ids), s.start_pos)
+                                       for s in out.scheduled]))
+        return step
+    engine.runner.dispatch = spy
+    prompts = random_prompts(12, seed=5)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=6, temperature=0.0,
+                                       ignore_eos=True), use_tqdm=False)
+    engine.timeline.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == len(dispatched)
+    for r, (dims, rows) in zip(records, dispatched):
+        assert (r["T"], r["S"], r["P"], r["decode_only"]) == dims
+        assert r["num_seqs"] == len(rows)
+        assert r["decode_tokens"] == sum(1 for q, _ in rows if q == 1)
+        assert r["prefill_tokens"] == sum(q for q, _ in rows if q > 1)
+        assert r["kv_tokens"] == sum(q + start for q, start in rows)
+        assert r["device_ms"] >= 0 and r["host_ms"] >= 0
+        assert r["pages_in_use"] > 0
+    # Every prompt token not found in the prefix cache and every output
+    # token but the last of each request went through a step (the last is
+    # sampled, never fed back).
+    fed = sum(r["decode_tokens"] + r["prefill_tokens"] for r in records)
+    hits = engine.get_stats().prefix_cache_hits
+    assert fed == sum(map(len, prompts)) - hits + sum(
+        len(o.outputs[0].token_ids) - 1 for o in outs)
+    # The first step compiled (or loaded) its program; later steps of a
+    # shape already built did not.
+    assert records[0]["compiles"] >= 1 and records[0]["compile_ms"] > 0
+    seen = set()
+    for r in records:
+        shape = (r["T"], r["S"], r["P"], r["decode_only"])
+        if shape in seen:
+            assert r["compiles"] == 0
+        seen.add(shape)
+
+
+def test_warmup_builds_exactly_the_listed_buckets(make_llm):
+    llm = make_llm(warmup=True, max_num_seqs=4)
+    runner = llm.llm_engine.runner
+    shapes = runner.buckets.all_shapes()
+    built = [key[1] for key in runner.programs]
+    # Three sampling variants (greedy, sampled, filtered) per listed shape.
+    assert sorted(set(built)) == sorted(shapes)
+    assert len(built) == 3 * len(shapes)
+    used = []
+    run_step = runner.run_step
+
+    def spy(num_lp, dims, state, packed, logits_idx, smd, targets):
+        dyn = runner.step_args(state, packed, logits_idx, smd, targets)
+        used.append(runner.program_key(num_lp, dims, dyn) in runner.programs)
+        return run_step(num_lp, dims, state, packed, logits_idx, smd, targets)
+    runner.run_step = spy
+    llm.generate([{"prompt_token_ids": p} for p in random_prompts(6, seed=2)],
+                 [SamplingParams(max_tokens=5, temperature=t, top_p=p)
+                  for t, p in [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)] * 2],
+                 use_tqdm=False)
+    assert used and all(used)
