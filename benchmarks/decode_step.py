@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
 from jaxinfer.models import AttentionMetadata, ModelConfig, model_class  # noqa: E402
 from jaxinfer.models.dummy import random_params  # noqa: E402
-from jaxinfer.models.rope import rope_cos_sin_table  # noqa: E402
+from jaxinfer.models.runtime import model_constants, run_model  # noqa: E402
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 BLOCK = 16
@@ -74,9 +74,9 @@ def decode_batch(cfg: ModelConfig, S: int, L: int, key):
 
 
 def make_step(model):
-    def step(params, kv, cos_sin, ids, positions, md):
-        logits, kv = model.apply({"params": params}, ids, positions, kv, md,
-                                 cos_sin, jnp.arange(ids.shape[0], dtype=jnp.int32))
+    def step(params, kv, constants, ids, positions, md):
+        logits, kv = run_model(model, params, constants, kv, ids, positions, md,
+                               jnp.arange(ids.shape[0], dtype=jnp.int32))
         return jnp.argmax(logits, axis=-1), kv
     return jax.jit(step, donate_argnums=(1,))
 
@@ -96,7 +96,7 @@ def main():
     model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
     params = random_params(model, cfg, jnp.bfloat16)
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
-    cos_sin = jnp.asarray(rope_cos_sin_table(cfg, max(L for _, L in sizes)))
+    constants = model_constants(model, max(L for _, L in sizes))
     step = make_step(model)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
@@ -105,7 +105,7 @@ def main():
         state = {"kv": kv}
 
         def run():
-            tok, state["kv"] = step(params, state["kv"], cos_sin, ids, pos, md)
+            tok, state["kv"] = step(params, state["kv"], constants, ids, pos, md)
             return tok
         ts = time_fn(run, repeats=7, min_s=0.05)
         med = statistics.median(ts)

@@ -3,11 +3,12 @@ shape, dummy bf16 weights): time to ready (weights loaded, every bucket
 compiled) cold and warm, then throughput 1000 x 1000/1000, 256 x 1000/1000
 and 256 x 512/256 and latency at batch 1 (128/128, 1024/256) on one engine,
 each with its step timeline, plus the copy bandwidth and matmul rate the
-timelines' rooflines use. GPU machine, repo root, the embedded tokenizer
+timelines' rooflines use; with ``--peers``, the decode step alone and HF
+transformers' continuous batching on the same prompts. GPU machine, repo root, the embedded tokenizer
 saved in .tok (carried):
 
     export PYTHONPATH=$PWD
-    python3 benchmarks/engine_speed.py --out $OUT [--only tp256-512,lat128]
+    python3 benchmarks/engine_speed.py --out $OUT --peers [--only tp256-512,lat128]
 
 Writes ``summary.json`` (bench records, ready times, rooflines) and
 ``<workload>.steps.jsonl`` timelines; `benchmarks/timeline_report.py DIR
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from hf_peer import prompts as peer_prompts
+
 ENGINE = dict(model="benchmarks/models/llama3-8b", load_format="dummy",
               dtype="bfloat16", max_model_len=2048)
 
@@ -35,6 +38,35 @@ WORKLOADS = {
     "lat128": ("latency", 1, 128, 128),
     "lat1024": ("latency", 1, 1024, 256),
 }
+
+
+def workload_seed(name: str) -> int:
+    return list(WORKLOADS).index(name) + 1
+
+
+def run_peers(out_dir: str) -> dict:
+    """The same-run peers, each in its own process before the engine takes
+    the GPU: the decode step alone (decode_step.py, S=256 L=1024) and HF
+    transformers' continuous batching on tp256-512's prompts (hf_peer.py)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    peers = {}
+    p = subprocess.run([sys.executable, os.path.join(here, "decode_step.py"),
+                        "--out", out_dir, "--sizes", "256:1024,1:1024"],
+                       capture_output=True, text=True)
+    path = os.path.join(out_dir, "decode-step.json")
+    peers["decode_step"] = (json.load(open(path)) if p.returncode == 0
+                            and os.path.exists(path) else
+                            {"rc": p.returncode, "tail": p.stderr[-2000:]})
+    _, n, n_in, n_out = WORKLOADS["tp256-512"]
+    p = subprocess.run([sys.executable, os.path.join(here, "hf_peer.py"),
+                        "--num-prompts", str(n), "--input-len", str(n_in),
+                        "--output-len", str(n_out),
+                        "--seed", str(workload_seed("tp256-512"))],
+                       capture_output=True, text=True)
+    lines = p.stdout.strip().splitlines()
+    peers["hf_tp256-512"] = (json.loads(lines[-1]) if p.returncode == 0 and lines
+                             else {"rc": p.returncode, "tail": p.stderr[-2000:]})
+    return peers
 
 
 def measure_roofline() -> dict:
@@ -91,19 +123,22 @@ def run_workload(llm, name: str, out_dir: str) -> dict:
     engine = llm.llm_engine
     # Fresh prompts per workload and an empty prefix cache: no workload
     # reuses another's prompts (vLLM's random prompts share nothing).
-    rng = np.random.default_rng(list(WORKLOADS).index(name) + 1)
+    seed = workload_seed(name)
+    rng = np.random.default_rng(seed)
     engine.reset_prefix_cache()
     vocab = engine.model_config.vocab_size
     sp = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=n_out,
                         ignore_eos=True, detokenize=False)
 
     def prompts(k):
+        if kind == "throughput":  # the same prompts as hf_peer.py's
+            return [{"prompt_token_ids": p}
+                    for p in peer_prompts(seed, k, n_in, vocab)]
         return [{"prompt_token_ids": rng.integers(100, vocab, n_in).tolist()}
                 for _ in range(k)]
     if kind == "latency":  # one untimed batch, then the timed ones
         llm.generate(prompts(n), sp, use_tqdm=False)
     engine.timeline = StepTimeline(os.path.join(out_dir, f"{name}.steps.jsonl"))
-    engine._last_ready = None
     engine.runner.device_seconds = 0.0
     times = []
     for _ in range(3 if kind == "latency" else 1):
@@ -132,6 +167,9 @@ def main() -> int:
     ap.add_argument("--cache-dir", default="/tmp/jaxinfer-xla-cache")
     ap.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-ready", action="store_true")
+    ap.add_argument("--peers", action="store_true",
+                    help="also the decode step alone and HF transformers' "
+                         "continuous batching (tp256-512's prompts)")
     args = ap.parse_args()
     if args.ready:
         ready(args.tokenizer, args.cache_dir)
@@ -159,6 +197,10 @@ def main() -> int:
             summary[f"ready_{which}"]["process_s"] = time.perf_counter() - t0
             print(f"ready {which}: {summary[f'ready_{which}']}", flush=True)
             save()
+    if args.peers:
+        summary["peers"] = run_peers(args.out)
+        print(f"peers: {json.dumps(summary['peers'])[:600]}", flush=True)
+        save()
     t0 = time.perf_counter()
     llm = make_llm(args.tokenizer, args.cache_dir)
     summary["ready_in_process_s"] = time.perf_counter() - t0
@@ -166,6 +208,9 @@ def main() -> int:
         rec = run_workload(llm, name, args.out)
         summary["runs"][name] = {"rc": 0, "bench": rec}
         print(f"[{name}] {json.dumps(rec)[:300]}", flush=True)
+        hf = summary.get("peers", {}).get(f"hf_{name}", {})
+        if "output_tokens_per_s" in hf:
+            rec["vs_hf"] = rec["output_tokens_per_s"] / hf["output_tokens_per_s"]
         save()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timeline_report import report_dir

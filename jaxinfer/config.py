@@ -66,15 +66,6 @@ class SchedulerConfig:
                "'recompute' or 'swap'", self.preemption_mode)
 
 
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    tensor_parallel_size: int = 1
-
-    def __post_init__(self):
-        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1",
-               self.tensor_parallel_size)
-
-
 def _arg(default, help: str, **cli):
     """An EngineArgs field with what its CLI flag needs (``cli.py`` builds
     every engine flag from these): ``help``, and optionally ``choices`` and
@@ -169,6 +160,9 @@ class EngineArgs:
                    field, "a positive integer or None", value)
         _check(self.max_logprobs >= -1, "max_logprobs",
                ">= 0, or -1 for the whole vocabulary", self.max_logprobs)
+        _check(isinstance(self.tensor_parallel_size, int)
+               and self.tensor_parallel_size >= 1, "tensor_parallel_size",
+               "a positive integer", self.tensor_parallel_size)
         _check(self.preemption_mode in (None, "recompute", "swap"),
                "preemption_mode", "'recompute', 'swap' or None",
                self.preemption_mode)
@@ -226,9 +220,6 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             preemption_mode=self.resolved_preemption()[0])
-
-    def parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
 
 # RoPE types whose config states the trained length, which the scaling

@@ -148,3 +148,21 @@ class Request:
         return (f"Request({self.request_id!r}, {self.status.value}, "
                 f"prompt={self.num_prompt_tokens}, out={len(self.output_token_ids)}, "
                 f"computed={self.num_computed_tokens})")
+
+
+def banned_ids(req: Request) -> list[int]:
+    """Ids that must not be sampled next: bad words whose prefix ends the
+    output so far, and, before min_tokens, EOS and stop token ids."""
+    sp = req.sampling_params
+    out = req.output_token_ids
+    banned = []
+    for word in sp.bad_words_token_ids or ():
+        prefix = word[:-1]
+        if not prefix or (len(out) >= len(prefix)
+                          and out[len(out) - len(prefix):] == prefix):
+            banned.append(word[-1])
+    if len(out) < sp.min_tokens:
+        banned.extend(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            banned.extend(req.eos_token_ids)
+    return banned

@@ -15,8 +15,11 @@ from .errors import (CheckpointError, MissingWeightError, ModelConfigError,
                      ShapeMismatchError)
 from .loader import (ModelFiles, TokenizerSource, load_params, resolve_dtype,
                      resolve_model, resolve_tokenizer)
-from .registry import model_class, supported_architectures
+from .registry import (model_class, model_spec, register_model,
+                       supported_architectures)
 from .rope import rope_cos_sin_table
+from .runtime import embed_tokens, model_constants, run_model
+from .spec import GGUFNames, ModelContractError, ModelSpec, WeightSpec
 
 __all__ = [
     "AttentionMetadata", "paged_attention", "resolve_backend", "ModelConfig",
@@ -24,5 +27,7 @@ __all__ = [
     "CheckpointError", "MissingWeightError", "ModelConfigError",
     "ShapeMismatchError", "ModelFiles", "TokenizerSource", "load_params",
     "resolve_dtype", "resolve_model", "resolve_tokenizer", "model_class", "supported_architectures",
-    "rope_cos_sin_table",
+    "rope_cos_sin_table", "model_spec", "register_model", "embed_tokens",
+    "model_constants", "run_model", "GGUFNames", "ModelContractError",
+    "ModelSpec", "WeightSpec",
 ]

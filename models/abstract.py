@@ -15,7 +15,8 @@ from .config import ModelConfig
 def abstract_variables(model, cfg: ModelConfig):
     """``jax.eval_shape(model.init, ...)`` on a one-token dummy batch: every
     param as a ShapeDtypeStruct, wrapped in ``nn.LogicallyPartitioned`` with
-    its logical axis names."""
+    its logical axis names. (The ``constants`` collection it also holds is
+    a placeholder: ``runtime.model_constants`` builds the real one.)"""
     block = 16
     pages = kv_cache.init_kv_pages  # shapes only; eval_shape allocates nothing
     md = AttentionMetadata(
@@ -28,7 +29,6 @@ def abstract_variables(model, cfg: ModelConfig):
                    jnp.float32)
         return model.init(jax.random.key(0), jnp.zeros(1, jnp.int32),
                           jnp.zeros(1, jnp.int32), kv, md,
-                          jnp.zeros((1, cfg.head_dim), jnp.float32),
                           jnp.zeros(1, jnp.int32))
 
     return jax.eval_shape(init)

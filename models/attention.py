@@ -24,10 +24,9 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
 BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret")
 # The engine's GPU default: the Mosaic GPU kernels on Hopper for the cases
 # they take, Triton for the rest. They beat the Triton kernels in
-# bench_attention (decode 72-80% of copy bandwidth against 56-60%, prefill
-# 56% of the matmul rate against 33%; pallas_kernels/NOTES.md) and ran the
-# llama3-8b throughput workload on one H200 once their operands were
-# 256-byte aligned (benchmarks/results/throughput-backends-h200.json).
+# bench_attention (pallas_kernels/NOTES.md) and ran the llama3-8b
+# throughput workload on one H200 once their operands were 256-byte aligned
+# (benchmarks/results/throughput-backends-h200.json).
 GPU_DEFAULT_BACKEND = "pallas"
 
 

@@ -96,13 +96,10 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        D, F, V, L = (self.hidden_size, self.intermediate_size,
-                      self.vocab_size, self.num_layers)
-        qkv = D * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        o = self.num_heads * self.head_dim * D
-        per_layer = qkv + o + 3 * D * F + 2 * D
-        head = 0 if self.tie_word_embeddings else V * D
-        return L * per_layer + V * D + head + D
+        """Parameters in the checkpoint, as the architecture's spec counts
+        them."""
+        from .registry import model_spec
+        return model_spec(self.architecture).num_params(self)
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling]:
@@ -130,48 +127,52 @@ def _sliding_window(hf: dict[str, Any]) -> int | None:
 
 
 def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """Builds a ModelConfig from a parsed HF ``config.json``."""
-    from .registry import ARCHITECTURES, supported_architectures
-    archs = hf.get("architectures") or []
-    arch = next((a for a in archs if a in ARCHITECTURES), None)
-    if arch is None:
-        raise ModelConfigError(
-            f"unsupported architecture {archs or hf.get('model_type')!r}; "
-            f"supported: {', '.join(supported_architectures())}")
+    """Builds a ModelConfig from a parsed HF ``config.json``, through the
+    registered spec of its architecture."""
+    from .registry import find_spec
+    spec = find_spec(hf.get("architectures") or [], hf.get("model_type"))
     try:
-        num_heads = int(hf["num_attention_heads"])
-        hidden = int(hf["hidden_size"])
-        theta, rope = _rope_from_hf(hf)
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (
-            (eos,) if eos is not None else ())
-        dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(hf["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(hf["intermediate_size"]),
-            num_layers=int(hf["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-            head_dim=int(hf.get("head_dim") or hidden // num_heads),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_scaling=rope,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias",
-                                       arch == "Qwen2ForCausalLM")),
-            mlp_bias=bool(hf.get("mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            sliding_window=_sliding_window(hf),
-            hidden_act=hf.get("hidden_act", "silu"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=tuple(int(e) for e in eos_ids),
-            dtype=str(dtype),
-        )
+        return spec.config_from_hf(hf)
     except KeyError as e:
         raise ModelConfigError(f"config.json lacks the field {e.args[0]!r}") from e
+
+
+def decoder_config_from_hf(hf: dict[str, Any], architecture: str,
+                           **family_fields) -> ModelConfig:
+    """The fields every HF decoder config names alike; ``family_fields``
+    set the ones a family decides itself (HF classes that hard-code a
+    choice, such as Qwen3's q/k norm, write no field for it)."""
+    num_heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    theta, rope = _rope_from_hf(hf)
+    eos = hf.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (
+        (eos,) if eos is not None else ())
+    dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+    fields: dict[str, Any] = dict(
+        architecture=architecture,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+        head_dim=int(hf.get("head_dim") or hidden // num_heads),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=rope,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        mlp_bias=bool(hf.get("mlp_bias", False)),
+        sliding_window=_sliding_window(hf),
+        hidden_act=hf.get("hidden_act", "silu"),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=tuple(int(e) for e in eos_ids),
+        dtype=str(dtype),
+    )
+    fields.update(family_fields)
+    return ModelConfig(**fields)
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:

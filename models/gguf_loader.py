@@ -16,35 +16,18 @@ import re
 import numpy as np
 
 from .errors import CheckpointError
-
-_LAYER_MAP = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_MAP = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+from .registry import gguf_spec, supported_gguf_architectures
+from .spec import GGUFNames
 
 
-def _hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _TOP_MAP:
-        return _TOP_MAP[gguf_name]
+def _hf_name(names: GGUFNames, gguf_name: str) -> str | None:
+    """The HF name of a GGUF tensor, from the family's name tables."""
+    if gguf_name in names.top_names:
+        return names.top_names[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
-    if m and m.group(2) in _LAYER_MAP:
-        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names.layer_names:
+        return (f"model.layers.{m.group(1)}."
+                f"{names.layer_names[m.group(2)]}.{m.group(3)}")
     return None
 
 
@@ -78,16 +61,19 @@ class GGUFReader:
         self._reader = open_gguf(path)
         self.path = path
         self._gguf = gguf
-        self._tensors = {}
-        for t in self._reader.tensors:
-            hf = _hf_name(t.name)
-            if hf is not None:
-                self._tensors[hf] = t
         self.arch = self.field("general.architecture")
-        if self.arch not in _ARCHS:
+        spec = gguf_spec(self.arch)
+        if spec is None or spec.gguf is None:
             raise CheckpointError(
                 f"{path}: GGUF architecture {self.arch!r} is not supported; "
-                f"supported: {', '.join(_ARCHS)}")
+                f"supported: {', '.join(supported_gguf_architectures())}")
+        self.spec = spec
+        self._names = spec.gguf
+        self._tensors = {}
+        for t in self._reader.tensors:
+            hf = _hf_name(self._names, t.name)
+            if hf is not None:
+                self._tensors[hf] = t
 
     def field(self, key: str, default=None):
         f = self._reader.fields.get(key)
@@ -103,7 +89,7 @@ class GGUFReader:
         hidden = int(get("embedding_length"))
         vocab = get("vocab_size") or len(self.field("tokenizer.ggml.tokens"))
         cfg = {
-            "architectures": [_ARCHS[a]],
+            "architectures": [self.spec.architecture],
             "vocab_size": int(vocab),
             "hidden_size": hidden,
             "intermediate_size": int(get("feed_forward_length")),
@@ -148,9 +134,9 @@ class GGUFReader:
         w = self._gguf.quants.dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape(
             tuple(int(d) for d in reversed(t.shape)))
-        # llama.cpp permutes q/k rows for Llama-family rotary; Qwen is stored
-        # unpermuted (its converter skips the permutation).
-        if self.arch in ("llama", "mistral") and hf_name.endswith(
+        # llama.cpp permutes q/k rows for Llama and Mistral rotary; Qwen is
+        # stored unpermuted (its converter skips the permutation).
+        if self._names.permuted_qk and hf_name.endswith(
                 ("q_proj.weight", "k_proj.weight")):
             heads = int(self.field(f"{self.arch}.attention.head_count"))
             if "k_proj" in hf_name:

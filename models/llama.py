@@ -1,9 +1,11 @@
-"""Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) in Flax linen.
+"""Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) in Flax linen,
+and the specs that register it.
 
-Applied functionally: ``model.apply({"params": params}, ...)`` over an explicit
-param pytree that loaders build. The architecture differences are all read
-from ``ModelConfig`` (qkv bias, q/k norm, sliding window, tied embeddings);
-there is no model-name branching in the layers.
+Applied functionally over an explicit param pytree that loaders build (see
+``runtime.py`` for the call). The architecture differences are all read from
+``ModelConfig`` (qkv bias, q/k norm, sliding window, tied embeddings); there
+is no model-name branching in the layers. The MLP is a pluggable module
+(``mlp_cls``, see ``mlp.py``).
 
 Logical axis names (mapped to mesh axes by ``jaxinfer.sharding``):
 ``vocab``, ``embed`` (D), ``heads`` (N), ``kv_heads`` (K), ``head_dim`` (H),
@@ -12,64 +14,21 @@ Logical axis names (mapped to mesh axes by ``jaxinfer.sharding``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Iterator
 
-import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from .attention import AttentionMetadata, paged_attention
-from .config import ModelConfig
-from .rope import apply_rope
+from .config import ModelConfig, decoder_config_from_hf
+from .layers import Linear, RMSNorm, param
+from .mlp import GatedMLP
+from .rope import apply_rope, rope_cos_sin_table
+from .spec import (GGUFNames, ModelSpec, WeightSpec, keep_layout,
+                   linear_from_hf, reshape_to)
 
-_ACTS = {
-    "silu": jax.nn.silu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-}
-
-
-def _param(module, name, shape, axes, dtype, init=nn.initializers.normal(0.02)):
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape,
-                        dtype)
-
-
-class RMSNorm(nn.Module):
-    dim: int
-    eps: float
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        scale = _param(self, "scale", (self.dim,), ("norm",), self.dtype,
-                       nn.initializers.ones)
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) +
-                                self.eps)
-        # HF casts back to the activation dtype before the weight multiply.
-        return scale * xf.astype(x.dtype)
-
-
-class Projection(nn.Module):
-    """x @ W (+ b) with W of shape in_shape + out_shape (DenseGeneral-like,
-    but with named logical axes and HF-compatible layout)."""
-    in_shape: tuple[int, ...]
-    out_shape: tuple[int, ...]
-    axes: tuple[str, ...]
-    use_bias: bool
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        w = _param(self, "kernel", self.in_shape + self.out_shape, self.axes,
-                   self.dtype)
-        n_in = len(self.in_shape)
-        x_axes = tuple(range(x.ndim - n_in, x.ndim))
-        y = jax.lax.dot_general(x, w, ((x_axes, tuple(range(n_in))), ((), ())))
-        if self.use_bias:
-            y = y + _param(self, "bias", self.out_shape,
-                           self.axes[n_in:], self.dtype, nn.initializers.zeros)
-        return y
+ROPE_TABLE = "rope_cos_sin"  # the model's constant: [max_model_len, H] f32
 
 
 class Attention(nn.Module):
@@ -82,12 +41,12 @@ class Attention(nn.Module):
     def __call__(self, x, cos_sin, kv, md: AttentionMetadata):
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        q = Projection((D,), (N, H), ("embed", "heads", "head_dim"),
-                       c.attention_bias, self.dtype, name="q_proj")(x)
-        k = Projection((D,), (K, H), ("embed", "kv_heads", "head_dim"),
-                       c.attention_bias, self.dtype, name="k_proj")(x)
-        v = Projection((D,), (K, H), ("embed", "kv_heads", "head_dim"),
-                       c.attention_bias, self.dtype, name="v_proj")(x)
+        q = Linear((D,), (N, H), ("embed", "heads", "head_dim"),
+                   c.attention_bias, self.dtype, name="q_proj")(x)
+        k = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
+                   c.attention_bias, self.dtype, name="k_proj")(x)
+        v = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
+                   c.attention_bias, self.dtype, name="v_proj")(x)
         if c.qk_norm:
             q = RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm")(q)
             k = RMSNorm(H, c.rms_norm_eps, self.dtype, name="k_norm")(k)
@@ -96,32 +55,16 @@ class Attention(nn.Module):
                                   sm_scale=H**-0.5,
                                   sliding_window=c.sliding_window,
                                   mesh=self.mesh)
-        out = Projection((N, H), (D,), ("heads", "head_dim", "embed"), False,
-                         self.dtype, name="o_proj")(out)
+        out = Linear((N, H), (D,), ("heads", "head_dim", "embed"), False,
+                     self.dtype, name="o_proj")(out)
         return out, kv
-
-
-class MLP(nn.Module):
-    cfg: ModelConfig
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        c = self.cfg
-        D, F = c.hidden_size, c.intermediate_size
-        gate = Projection((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                          name="gate_proj")(x)
-        up = Projection((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                        name="up_proj")(x)
-        h = _ACTS[c.hidden_act](gate) * up
-        return Projection((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
-                          name="down_proj")(h)
 
 
 class DecoderLayer(nn.Module):
     cfg: ModelConfig
     backend: str
     dtype: jnp.dtype
+    mlp_cls: Any  # a module class of mlp.py
     mesh: Any = None
 
     @nn.compact
@@ -130,12 +73,11 @@ class DecoderLayer(nn.Module):
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
                     name="input_layernorm")(x)
         h, kv = Attention(c, self.backend, self.dtype, self.mesh,
-                          name="self_attn")(
-            h, cos_sin, kv, md)
+                          name="self_attn")(h, cos_sin, kv, md)
         x = x + h
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
                     name="post_attention_layernorm")(x)
-        return x + MLP(c, self.dtype, name="mlp")(h), kv
+        return x + self.mlp_cls(c, self.dtype, name="mlp")(h), kv
 
 
 class LlamaForCausalLM(nn.Module):
@@ -146,6 +88,20 @@ class LlamaForCausalLM(nn.Module):
     dtype: jnp.dtype = jnp.float32
     mesh: Any = None  # tensor-parallel mesh; Pallas kernels run per shard
 
+    mlp_cls: ClassVar[type] = GatedMLP  # a subclass may plug another MLP
+
+    def constants(self, max_model_len: int) -> dict[str, np.ndarray]:
+        """The host-built tables ``__call__`` reads from its ``constants``
+        collection: the RoPE cos/sin rows of every position."""
+        return {ROPE_TABLE: rope_cos_sin_table(self.cfg, max_model_len)}
+
+    def embed(self, input_ids):  # [T] int32 -> [T, D]
+        """The token embeddings an encoder's outputs are merged into
+        (``model.apply(..., method="embed")``), then given back to
+        ``__call__`` as ``inputs_embeds``."""
+        return jnp.take(self.get_variable("params", "embedding"), input_ids,
+                        axis=0)
+
     @nn.compact
     def __call__(
         self,
@@ -153,25 +109,113 @@ class LlamaForCausalLM(nn.Module):
         positions,  # [T] int32
         kv_pages,  # list of L (k_pages, v_pages)
         md: AttentionMetadata,
-        cos_sin_table,  # [max_model_len, H] float32 (see rope.py)
         logits_indices,  # [S] int32 token row whose logits each sequence needs
+        inputs_embeds=None,  # [T, D]: replaces the lookup of input_ids
     ):
         c = self.cfg
-        embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size),
-                           ("vocab", "embed"), self.dtype)
-        x = jnp.take(embedding, input_ids, axis=0)
-        cos_sin = jnp.take(cos_sin_table, positions, axis=0)
+        embedding = param(self, "embedding", (c.vocab_size, c.hidden_size),
+                          ("vocab", "embed"), self.dtype)
+        x = (jnp.take(embedding, input_ids, axis=0) if inputs_embeds is None
+             else inputs_embeds)
+        table = self.variable("constants", ROPE_TABLE,
+                              lambda: jnp.zeros((1, c.head_dim), jnp.float32))
+        cos_sin = jnp.take(table.value, positions, axis=0)
         new_pages = []
         for i in range(c.num_layers):
-            x, kv = DecoderLayer(c, self.backend, self.dtype, self.mesh,
-                                 name=f"layers_{i}")(x, cos_sin, kv_pages[i], md)
+            x, kv = DecoderLayer(c, self.backend, self.dtype, self.mlp_cls,
+                                 self.mesh, name=f"layers_{i}")(
+                x, cos_sin, kv_pages[i], md)
             new_pages.append(kv)
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)
         x = jnp.take(x, logits_indices, axis=0)
         if c.tie_word_embeddings:
             logits = x @ embedding.T
         else:
-            lm_head = _param(self, "lm_head", (c.hidden_size, c.vocab_size),
-                             ("embed", "vocab"), self.dtype)
+            lm_head = param(self, "lm_head", (c.hidden_size, c.vocab_size),
+                            ("embed", "vocab"), self.dtype)
             logits = x @ lm_head
         return logits.astype(jnp.float32), new_pages
+
+
+# -- checkpoint names -------------------------------------------------------
+
+def attention_weights(cfg: ModelConfig, hf: str, path: tuple
+                      ) -> Iterator[WeightSpec]:
+    D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
+        yield WeightSpec(hf + f"{name}.weight", path + (name, "kernel"),
+                         (heads * H, D), linear_from_hf((heads, H), (D,)))
+        if cfg.attention_bias:
+            yield WeightSpec(hf + f"{name}.bias", path + (name, "bias"),
+                             (heads * H,), reshape_to((heads, H)))
+    yield WeightSpec(hf + "o_proj.weight", path + ("o_proj", "kernel"),
+                     (D, N * H), linear_from_hf((D,), (N, H)))
+    if cfg.qk_norm:
+        for name in ("q_norm", "k_norm"):
+            yield WeightSpec(hf + f"{name}.weight", path + (name, "scale"),
+                             (H,), keep_layout)
+
+
+def decoder_weights(cfg: ModelConfig, mlp_cls=GatedMLP) -> Iterator[WeightSpec]:
+    """HF's Llama names, which Mistral and Qwen2/3 share; ``mlp_cls`` names
+    the MLP's own tensors."""
+    D, V = cfg.hidden_size, cfg.vocab_size
+    yield WeightSpec("model.embed_tokens.weight", ("embedding",), (V, D))
+    for i in range(cfg.num_layers):
+        hf, p = f"model.layers.{i}.", (f"layers_{i}",)
+        yield WeightSpec(hf + "input_layernorm.weight",
+                         p + ("input_layernorm", "scale"), (D,))
+        yield WeightSpec(hf + "post_attention_layernorm.weight",
+                         p + ("post_attention_layernorm", "scale"), (D,))
+        yield from attention_weights(cfg, hf + "self_attn.", p + ("self_attn",))
+        yield from mlp_cls.weights(cfg, hf + "mlp.", p + ("mlp",))
+    yield WeightSpec("model.norm.weight", ("norm", "scale"), (D,))
+    if not cfg.tie_word_embeddings:
+        yield WeightSpec("lm_head.weight", ("lm_head",), (V, D),
+                         lambda w: np.asarray(w).T)
+
+
+# llama.cpp's tensor names (its converter's map, for the Llama-family archs).
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GGUF_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _spec(architecture: str, gguf_arch: str, permuted_qk: bool,
+          **family_fields) -> ModelSpec:
+    def config_from_hf(hf: dict) -> ModelConfig:
+        fields = {k: f(hf) for k, f in family_fields.items()}
+        return decoder_config_from_hf(hf, architecture, **fields)
+    return ModelSpec(
+        architecture=architecture, model=LlamaForCausalLM,
+        config_from_hf=config_from_hf, weights=decoder_weights,
+        gguf=GGUFNames(gguf_arch, GGUF_LAYER_NAMES, GGUF_TOP_NAMES,
+                       permuted_qk=permuted_qk))
+
+
+# Every variant is the same module; the config carries the differences.
+# HF's Qwen2 always has q/k/v biases (its config has no field for them);
+# Qwen3 always normalizes q and k.
+SPECS = (
+    _spec("LlamaForCausalLM", "llama", permuted_qk=True),
+    _spec("MistralForCausalLM", "mistral", permuted_qk=True),
+    _spec("Qwen2ForCausalLM", "qwen2", permuted_qk=False,
+          attention_bias=lambda hf: bool(hf.get("attention_bias", True))),
+    _spec("Qwen3ForCausalLM", "qwen3", permuted_qk=False,
+          qk_norm=lambda hf: True),
+)

@@ -1,22 +1,87 @@
-"""Architectures by HF ``architectures`` name."""
+"""Architectures by HF ``architectures`` name: one checked ``ModelSpec`` each.
+
+``register_model`` refuses a spec whose module breaks the model contract
+(``spec.py``) or whose names clash with a registered one, so a mistake in a
+new family shows at import, not at a user's first request. The built-in
+families register themselves below; a plugin calls ``register_model`` with
+its own spec.
+"""
 
 from __future__ import annotations
 
-from .llama import LlamaForCausalLM
+from typing import Iterable
 
-# Every Llama-family variant is the same module; ModelConfig carries the
-# differences (qkv bias, q/k norm, sliding window).
-ARCHITECTURES = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-}
+from .errors import ModelConfigError
+from .spec import ModelContractError, ModelSpec, check_spec
+
+_SPECS: dict[str, ModelSpec] = {}
+_GGUF: dict[str, ModelSpec] = {}  # llama.cpp general.architecture -> spec
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    check_spec(spec)
+    if spec.architecture in _SPECS:
+        raise ModelContractError(
+            f"architecture {spec.architecture!r} is already registered (by "
+            f"{_SPECS[spec.architecture].model.__name__})")
+    if spec.gguf is not None and spec.gguf.arch in _GGUF:
+        raise ModelContractError(
+            f"GGUF architecture {spec.gguf.arch!r} is already served by "
+            f"{_GGUF[spec.gguf.arch].architecture}")
+    _SPECS[spec.architecture] = spec
+    if spec.gguf is not None:
+        _GGUF[spec.gguf.arch] = spec
+    return spec
+
+
+def unregister_model(architecture: str) -> None:
+    """Removes a registered spec (plugins replacing one, tests)."""
+    spec = _SPECS.pop(architecture)
+    if spec.gguf is not None:
+        _GGUF.pop(spec.gguf.arch, None)
 
 
 def supported_architectures() -> list[str]:
-    return sorted(ARCHITECTURES)
+    return sorted(_SPECS)
+
+
+def supported_gguf_architectures() -> list[str]:
+    return sorted(_GGUF)
+
+
+def model_spec(architecture: str) -> ModelSpec:
+    spec = _SPECS.get(architecture)
+    if spec is None:
+        raise ModelConfigError(
+            f"unsupported architecture {architecture!r}; supported: "
+            f"{', '.join(supported_architectures())}")
+    return spec
+
+
+def find_spec(architectures: Iterable[str], model_type=None) -> ModelSpec:
+    """The spec of the first registered name in an HF config's
+    ``architectures`` list."""
+    names = list(architectures)
+    for name in names:
+        if name in _SPECS:
+            return _SPECS[name]
+    raise ModelConfigError(
+        f"unsupported architecture {names or model_type!r}; supported: "
+        f"{', '.join(supported_architectures())}")
+
+
+def gguf_spec(gguf_arch: str) -> ModelSpec | None:
+    return _GGUF.get(gguf_arch)
 
 
 def model_class(architecture: str):
-    return ARCHITECTURES[architecture]
+    return model_spec(architecture).model
+
+
+def _register_builtin() -> None:
+    from . import llama
+    for spec in llama.SPECS:
+        register_model(spec)
+
+
+_register_builtin()

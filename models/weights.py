@@ -1,65 +1,43 @@
 """HF tensor names -> our param pytree, shared by every checkpoint format.
 
-A loader only has to answer ``get(hf_name) -> np.ndarray | None``; this module
-knows which tensors the architecture needs, how each is laid out in our params
-(HF stores Linear weights as [out, in]; we store [in, out] with heads split),
-and checks every shape against the config, so a missing tensor or a wrong
-shape is a typed error naming the tensor.
+A loader only has to answer ``get(hf_name) -> np.ndarray | None``; the
+architecture's spec (``spec.py``, defined beside its model) lists the tensors
+it needs and how each is laid out in our params (HF stores Linear weights as
+[out, in]; we store [in, out] with heads split). This module fetches them and
+checks every shape against the config, so a missing tensor or a wrong shape
+is a typed error naming the tensor.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax.numpy as jnp
 import numpy as np
 
 from .config import ModelConfig
 from .errors import MissingWeightError, ShapeMismatchError
+from .spec import WeightSpec
 
 TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
-def _linear(out_shape, in_shape):
-    """HF Linear [out, in] -> kernel in_shape + out_shape."""
-    def convert(w):
-        return np.asarray(w).T.reshape(*in_shape, *out_shape)
-    return convert
+def weight_specs(cfg: ModelConfig) -> Iterator[WeightSpec]:
+    """Every checkpoint tensor of the config's architecture (its spec's
+    list)."""
+    from .registry import model_spec
+    return iter(model_spec(cfg.architecture).weights(cfg))
 
 
-def weight_specs(cfg: ModelConfig):
-    """Yields (hf_name, param_path, hf_shape, convert) for every tensor."""
-    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    same = np.asarray
-    yield "model.embed_tokens.weight", ("embedding",), (V, D), same
-    for i in range(cfg.num_layers):
-        hf, p = f"model.layers.{i}.", (f"layers_{i}",)
-        attn = p + ("self_attn",)
-        yield hf + "input_layernorm.weight", p + ("input_layernorm", "scale"), (D,), same
-        yield (hf + "post_attention_layernorm.weight",
-               p + ("post_attention_layernorm", "scale"), (D,), same)
-        for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
-            yield (hf + f"self_attn.{name}.weight", attn + (name, "kernel"),
-                   (heads * H, D), _linear((heads, H), (D,)))
-            if cfg.attention_bias:
-                yield (hf + f"self_attn.{name}.bias", attn + (name, "bias"),
-                       (heads * H,), lambda b, h=heads: np.asarray(b).reshape(h, H))
-        yield (hf + "self_attn.o_proj.weight", attn + ("o_proj", "kernel"),
-               (D, N * H), _linear((D,), (N, H)))
-        if cfg.qk_norm:
-            yield hf + "self_attn.q_norm.weight", attn + ("q_norm", "scale"), (H,), same
-            yield hf + "self_attn.k_norm.weight", attn + ("k_norm", "scale"), (H,), same
-        mlp = p + ("mlp",)
-        for name, out_dim, in_dim in (("gate_proj", F, D), ("up_proj", F, D),
-                                      ("down_proj", D, F)):
-            yield (hf + f"mlp.{name}.weight", mlp + (name, "kernel"),
-                   (out_dim, in_dim), _linear((out_dim,), (in_dim,)))
-            if cfg.mlp_bias:
-                yield hf + f"mlp.{name}.bias", mlp + (name, "bias"), (out_dim,), same
-    yield "model.norm.weight", ("norm", "scale"), (D,), same
-    if not cfg.tie_word_embeddings:
-        yield "lm_head.weight", ("lm_head",), (V, D), lambda w: np.asarray(w).T
+def param_dtype(spec: WeightSpec, array, dtype):
+    """The dtype a tensor is placed in: the spec's own if it names one; else
+    the model's ``dtype`` for floating tensors, and the stored dtype for
+    any other (integer or packed quantized data is never cast)."""
+    if spec.dtype is not None:
+        return spec.dtype
+    if jnp.issubdtype(array.dtype, jnp.floating):
+        return dtype
+    return array.dtype
 
 
 def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
@@ -67,11 +45,14 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
     """Fetches, checks, converts and places every tensor, one at a time (so
     peak host memory is one tensor, not the checkpoint).
 
-    ``place(path, array)`` puts a converted array on device (e.g. into its
-    final sharding); by default ``jnp.asarray``.
+    ``place(path, array, dtype)`` puts a converted array on device in
+    ``dtype`` (e.g. into its final sharding); by default ``jnp.asarray``.
+    The dtype is ``param_dtype``'s: floating tensors in the model's, others
+    as stored.
     """
     params: dict = {}
-    for hf_name, path, shape, convert in weight_specs(cfg):
+    for spec in weight_specs(cfg):
+        hf_name, path, shape = spec.hf_name, spec.path, spec.hf_shape
         w = get(hf_name)
         if w is None:
             raise MissingWeightError(
@@ -81,10 +62,11 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
             raise ShapeMismatchError(
                 f"{source}: tensor {hf_name!r} has shape {tuple(w.shape)}, "
                 f"but the config implies {tuple(shape)}")
-        arr = convert(w)
+        arr = spec.convert(w)
+        target = param_dtype(spec, arr, dtype)
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = (place(path, arr, dtype) if place else
-                          jnp.asarray(arr, dtype=dtype))
+        node[path[-1]] = (place(path, arr, target) if place else
+                          jnp.asarray(arr, dtype=target))
     return params

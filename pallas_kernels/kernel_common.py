@@ -15,8 +15,14 @@ LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2
 TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
 
 
-def round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
+def cdiv(x, m):
+    """Ceiling division (Python ints or traced int arrays alike)."""
+    return -(-x // m)
+
+
+def round_up(x, m):
+    """``x`` rounded up to a multiple of ``m``."""
+    return cdiv(x, m) * m
 
 
 def table_pieces(table_chunk: int) -> tuple[int, int]:
@@ -30,7 +36,7 @@ def sequence_work_items(base, end, eligible, tile: int, num_items: int):
     ``tile``-row items, the last (heaviest, causal) item of each sequence
     first: (item_seq [I], item_start [I] = -1 past the last item, the number
     of items used)."""
-    nblk = jnp.where(eligible, -(-(end - base) // tile), 0)
+    nblk = jnp.where(eligible, cdiv(end - base, tile), 0)
     ends = jnp.cumsum(nblk)
     i = jnp.arange(num_items, dtype=jnp.int32)
     # compare_all: one fused [I, S] comparison (the default binary search is
@@ -89,7 +95,7 @@ def mosaic_matmul_helpers(interpret: bool):
             return s
 
         def body(acc_ref):
-            plgpu.wgmma(acc_ref, q_ref, plgpu.transpose_ref(k_ref, (1, 0)))
+            plgpu.wgmma(acc_ref, q_ref, k_ref.transpose((1, 0)))
             then()
             return acc_ref[...]
         return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
@@ -104,6 +110,16 @@ def mosaic_matmul_helpers(interpret: bool):
         return pl.run_state(body)(plgpu.ACC.init(acc))
 
     return qk, pv
+
+
+def mosaic_interpret_params(**kw):
+    """Parameters of jax's Mosaic GPU interpreter (the CPU test path).
+
+    jax exports no public name for them (its own tests import this same
+    private module); kept in this one place so a jax upgrade that moves
+    them touches one line. Compiled kernels never reach it."""
+    from jax._src.pallas.mosaic_gpu.interpret import params
+    return params.InterpretGPUParams(**kw)
 
 
 def swizzled_smem_transforms(dtype):

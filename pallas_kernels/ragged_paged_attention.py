@@ -12,22 +12,20 @@ sequences of the other:
 * decode (``q_len == 1``), two kernels, one chosen per call from the platform
   and the case (``_use_mosaic_decode``):
 
-  - Mosaic GPU (``ragged_paged_attention_mgpu.py``), the default on Hopper
-    (compute capability 9.x) for bf16/f16 pages of 16 tokens, head dims
-    64/128/256, GQA groups up to 64: one program per (sequence, kv head,
-    split) reads each K/V page once for the whole GQA group through per-page
-    TMA copies into a multi-stage smem ring (a producer warpgroup issues the
-    copies, a consumer warpgroup runs wgmma + online softmax), split-KV with
-    a jnp combine for small batches. Why it is the default: on one H200 (jax
-    0.11.2, copy BW 4.12 TB/s, same run) it reached 3.61 TB/s (88% of copy)
-    through this function at S=64 L=2048 on a decode step against 2.75 TB/s
-    (67%) for the Triton kernel, and 77% at S=1 L=32768 (16 calls per
-    program) against 56%; see ``benchmarks/results/kernel-decode-h200.json``
-    and NOTES.md v4, v7. ``k_scale`` is folded into its query rows.
-  - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32 (wgmma takes 16-bit operands),
-    fp8 or other page dtypes differing from q, per-page scales, page size 32
-    (the Mosaic kernel faulted there at its full ring depth on long
-    sequences; NOTES.md v4, v9), other GPUs, and
+  - Mosaic GPU (``ragged_paged_attention_decode_mgpu.py``), the default on
+    Hopper (compute capability 9.x) for bf16/f16 pages of 16 tokens, head
+    dims 64/128/256, GQA groups up to 64: one program per (sequence, kv
+    head, split) reads each K/V page once for the whole GQA group through
+    per-page TMA copies into a multi-stage smem ring (a producer warpgroup
+    issues the copies, a consumer warpgroup runs wgmma + online softmax),
+    split-KV with a jnp combine for small batches. It keeps more bytes in
+    flight than the Triton kernel's in-loop page gather can, which is what a
+    memory-bound decode needs (NOTES.md v4, v7 give the measured gap).
+    ``k_scale`` is folded into its query rows.
+  - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32
+    (wgmma takes 16-bit operands), fp8 or other page dtypes differing from
+    q, per-page scales, page size 32 (the Mosaic kernel faulted there at its
+    full ring depth on long sequences; NOTES.md v4, v9), other GPUs, and
     interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
     tile of one kv head once and serves every query head of its GQA group
     (padded to 16 rows for the tensor cores); for small batches the KV axis
@@ -43,13 +41,11 @@ sequences of the other:
 
 Backend of the prefill kernel: on Hopper, for the cases it takes (bf16/f16,
 H 64/128, page a multiple of 8 dividing 128), the Mosaic GPU kernel of
-``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page):
-8x2048 causal 0.609 ms = 60% of the bf16 matmul rate through this function,
-0.97x cuDNN's speed (NOTES.md v5, v7). Elsewhere
-(f32, H=256, other GPUs, interpret mode on CPU) Pallas' Triton lowering
-(``pl.pallas_call`` + ``plgpu.CompilerParams``), which runs unchanged on jax
-0.10 and 0.11 and gathers pages with pointer gathers: 263 TFLOP/s (33%) on
-the same shape. ``tuning.prefill_backend`` forces either.
+``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page;
+NOTES.md v5, v7). Elsewhere (f32, H=256, other GPUs, interpret mode on CPU)
+Pallas' Triton lowering (``pl.pallas_call`` + ``plgpu.CompilerParams``),
+which runs unchanged on jax 0.10 and 0.11 and gathers pages with pointer
+gathers. ``tuning.prefill_backend`` forces either.
 
 K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are each None, one
 scale per tensor (a scalar), or one per (kv head, page), ``[K, num_pages]``
@@ -73,14 +69,13 @@ from jax.experimental import pallas as pl
 
 from . import kv_cache
 from .kernel_common import per_tensor_scales
-from . import ragged_paged_attention_mgpu as _mgpu
-from . import ragged_paged_attention_prefill_mgpu as _pf
+from . import ragged_paged_attention_decode_mgpu as _decode_mgpu
+from . import ragged_paged_attention_prefill_mgpu as _prefill_mgpu
 from .ragged_paged_attention_triton import (combine_splits, decode_call,
                                             prefill_call, prefill_work_items)
 from .ragged_paged_attention_reference import ragged_paged_attention_reference
 from .ragged_paged_attention_tuning import (RaggedPagedAttentionTuning,
                                             default_tuning)
-
 
 
 class RaggedAttentionShapeError(ValueError):
@@ -112,7 +107,7 @@ def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.decode_backend == "triton":
         return False
-    why = _PER_PAGE if per_page_scales else _mgpu.supports(
+    why = _PER_PAGE if per_page_scales else _decode_mgpu.supports(
         q_dtype, kv_dtype, head_dim, page_size, group,
         tuning.mosaic_decode.tokens_per_step)
     if tuning.decode_backend == "mosaic":
@@ -129,7 +124,7 @@ def _use_mosaic_prefill(tuning, interpret, q_dtype, kv_dtype, head_dim,
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.prefill_backend == "triton" or interpret:
         return False
-    why = _PER_PAGE if per_page_scales else _pf.supports(
+    why = _PER_PAGE if per_page_scales else _prefill_mgpu.supports(
         q_dtype, kv_dtype, head_dim, page_size, tuning.mosaic_prefill,
         pages_per_seq)
     if tuning.prefill_backend == "mosaic":
@@ -158,6 +153,110 @@ def _split_scales(k_scale, v_scale, num_kv_heads, num_pages):
         else jnp.asarray(x, jnp.float32), per_page_shape)
         for x in (k_scale, v_scale)]
     return jnp.ones((2,), jnp.float32), jnp.stack(per_page, axis=1)
+
+
+def _check_shapes(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens):
+    """Trace-time shape checks; each error says what to change."""
+    num_q_heads, head_dim = q.shape[1:]
+    num_kv_heads, _, page_size, head_dim_k = k_pages.shape
+    num_seq_rows = block_tables.shape[0]
+    if k_pages.shape != v_pages.shape:
+        raise RaggedAttentionShapeError(
+            f"k_pages {k_pages.shape} and v_pages {v_pages.shape} differ")
+    if num_q_heads % num_kv_heads:
+        raise RaggedAttentionShapeError(
+            f"query heads ({num_q_heads}) must be a multiple of kv heads "
+            f"({num_kv_heads})")
+    if head_dim_k != head_dim or head_dim & (head_dim - 1):
+        raise RaggedAttentionShapeError(
+            f"head_dim of q ({head_dim}) and pages ({head_dim_k}) must be "
+            "equal and a power of two")
+    if page_size & (page_size - 1):
+        raise RaggedAttentionShapeError(f"page size {page_size} must be a "
+                                        "power of two")
+    if kv_lens.shape != (num_seq_rows,) or cu_q_lens.shape != (num_seq_rows + 1,):
+        raise RaggedAttentionShapeError(
+            f"kv_lens {kv_lens.shape} must be [S] and cu_q_lens "
+            f"{cu_q_lens.shape} [S + 1] for block_tables {block_tables.shape}")
+
+
+def _decode_queries(q, cu_q_lens, num_seq_rows, decode_only):
+    """[S, N, H]: each sequence's decode row (garbage for the others, whose
+    kv length the caller zeroes)."""
+    num_tokens = q.shape[0]
+    if decode_only:  # row s is sequence s's token
+        return q[:num_seq_rows] if num_tokens >= num_seq_rows else jnp.pad(
+            q, ((0, num_seq_rows - num_tokens), (0, 0), (0, 0)))
+    return q[jnp.minimum(cu_q_lens[:-1], num_tokens - 1)]
+
+
+def _decode(q_dec, k_pages, v_pages, dec_kv_lens, block_tables, tables,
+            scales, page_scales, k_scale, *, sm_scale, sliding_window,
+            logit_soft_cap, tuning, interpret, use_mosaic):
+    """The decode kernel over [S, K, G, H] query rows -> [S, K, G, H] f32
+    (zeros where ``dec_kv_lens`` is 0), v_scale applied."""
+    if use_mosaic:
+        if k_scale is not None:  # folded into the rows, as (q k) * k_scale
+            q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q_dec.dtype)
+        return _decode_mgpu.decode_attention(
+            q_dec, k_pages, v_pages, dec_kv_lens, block_tables,
+            sm_scale=sm_scale, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
+            interpret=interpret) * scales[1]
+    num_seq_rows, num_kv_heads, group, _ = q_dec.shape
+    rows = max(16, 1 << (group - 1).bit_length())
+    q_dec = jnp.pad(q_dec, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+    splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
+                              tables.shape[1] // tuning.decode_pages_per_block)
+    o_dec, m_dec, l_dec = decode_call(
+        q_dec, k_pages, v_pages, dec_kv_lens, tables, scales, page_scales,
+        sm_scale=sm_scale, sliding_window=sliding_window,
+        logit_soft_cap=logit_soft_cap,
+        pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
+        prefetch=tuning.decode_prefetch,
+        num_warps=tuning.decode_num_warps,
+        num_stages=tuning.decode_num_stages, interpret=interpret)
+    return combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
+
+
+def _decode_only_output(o_dec, is_dec, num_tokens):
+    """[T, N, H] of a decode-only step: row s is sequence s's output."""
+    num_seq_rows = o_dec.shape[0]
+    out = jnp.where(is_dec[:, None, None], o_dec, 0)
+    if num_tokens <= num_seq_rows:
+        return out[:num_tokens]
+    return jnp.pad(out, ((0, num_tokens - num_seq_rows), (0, 0), (0, 0)))
+
+
+def _triton_prefill(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs,
+                    o_dec, is_dec, scales, page_scales, *, sm_scale,
+                    sliding_window, logit_soft_cap, tuning, interpret):
+    """[T, N, H]: the Triton prefill kernel's rows for sequences with
+    q_len > 1, written over the decode rows ``o_dec`` placed by row."""
+    num_tokens = q.shape[0]
+    num_seq_rows = o_dec.shape[0]
+    block_q = tuning.prefill_block_q
+    q_rows = max(num_tokens, block_q)
+    q_pad = jnp.pad(q, ((0, q_rows - num_tokens), (0, 0), (0, 0)))
+    # Decode rows gathered into place (one fusion; a scatter into zeros is
+    # two kernels): token t is sequence seq_of[t]'s decode row or zeros.
+    t = jnp.arange(q_rows, dtype=jnp.int32)
+    seq_of = jnp.minimum(jnp.searchsorted(
+        cu_q_lens[1:], t, side="right", method="compare_all"),
+        num_seq_rows - 1).astype(jnp.int32)
+    tok_dec = is_dec[seq_of] & (t == cu_q_lens[seq_of])
+    out = jnp.where(tok_dec[:, None, None], o_dec[seq_of], 0).astype(q.dtype)
+    num_items = pl.cdiv(num_tokens, block_q) + num_seq_rows
+    item_seq, item_start = prefill_work_items(cu_q_lens, num_seqs, num_items,
+                                               block_q)
+    out = prefill_call(
+        q_pad, k_pages, v_pages, out, item_seq, item_start, cu_q_lens,
+        kv_lens, tables, scales, page_scales, sm_scale=sm_scale,
+        sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+        block_q=block_q, pages_per_block=tuning.prefill_pages_per_block,
+        num_warps=tuning.prefill_num_warps,
+        num_stages=tuning.prefill_num_stages, interpret=interpret)
+    return out[:num_tokens]
 
 
 @functools.partial(
@@ -190,27 +289,10 @@ def ragged_paged_attention(
     prefill launch, no row gather or scatter around it (NOTES.md v7). Rows
     of a sequence with ``q_len > 1`` would come back wrong, so the engine
     sets it only for steps it scheduled as decodes alone."""
+    _check_shapes(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, page_size, head_dim_k = k_pages.shape
+    num_kv_heads, _, page_size, _ = k_pages.shape
     num_seq_rows, pages_per_seq = block_tables.shape
-    if k_pages.shape != v_pages.shape:
-        raise RaggedAttentionShapeError(
-            f"k_pages {k_pages.shape} and v_pages {v_pages.shape} differ")
-    if num_q_heads % num_kv_heads:
-        raise RaggedAttentionShapeError(
-            f"query heads ({num_q_heads}) must be a multiple of kv heads "
-            f"({num_kv_heads})")
-    if head_dim_k != head_dim or head_dim & (head_dim - 1):
-        raise RaggedAttentionShapeError(
-            f"head_dim of q ({head_dim}) and pages ({head_dim_k}) must be "
-            "equal and a power of two")
-    if page_size & (page_size - 1):
-        raise RaggedAttentionShapeError(f"page size {page_size} must be a "
-                                        "power of two")
-    if kv_lens.shape != (num_seq_rows,) or cu_q_lens.shape != (num_seq_rows + 1,):
-        raise RaggedAttentionShapeError(
-            f"kv_lens {kv_lens.shape} must be [S] and cu_q_lens "
-            f"{cu_q_lens.shape} [S + 1] for block_tables {block_tables.shape}")
     if tuning is None:
         tuning = default_tuning(head_dim, page_size)
     tuning = tuning.for_itemsize(jnp.dtype(q.dtype).itemsize)
@@ -221,6 +303,9 @@ def ragged_paged_attention(
     scales, page_scales = _split_scales(k_scale, v_scale, num_kv_heads,
                                         k_pages.shape[1])
     per_page = page_scales is not None
+    kernel_kw = dict(sm_scale=sm_scale, sliding_window=sliding_window,
+                     logit_soft_cap=logit_soft_cap, tuning=tuning,
+                     interpret=interpret)
 
     # Pad the block table so every tile's page slice stays in bounds.
     ppb = max(tuning.decode_pages_per_block, tuning.prefill_pages_per_block)
@@ -232,73 +317,29 @@ def ragged_paged_attention(
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_dec = (q_lens == 1) & (jnp.arange(num_seq_rows) < num_seqs)
     dec_kv_lens = jnp.where(is_dec, kv_lens, 0)
-    if decode_only:  # row s is sequence s's token
-        q_dec = q[:num_seq_rows] if num_tokens >= num_seq_rows else jnp.pad(
-            q, ((0, num_seq_rows - num_tokens), (0, 0), (0, 0)))
-    else:
-        q_dec = q[jnp.minimum(cu_q_lens[:-1], num_tokens - 1)]
-    q_dec = q_dec.reshape(num_seq_rows, num_kv_heads, group, head_dim)
-    if _use_mosaic_decode(tuning, interpret, q.dtype, k_pages.dtype,
-                          head_dim, page_size, group, per_page):
-        if k_scale is not None:  # folded into the rows, as (q k) * k_scale
-            q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q.dtype)
-        o_dec = _mgpu.decode_attention(
-            q_dec, k_pages, v_pages, dec_kv_lens, block_tables,
-            sm_scale=sm_scale, sliding_window=sliding_window,
-            logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
-            interpret=interpret) * scales[1]
-    else:
-        rows = max(16, 1 << (group - 1).bit_length())
-        q_dec = jnp.pad(q_dec, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
-        splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
-                                  pages_padded // tuning.decode_pages_per_block)
-        o_dec, m_dec, l_dec = decode_call(
-            q_dec, k_pages, v_pages, dec_kv_lens, tables, scales, page_scales, sm_scale=sm_scale, sliding_window=sliding_window,
-            logit_soft_cap=logit_soft_cap,
-            pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
-            prefetch=tuning.decode_prefetch,
-            num_warps=tuning.decode_num_warps,
-            num_stages=tuning.decode_num_stages, interpret=interpret)
-        o_dec = combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
+    q_dec = _decode_queries(q, cu_q_lens, num_seq_rows, decode_only).reshape(
+        num_seq_rows, num_kv_heads, group, head_dim)
+    o_dec = _decode(
+        q_dec, k_pages, v_pages, dec_kv_lens, block_tables, tables, scales,
+        page_scales, k_scale, use_mosaic=_use_mosaic_decode(
+            tuning, interpret, q.dtype, k_pages.dtype, head_dim, page_size,
+            group, per_page), **kernel_kw)
     o_dec = o_dec.reshape(num_seq_rows, num_q_heads, head_dim).astype(q.dtype)
     if decode_only:
-        out = jnp.where(is_dec[:, None, None], o_dec, 0)
-        if num_tokens <= num_seq_rows:
-            return out[:num_tokens]
-        return jnp.pad(out, ((0, num_tokens - num_seq_rows), (0, 0), (0, 0)))
+        return _decode_only_output(o_dec, is_dec, num_tokens)
+
     if _use_mosaic_prefill(tuning, interpret, q.dtype, k_pages.dtype,
                            head_dim, page_size, pages_per_seq, per_page):
         # Prefill rows from the kernel; decode rows and padding placed by its
         # wrapper (one small scatter, no pass over all rows).
-        return _pf.prefill_attention(
+        return _prefill_mgpu.prefill_attention(
             q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens, num_seqs,
             o_dec, sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap, k_scale=scales[0],
             v_scale=scales[1], tuning=tuning.mosaic_prefill)
-
-    # Prefill: rows of sequences with q_len > 1, written over the decode rows.
-    block_q = tuning.prefill_block_q
-    q_rows = max(num_tokens, block_q)
-    q_pad = jnp.pad(q, ((0, q_rows - num_tokens), (0, 0), (0, 0)))
-    # Decode rows gathered into place (one fusion; a scatter into zeros is
-    # two kernels): token t is sequence seq_of[t]'s decode row or zeros.
-    t = jnp.arange(q_rows, dtype=jnp.int32)
-    seq_of = jnp.minimum(jnp.searchsorted(
-        cu_q_lens[1:], t, side="right", method="compare_all"),
-        num_seq_rows - 1).astype(jnp.int32)
-    tok_dec = is_dec[seq_of] & (t == cu_q_lens[seq_of])
-    out = jnp.where(tok_dec[:, None, None], o_dec[seq_of], 0).astype(q.dtype)
-    num_items = pl.cdiv(num_tokens, block_q) + num_seq_rows
-    item_seq, item_start = prefill_work_items(cu_q_lens, num_seqs, num_items,
-                                               block_q)
-    out = prefill_call(
-        q_pad, k_pages, v_pages, out, item_seq, item_start, cu_q_lens,
-        kv_lens, tables, scales, page_scales, sm_scale=sm_scale,
-        sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
-        block_q=block_q, pages_per_block=tuning.prefill_pages_per_block,
-        num_warps=tuning.prefill_num_warps,
-        num_stages=tuning.prefill_num_stages, interpret=interpret)
-    return out[:num_tokens]
+    return _triton_prefill(q, k_pages, v_pages, kv_lens, tables, cu_q_lens,
+                           num_seqs, o_dec, is_dec, scales, page_scales,
+                           **kernel_kw)
 
 
 __all__ = ["RaggedAttentionShapeError", "RaggedPagedAttentionTuning",

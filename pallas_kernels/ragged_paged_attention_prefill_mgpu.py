@@ -34,14 +34,10 @@ sequence stores them with one TMA copy; otherwise in 8-row chunks, where the
 (``item_seq == -1``) write the padding rows' zeros. The wrapper's one small
 scatter then places the boundary rows, each decode's row (``decode_out``,
 from the decode kernel) and the at most 7 padding rows before the first zero
-item: no pass over all T rows (a select pass over the output cost ~70 us of
-0.68 ms here; Mosaic GPU kernels take no input/output alias to avoid it).
-
-Measured on one H200 (benchmarks/results/kernel-prefill-mgpu-h200.json,
-8 x 2048 causal, N=32 K=8 H=128 page 16 bf16, wrapper included): 0.614 ms
-= 448 TFLOP/s = 58.5% of the bf16 matmul rate of the same run (765 TFLOP/s);
-cuDNN 0.587 ms (0.96x), the public API's Triton prefill 1.027 ms; JAX's
-bundled ``attention_mgpu`` (f16, contiguous K/V, same FA3 scheme) 0.562 ms.
+item: no pass over all T rows (a select pass over the output was a
+noticeable share of the kernel's time, NOTES.md v5; Mosaic GPU kernels take
+no input/output alias to avoid it). NOTES.md v5 and v7 compare the kernel
+with cuDNN, the Triton path and JAX's bundled ``attention_mgpu``.
 
 Softmax in base 2 with a finite mask value (a step that masks a whole row
 leaves garbage that the next real step's correction factor zeroes).
@@ -51,23 +47,42 @@ leaves garbage that the next real step's correction factor zeroes).
 
 from __future__ import annotations
 
-import contextlib
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_matmul_helpers, mosaic_operand_problem,
-                            mosaic_register_helpers, per_tensor_scales,
-                            round_up, sequence_work_items,
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
+                            mosaic_interpret_params, mosaic_matmul_helpers,
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            per_tensor_scales, round_up, sequence_work_items,
                             swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
 __all__ = ["MosaicPrefillTuning", "MosaicPrefillUnsupported", "supports",
            "prefill_attention", "prefill_work_items"]
+
+
+class _Buffers(NamedTuple):
+    """The kernel's shared-memory buffers (one scoped allocation)."""
+    q: Any  # [2, block_q, H] each compute warpgroup's query rows, then output
+    k: Any  # [num_stages, bk, H] K ring, bk = pages_per_step * B
+    v: Any  # [num_stages, bk, H] V ring
+    table: Any  # [table_chunk] int32 the sequence's block-table slice
+
+
+class _Barriers(NamedTuple):
+    """The kernel's barriers, in allocation order."""
+    q: Any  # [2] one per compute warpgroup: its query rows landed
+    table: Any  # [1] the block-table slice landed (one arrival per piece)
+    k_ready: Any  # [num_stages] a ring slot's K pages landed
+    v_ready: Any  # [num_stages] a ring slot's V pages landed
+    k_free: Any  # [num_stages] both compute warpgroups consumed a K slot
+    v_free: Any  # [num_stages] both compute warpgroups consumed a V slot
+    schedule: Any  # the compute warpgroups' ping-pong
 
 
 class MosaicPrefillUnsupported(ValueError):
@@ -151,8 +166,10 @@ def _prefill_kernel(
     transforms = swizzled_smem_transforms(dtype)
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(q_smem, k_smem, v_smem, tbl_smem, q_bar, tbl_bar,
-               k_bar, v_bar, k_free, v_free, sched):
+    def scoped(buffers: _Buffers, barriers: _Barriers):
+        q_smem, k_smem, v_smem, tbl_smem = buffers
+        q_bar, tbl_bar, k_bar, v_bar, k_free, v_free, sched = barriers
+
         def sched_sync():
             if schedule_barrier:
                 plgpu.barrier_arrive(sched)
@@ -338,31 +355,26 @@ def _prefill_kernel(
                 plgpu.barrier_wait(v_free.at[slot])
                 issue(i + num_stages, slot, v_pages_ref, v_smem, v_bar)
 
+    ring = (num_stages, bk, head_dim)
     pl.run_scoped(
         scoped,
-        plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((table_chunk,), jnp.int32),
-        plgpu.Barrier(num_barriers=2),
-        plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=2),
+        _Buffers(
+            q=plgpu.SMEM((2, block_q, head_dim), dtype, transforms=transforms),
+            k=plgpu.SMEM(ring, dtype, transforms=transforms),
+            v=plgpu.SMEM(ring, dtype, transforms=transforms),
+            table=plgpu.SMEM((table_chunk,), jnp.int32)),
+        _Barriers(
+            q=plgpu.Barrier(num_barriers=2),
+            table=plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
+            k_ready=plgpu.Barrier(num_arrivals=pages_per_step,
+                                  num_barriers=num_stages),
+            v_ready=plgpu.Barrier(num_arrivals=pages_per_step,
+                                  num_barriers=num_stages),
+            k_free=plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
+            v_free=plgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
+            schedule=plgpu.Barrier(num_arrivals=2)),
         collective_axes="wg",
     )
-
-
-def _no_vma_check():
-    """What plgpu.kernel does around its launch (axis_index of the mesh
-    axes is not varying-manual-axes typed)."""
-    try:
-        from jax._src import config
-        return config._check_vma(False)
-    except (ImportError, AttributeError):  # pragma: no cover
-        return contextlib.nullcontext()
 
 
 def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
@@ -378,8 +390,8 @@ def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
     seq, start, used = sequence_work_items(
         cu_q_lens[:-1] // 8 * 8, cu_q_lens[1:], real & (q_lens > 1), tile,
         num_items)
-    zero_start = -(-cu_q_lens[num_seqs] // 8) * 8
-    num_zero = -(-(num_rows - zero_start) // tile)
+    zero_start = round_up(cu_q_lens[num_seqs], 8)
+    num_zero = cdiv(num_rows - zero_start, tile)
     z = jnp.arange(num_items, dtype=jnp.int32) - used
     is_zero = (z >= 0) & (z < num_zero)
     start = jnp.where(is_zero, zero_start + z * tile, start)
@@ -439,7 +451,7 @@ def prefill_attention(
         q = jnp.pad(q, ((0, rows - num_tokens), (0, 0), (0, 0)))
     # Sequence items: at most one per tile of rows plus one per sequence;
     # zero items: at most one per tile of padding rows plus one.
-    num_items = -(-rows // tile) + num_seq_rows + 2
+    num_items = cdiv(rows, tile) + num_seq_rows + 2
     num_seqs = jnp.reshape(num_seqs, ())
     item_seq, item_start = prefill_work_items(cu_q_lens, num_seqs, rows,
                                               num_items, tile)
@@ -453,10 +465,9 @@ def prefill_attention(
         interpret=interpret)
     kw = {}
     if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret import params
         # TMA reads past the last query row fill; the interpreter fills
         # them with NaN (those rows are computed and dropped).
-        kw["interpret"] = params.InterpretGPUParams(
+        kw["interpret"] = mosaic_interpret_params(
             out_of_bounds_reads="uninitialized")
     else:
         kw["compiler_params"] = plgpu.CompilerParams(approx_math=True)
@@ -464,14 +475,12 @@ def prefill_attention(
                       grid_names=("head", "item"), num_threads=3,
                       thread_name="wg")
     side_shape = (num_seq_rows, 2, 8, num_q_heads, head_dim)
-    call = pl.kernel(
+    out, side = pl.kernel(
         kernel, mesh=mesh, name="ragged_paged_attention_prefill_mgpu",
         out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype),
-                  jax.ShapeDtypeStruct(side_shape, q.dtype)), **kw)
-    with _no_vma_check():
-        out, side = call(item_seq, item_start, cu_q_lens,
-                         kv_lens.astype(jnp.int32), tables, scales, q,
-                         k_pages, v_pages)
+                  jax.ShapeDtypeStruct(side_shape, q.dtype)), **kw,
+    )(item_seq, item_start, cu_q_lens, kv_lens.astype(jnp.int32), tables,
+      scales, q, k_pages, v_pages)
 
     # Rows the kernel leaves, in one scatter (index `rows` = dropped):
     # the boundary chunks' rows of each prefill sequence (chunks
@@ -494,7 +503,7 @@ def prefill_attention(
         decode_out = jnp.zeros((num_seq_rows, num_q_heads, head_dim), q.dtype)
     total = cu_q_lens[num_seqs]
     pad_idx = total + jnp.arange(8, dtype=jnp.int32)
-    pad_idx = jnp.where(pad_idx < -(-total // 8) * 8, pad_idx, rows)
+    pad_idx = jnp.where(pad_idx < round_up(total, 8), pad_idx, rows)
     out = out.at[jnp.concatenate([side_idx, dec_idx, pad_idx])].set(
         jnp.concatenate([side.reshape(-1, num_q_heads, head_dim),
                          decode_out.astype(q.dtype),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 # Streaming multiprocessors of the target GPU (H100/H200: 132). The decode
 # kernel splits the KV axis until about this many programs run at once per SM.
 NUM_SMS = 132
@@ -30,7 +32,7 @@ def _pow2(x: int) -> bool:
 @dataclasses.dataclass(frozen=True)
 class MosaicDecodeTuning:
     """Static launch parameters of the Mosaic GPU decode kernel
-    (``ragged_paged_attention_mgpu.py``)."""
+    (``ragged_paged_attention_decode_mgpu.py``)."""
     tokens_per_step: int = 64  # KV tokens per pipeline step (of 64 and of B)
     num_stages: int = 0  # ring depth in steps; 0 = as many as fit smem_budget
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
@@ -72,10 +74,9 @@ class MosaicDecodeTuning:
 @dataclasses.dataclass(frozen=True)
 class MosaicPrefillTuning:
     """Static launch parameters of the Mosaic GPU prefill kernel
-    (``ragged_paged_attention_prefill_mgpu.py``). Measured on one H200
-    (8 x 2048 causal, H=128 page 16): 128-token steps x 2 stages 0.614 ms,
-    64 x 4 0.693 ms, 128 x 2 without the schedule barrier 0.636 ms; 128 x 3
-    does not fit shared memory."""
+    (``ragged_paged_attention_prefill_mgpu.py``). The defaults are the
+    fastest of the variants measured on an H200 (NOTES.md v5); 128-token
+    steps x 3 stages do not fit shared memory."""
     block_q: int = 64  # query rows per compute warpgroup (2 per program)
     tokens_per_step: int = 128  # KV tokens per pipeline step
     num_stages: int = 2  # K/V ring depth in steps
@@ -94,8 +95,8 @@ class MosaicPrefillTuning:
     def smem_bytes(self, head_dim: int, itemsize: int, table: int) -> int:
         tiles = 2 * self.block_q * head_dim * itemsize  # q (then o), 2 wgs
         ring = 2 * self.num_stages * self.tokens_per_step * head_dim * itemsize
-        # + barriers and alignment: t128_s3 at H=128 measured 232576 bytes
-        # against this estimate's 230528 (H200, jax 0.11.2).
+        # + barriers and alignment (Mosaic's own count is slightly higher;
+        # NOTES.md v5 compares the two).
         return tiles + ring + 4 * table + 4096
 
 
@@ -173,12 +174,6 @@ class RaggedPagedAttentionTuning:
         return splits
 
 
-# Tuned on one H200 (benchmarks/kernels/bench_attention.py, see NOTES.md),
-# keyed by (head_dim, page_size); measured at H=128 page 16, the other keys
-# keep the same tile bytes (a 64-token x 128 decode tile, a 128 x 128 prefill
-# tile). Missing keys fall back to the defaults above.
-
-
 def _t(decode_pages, block_q, prefill_pages, **kw):
     return RaggedPagedAttentionTuning(
         decode_prefetch=True, decode_pages_per_block=decode_pages,
@@ -186,15 +181,32 @@ def _t(decode_pages, block_q, prefill_pages, **kw):
         prefill_num_warps=8, **kw)
 
 
-TUNED: dict[tuple[int, int], RaggedPagedAttentionTuning] = {
-    (64, 16): _t(8, 128, 8),
-    (64, 32): _t(4, 128, 4),
-    (128, 16): _t(4, 128, 8),  # measured: NOTES.md v3
-    (128, 32): _t(2, 128, 4),
-    (256, 16): _t(2, 64, 4),
-    (256, 32): _t(1, 64, 2),
+# Tuned tables by jax ``device_kind``, each keyed by (head_dim, page_size).
+# The H200 table was measured at H=128 page 16
+# (benchmarks/kernels/bench_attention.py, NOTES.md v3); its other keys keep
+# the same tile bytes (a 64-token x 128 decode tile, a 128 x 128 prefill
+# tile). Missing (head_dim, page_size) keys fall back to the class defaults.
+TUNED: dict[str, dict[tuple[int, int], RaggedPagedAttentionTuning]] = {
+    "NVIDIA H200": {
+        (64, 16): _t(8, 128, 8),
+        (64, 32): _t(4, 128, 4),
+        (128, 16): _t(4, 128, 8),
+        (128, 32): _t(2, 128, 4),
+        (256, 16): _t(2, 64, 4),
+        (256, 32): _t(1, 64, 2),
+    },
 }
+# A device without a table of its own (an H100, another GPU, the CPU running
+# the kernels interpreted) uses this one's until it is measured: the tiles
+# above fit any GPU with Hopper's shared memory.
+FALLBACK_DEVICE = "NVIDIA H200"
 
 
-def default_tuning(head_dim: int, page_size: int) -> RaggedPagedAttentionTuning:
-    return TUNED.get((head_dim, page_size), RaggedPagedAttentionTuning())
+def default_tuning(head_dim: int, page_size: int,
+                   device_kind: str | None = None) -> RaggedPagedAttentionTuning:
+    """The tuned launch parameters for a head dim and page size on a device
+    (by default the first jax device, read when the kernel is traced)."""
+    if device_kind is None:
+        device_kind = jax.devices()[0].device_kind
+    table = TUNED.get(device_kind, TUNED[FALLBACK_DEVICE])
+    return table.get((head_dim, page_size), RaggedPagedAttentionTuning())

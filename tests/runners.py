@@ -176,7 +176,7 @@ class JaxInferRunner:
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p)
                for p in prompts]
         return packed_prefill_logits(runner.model, runner.params,
-                                     runner.cos_sin, ids,
+                                     runner.constants, ids,
                                      block_size=runner.block_size,
                                      dtype=runner.dtype)
 

@@ -65,7 +65,7 @@ def check_config(index, variant):
     import jax.numpy as jnp
     from jaxinfer.pallas_kernels import (ragged_paged_attention,
                                          ragged_paged_attention_reference)
-    from jaxinfer.pallas_kernels import ragged_paged_attention_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
         MosaicDecodeTuning, default_tuning)
     from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
@@ -141,7 +141,7 @@ def correctness():
 def time_shape(name, s, l, bw):
     import jax
     from jaxinfer.pallas_kernels import ragged_paged_attention
-    from jaxinfer.pallas_kernels import ragged_paged_attention_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
         MosaicDecodeTuning as M, default_tuning)
     args = batch([(1, l)] * s, jax.random.PRNGKey(0), jax.numpy.bfloat16)
@@ -180,8 +180,6 @@ def time_shape(name, s, l, bw):
     }
     for label, mt in kernels.items():
         run(f"kernel_{label}", kern(mt), qd, kp, vp, kv_lens, tables)
-    run("kernel_ws_no_math", kern(M(), _no_math=True), qd, kp, vp, kv_lens,
-        tables)
     run("kernel_ws_again", kern(M()), qd, kp, vp, kv_lens, tables)
     run("api_triton", api(decode_backend="triton"), *args)
     for label in ("ws", "ws_s3_2cta", "ws_nab", "ws_s3_2cta_nab"):
@@ -197,7 +195,7 @@ def probe():
     does not lower, say why and stop before spending device time."""
     import jax.numpy as jnp
     from jaxinfer.pallas_kernels import ragged_paged_attention_reference
-    from jaxinfer.pallas_kernels import ragged_paged_attention_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from tests.pallas_kernels.cases import make_case, rel_error
     case = make_case([(1, 1), (1, 129), (1, 700)], num_q_heads=8,
                      num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)

@@ -21,7 +21,6 @@ import sys
 VARIANTS = {
     "p16": dict(page=16),
     "p32": dict(page=32),
-    "p32_nomath_1wg": dict(page=32, producer=False, no_math=True),
     "p32_1wg": dict(page=32, producer=False),
     "p32_t128_1wg": dict(page=32, producer=False, tokens=128, stages=2),
     "p32_h64_1wg": dict(page=32, producer=False, head_dim=64),
@@ -30,7 +29,7 @@ VARIANTS = {
 
 def child(name: str) -> None:
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import ragged_paged_attention_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels import ragged_paged_attention_reference
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
         MosaicDecodeTuning)
@@ -52,8 +51,7 @@ def child(name: str) -> None:
     import jax
     out = mg.decode_attention(q_dec, kp, vp, jnp.where(real, kv_lens, 0),
                               tables, sm_scale=head_dim ** -0.5, tuning=tuning,
-                              interpret=jax.default_backend() != "gpu",
-                              _no_math=cfg.get("no_math", False))
+                              interpret=jax.default_backend() != "gpu")
     out = out.block_until_ready()
     ref = ragged_paged_attention_reference(*case, sm_scale=head_dim ** -0.5)
     err = rel_error(out.reshape(S, 8, head_dim)[:3], ref[rows][:3])

@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 
 from ..config import CacheConfig, SchedulerConfig
-from ..request import Request, RequestStatus
+from ..request import Request, RequestStatus, banned_ids
 from .kv_cache_manager import KVCacheManager
 from .policy import Policy
-from .scheduler_output import ScheduledRequest, SchedulerOutput
+from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
@@ -154,6 +154,9 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.num_cached_tokens = num_hit
             self.waiting.pop()
+            out.new_requests.append(NewRequestData(
+                req.request_id, req.all_token_ids, req.num_prompt_tokens,
+                req.sampling_params))
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.time()
@@ -169,7 +172,12 @@ class Scheduler:
                 token_ids=req.token_ids_between(start, start + n),
                 start_pos=start,
                 block_table=list(self.kv.block_table(req.request_id)),
-                sample=sample))
+                sample=sample,
+                # Output tokens before the one this row samples, pending
+                # ones (still on the device) included.
+                sample_index=(len(req.output_token_ids)
+                              + req.num_pending_tokens if sample else 0),
+                banned_ids=banned_ids(req) if sample else []))
             # Counted as computed now: the step that runs them is already
             # enqueued when the next schedule() is called. Its sampled token
             # is pending until update_from_output reads it.

@@ -1,17 +1,34 @@
-"""What the scheduler decided for one step: plain data for the runner."""
+"""What the scheduler decided for one step: plain data for the runner, and
+the whole of what the runner learns about requests (as vLLM V1's
+NewRequestData / CachedRequestData): a request entering the running batch
+(new, or resumed after preemption) is sent whole once; each step then sends
+only what changed for the rows it runs."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from ..sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class NewRequestData:
+    """A request joining the running batch, as the runner must know it."""
+    request_id: str
+    token_ids: list[int]  # prompt + outputs known at admission
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+
 
 @dataclasses.dataclass
 class ScheduledRequest:
     request_id: str
-    token_ids: list[int]  # tokens whose K/V this step computes, in order
+    token_ids: list[int]  # tokens whose K/V this step computes, in order (PENDING_TOKEN: on the device)
     start_pos: int  # position of token_ids[0]; equals the tokens already in pages
     block_table: list[int]  # page ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True when this chunk ends at the request's last known token
+    sample_index: int = 0  # which output token the row samples (0 = first); seeds its draw
+    banned_ids: list[int] = dataclasses.field(default_factory=list)  # ids it must not sample
 
 
 @dataclasses.dataclass
@@ -23,6 +40,8 @@ class SchedulerOutput:
     # Copies the runner makes before the step, in this order:
     blocks_to_swap_out: list[tuple[int, int]]  # (device_page, host_slot): device -> host
     blocks_to_swap_in: list[tuple[int, int]]  # (device_page, host_slot): host -> device
+    # Requests entering the running batch this step (before their rows run).
+    new_requests: list[NewRequestData] = dataclasses.field(default_factory=list)
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":

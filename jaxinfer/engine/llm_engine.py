@@ -92,7 +92,6 @@ class LLMEngine:
         # --profile-steps: one JSON line per step (step_timeline.py).
         self.timeline = (StepTimeline(args.profile_steps)
                          if args.profile_steps else None)
-        self._last_ready: float | None = None
         self._inflight = None  # a dispatched step whose tokens are unread
 
     @classmethod
@@ -192,7 +191,7 @@ class LLMEngine:
             self.num_steps += 1
             self.last_step_tokens = sched_out.num_scheduled_tokens
             compile_before = CompileClock.read() if self.timeline else None
-            inflight = self.runner.dispatch(sched_out, self.scheduler.requests)
+            inflight = self.runner.dispatch(sched_out)
             inflight.host_s = time.perf_counter() - t0
             if compile_before is not None:  # compiles of this dispatch alone
                 after = CompileClock.read()
@@ -215,7 +214,6 @@ class LLMEngine:
 
     def _finish(self, inflight) -> list[RequestOutput]:
         """Reads a dispatched step's tokens and turns them into outputs."""
-        t_wait = time.perf_counter()
         runner_out = self.runner.collect(inflight)
         t0 = time.perf_counter()
         sched_out = inflight.out
@@ -232,21 +230,19 @@ class LLMEngine:
                 outputs.append(out)
         if self.timeline is not None and sched_out.scheduled:
             inflight.host_s += time.perf_counter() - t0
-            self._record_step(inflight, t_wait)
+            self._record_step(inflight)
         return outputs
 
-    def _record_step(self, inflight, t_wait) -> None:
+    def _record_step(self, inflight) -> None:
         compile_s, compiles = inflight.compiled
         T, S, P, decode_only = inflight.dims
-        device_start = max(inflight.launched_at, self._last_ready or 0.0)
-        self._last_ready = inflight.ready_at
         compile_ms = 1e3 * compile_s
         self.timeline.add(StepRecord(
             step=len(self.timeline.records),
             t_start_s=inflight.dispatched_at - self.timeline._t0, T=T, S=S,
             P=P, decode_only=decode_only, **step_shape(inflight.out.scheduled),
             host_ms=max(1e3 * inflight.host_s - compile_ms, 0.0),
-            device_ms=1e3 * (inflight.ready_at - device_start),
+            device_ms=1e3 * (inflight.ready_at - inflight.device_start),
             compile_ms=compile_ms,
             compiles=compiles,
             preempted=inflight.preempted, pages_in_use=inflight.queue[0],

@@ -18,14 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
-                             model_class, resolve_backend, rope_cos_sin_table)
+                             model_class, resolve_backend)
+from jaxinfer.models.runtime import model_constants, run_model
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
 from ..config import CacheConfig, SchedulerConfig
 from ..core.kv_cache_manager import cdiv
-from ..core.scheduler_output import SchedulerOutput
-from ..request import PENDING_TOKEN, Request
+from ..core.scheduler_output import NewRequestData, SchedulerOutput
+from ..request import PENDING_TOKEN
 from .buckets import Buckets
 from .packing import pack_step, unpack_step
 from .logprob_ops import gather_logprobs
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 
-def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
+def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           prev_tokens, packed, logits_indices, smd: SamplingMetadata,
           prompt_lp_targets):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
@@ -59,8 +60,8 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, cos_sin,
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
                           input_ids)
-    logits, kv_pages = model.apply({"params": params}, input_ids, positions,
-                                   kv_pages, md, cos_sin, logits_indices)
+    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
+                                 positions, md, logits_indices)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -104,8 +105,8 @@ class ModelRunner:
                                       place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
-        self.cos_sin = jnp.asarray(
-            rope_cos_sin_table(self.cfg, scheduler_config.max_model_len))
+        self.constants = model_constants(self.model,
+                                         scheduler_config.max_model_len)
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
@@ -138,6 +139,9 @@ class ModelRunner:
             jnp.zeros(scheduler_config.max_num_seqs, jnp.int32),
             self.placement.replicated)
         self.prev_rows: dict[str, int] = {}
+        # What the runner knows of each request in the batch: sent once by
+        # the scheduler when it joins (SchedulerOutput.new_requests).
+        self.requests: dict[str, NewRequestData] = {}
         self._last_ready = 0.0  # when the last collected step was done
 
     # -- sizing -----------------------------------------------------------
@@ -180,10 +184,7 @@ class ModelRunner:
 
     # -- one step ---------------------------------------------------------
 
-    def request_seed(self, req: Request) -> int:
-        return self.sampling_inputs.request_seed(req)
-
-    def prepare(self, out: SchedulerOutput, requests: dict[str, Request]):
+    def prepare(self, out: SchedulerOutput):
         """Packs a step into host arrays padded to its bucket."""
         sched = out.scheduled
         n_tok = sum(len(s.token_ids) for s in sched)
@@ -228,12 +229,12 @@ class ModelRunner:
         md = AttentionMetadata(slots, tables, kv_lens, cu,
                                np.array([len(sched)], np.int32),
                                decode_only=n_tok == R)
-        smd = self.sampling_inputs.build(sched, requests, S)
+        smd = self.sampling_inputs.build(sched, self.requests, S)
         return input_ids, positions, md, logits_idx, smd
 
     def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
         """The step's dynamic arguments, in order."""
-        return (self.params, self.kv_pages, state, self.cos_sin,
+        return (self.params, self.kv_pages, state, self.constants,
                 self.prev_tokens, packed, logits_idx, smd, targets)
 
     @staticmethod
@@ -255,26 +256,27 @@ class ModelRunner:
             return program(*dyn)
         return self._step(num_lp, dims, *dyn)
 
-    def execute_model(self, out: SchedulerOutput,
-                      requests: dict[str, Request]) -> ModelRunnerOutput:
-        """Runs one step; returns the sampled token of every request whose
-        chunk reached its last known token (and logprobs where asked)."""
-        return self.collect(self.dispatch(out, requests))
-
-    def dispatch(self, out: SchedulerOutput,
-                 requests: dict[str, Request]) -> "InFlightStep":
-        """Enqueues one step on the device and returns without waiting."""
-        self.sampling_inputs.release(out.finished_ids + out.preempted_ids)
+    def dispatch(self, out: SchedulerOutput) -> "InFlightStep":
+        """Enqueues one step on the device and returns without waiting.
+        ``out`` is all the runner learns of the step (the requests joining
+        the batch are sent whole, once: SchedulerOutput.new_requests)."""
+        gone = out.finished_ids + out.preempted_ids
+        self.sampling_inputs.release(gone)
+        for rid in gone:
+            self.requests.pop(rid, None)
+        for new in out.new_requests:
+            self.requests[new.request_id] = new
         if out.has_copies:  # swaps, before the step
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
         if not out.scheduled:
-            return InFlightStep(out, requests, None, None, None, None)
-        input_ids, positions, md, logits_idx, smd = self.prepare(out, requests)
-        plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled, requests)
+            return InFlightStep(out, [], None, None, None, None)
+        input_ids, positions, md, logits_idx, smd = self.prepare(out)
+        plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled,
+                                                         self.requests)
+        wants_lp = [s.sample and self.requests[s.request_id]
+                    .sampling_params.logprobs is not None for s in out.scheduled]
         num_lp = None
-        if plan is not None or any(
-                requests[s.request_id].sampling_params.logprobs is not None
-                for s in out.scheduled if s.sample):
+        if plan is not None or any(wants_lp):
             num_lp = self.max_logprobs
         state = None
         if smd.penalties is not None:
@@ -295,7 +297,7 @@ class ModelRunner:
                           if s.sample}
         if state is not None:
             self.penalty_state = state
-        return InFlightStep(out, requests, res, prompt_lp, plan, t0,
+        return InFlightStep(out, wants_lp, res, prompt_lp, plan, t0,
                             time.perf_counter(), dims=dims)
 
     def collect(self, step: "InFlightStep") -> ModelRunnerOutput:
@@ -310,22 +312,26 @@ class ModelRunner:
         # device-busy share of a run (BENCHMARKS.md `idle`).
         start = max(step.dispatched_at, self._last_ready)
         self.device_seconds += max(step.ready_at - start, 0.0)
+        # The step timeline's device time leaves compiles out.
+        step.device_start = max(step.launched_at, self._last_ready)
         self._last_ready = step.ready_at
-        return self.sampling_inputs.collect(step.out.scheduled, step.requests,
-                                            step.res, step.prompt_lp, step.plan)
+        return self.sampling_inputs.collect(step.out.scheduled,
+                                            step.wants_logprobs, step.res,
+                                            step.prompt_lp, step.plan)
 
 
 @dataclasses.dataclass
 class InFlightStep:
     """A step enqueued on the device whose results the host has not read."""
     out: SchedulerOutput
-    requests: dict[str, Request]
+    wants_logprobs: list[bool]  # per row: its request asked for logprobs
     res: object  # SamplerOutput (device arrays), None for an empty step
     prompt_lp: object
     plan: object
     dispatched_at: float | None  # perf_counter() before the call (compiles count as busy)
     launched_at: float | None = None  # when the call returned (compiled, enqueued)
     ready_at: float | None = None
+    device_start: float | None = None  # when the device could start it
     dims: tuple | None = None  # the bucket (T, S, P, decode_only)
     # Engine bookkeeping for the step timeline.
     host_s: float = 0.0

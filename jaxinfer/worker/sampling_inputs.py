@@ -1,7 +1,9 @@
 """Host side of sampling: one step's requests -> `SamplingMetadata` arrays.
 
 Runs once per step over the scheduled requests (O(requests + new tokens),
-never O(vocabulary)). Features no request uses stay None, which selects a
+never O(vocabulary)), from the step's rows and what the runner was sent of
+each request when it joined the batch (`NewRequestData`), never from the
+scheduler's own request objects. Features no request uses stay None, which selects a
 cheaper compiled variant of the step. Also plans prompt logprobs: which
 positions of the step's tokens need them and which prompt token each one
 scores.
@@ -14,9 +16,8 @@ import zlib
 
 import numpy as np
 
-from ..core.scheduler_output import ScheduledRequest
+from ..core.scheduler_output import NewRequestData, ScheduledRequest
 from ..logprobs import LogprobRows
-from ..request import Request
 from .penalties import PenaltyParams
 from .runner_output import ModelRunnerOutput
 from .sampler import SamplerOutput, SamplingMetadata
@@ -82,42 +83,25 @@ def _has_penalties(sp) -> bool:
             or sp.repetition_penalty != 1.0)
 
 
-def banned_ids(req: Request) -> list[int]:
-    """Ids that must not be sampled next: bad words whose prefix ends the
-    output so far, and, before min_tokens, EOS and stop token ids."""
-    sp = req.sampling_params
-    out = req.output_token_ids
-    banned = []
-    for word in sp.bad_words_token_ids or ():
-        prefix = word[:-1]
-        if not prefix or (len(out) >= len(prefix)
-                          and out[len(out) - len(prefix):] == prefix):
-            banned.append(word[-1])
-    if len(out) < sp.min_tokens:
-        banned.extend(sp.stop_token_ids)
-        if not sp.ignore_eos:
-            banned.extend(req.eos_token_ids)
-    return banned
-
-
 class SamplingInputs:
     def __init__(self, vocab_size: int, max_num_seqs: int, engine_seed: int):
         self.vocab = vocab_size
         self.engine_seed = engine_seed
         self.slots = PenaltySlots(max_num_seqs)
 
-    def request_seed(self, req: Request) -> int:
-        sp = req.sampling_params
+    def request_seed(self, request_id: str, sp) -> int:
         if sp.seed is not None:
             return sp.seed & 0xFFFFFFFF
-        return zlib.crc32(f"{self.engine_seed}:{req.request_id}".encode())
+        return zlib.crc32(f"{self.engine_seed}:{request_id}".encode())
 
     def release(self, request_ids) -> None:
         for rid in request_ids:
             self.slots.release(rid)
 
-    def build(self, sched: list[ScheduledRequest], requests: dict[str, Request],
-              S: int) -> SamplingMetadata:
+    def build(self, sched: list[ScheduledRequest],
+              requests: dict[str, NewRequestData], S: int) -> SamplingMetadata:
+        """``requests``: what the runner knows of each request (sent once,
+        when it joined the batch); the rows carry the rest."""
         reqs = [requests[s.request_id] for s in sched]
         sps = [r.sampling_params for r in reqs]
         n = len(reqs)
@@ -127,14 +111,10 @@ class SamplingInputs:
             temp = np.zeros(S, np.float32)
             seeds = np.zeros(S, np.uint32)
             pos = np.zeros(S, np.int32)
-            for i, (req, sp) in enumerate(zip(reqs, sps)):
+            for i, (s, sp) in enumerate(zip(sched, sps)):
                 temp[i] = 0.0 if sp.greedy else sp.temperature
-                seeds[i] = self.request_seed(req)
-                # The index of the token this step samples: pending tokens
-                # (sampled by steps still on the device, this one included)
-                # come before it.
-                pos[i] = len(req.output_token_ids) + max(
-                    req.num_pending_tokens - 1, 0)
+                seeds[i] = self.request_seed(s.request_id, sp)
+                pos[i] = s.sample_index
             kw.update(temperature=temp, seeds=seeds, positions=pos)
             if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0
                    for sp in sps):
@@ -151,9 +131,8 @@ class SamplingInputs:
         if any(sp.allowed_token_ids for sp in sps):
             kw["allowed_ids"] = _pad_lists(
                 [sp.allowed_token_ids or [] for sp in sps], S, V)
-        banned = [banned_ids(r) for r in reqs]
-        if any(banned):
-            kw["banned_ids"] = _pad_lists(banned, S, V)
+        if any(s.banned_ids for s in sched):
+            kw["banned_ids"] = _pad_lists([s.banned_ids for s in sched], S, V)
         if any(sp.logit_bias for sp in sps):
             items = [list((sp.logit_bias or {}).items()) for sp in sps]
             kw["bias_ids"] = _pad_lists([[k for k, _ in it] for it in items], S, V)
@@ -181,9 +160,9 @@ class SamplingInputs:
             rep[i] = sp.repetition_penalty
             start = s.start_pos
             toks = list(s.token_ids)
-            if fresh:
+            if fresh:  # a request (re)joining: every token before this chunk
                 reset[i] = slot
-                toks = req.all_token_ids[:start] + toks
+                toks = req.token_ids[:start] + toks
                 start = 0
             ids.extend(toks)
             cslots.extend([slot] * len(toks))
@@ -201,7 +180,8 @@ class SamplingInputs:
 
     @staticmethod
     def plan_prompt_logprobs(sched: list[ScheduledRequest],
-                             requests: dict[str, Request]) -> PromptLogprobPlan | None:
+                             requests: dict[str, NewRequestData]
+                             ) -> PromptLogprobPlan | None:
         """Positions j of the step whose logits score prompt token j + 1."""
         idx, tgt, spans = [], [], {}
         t = 0
@@ -215,7 +195,7 @@ class SamplingInputs:
                                            stop - s.start_pos)
                     for j in range(s.start_pos, stop):
                         idx.append(t + j - s.start_pos)
-                        tgt.append(req.prompt_token_ids[j + 1])
+                        tgt.append(req.token_ids[j + 1])
             t += n
         if not idx:
             return None
@@ -227,11 +207,12 @@ class SamplingInputs:
         return PromptLogprobPlan(indices, targets, spans)
 
     @staticmethod
-    def collect(sched: list[ScheduledRequest], requests: dict[str, Request],
+    def collect(sched: list[ScheduledRequest], wants_logprobs: list[bool],
                 res: SamplerOutput, prompt_lp, plan: PromptLogprobPlan | None
                 ) -> ModelRunnerOutput:
         """Device results -> host dicts keyed by request id (one transfer
-        per array)."""
+        per array). ``wants_logprobs[i]``: row i's request asked for the
+        sampled token's logprobs."""
         tokens = np.asarray(res.token_ids)
         out = ModelRunnerOutput({s.request_id: int(tokens[i])
                                  for i, s in enumerate(sched) if s.sample})
@@ -240,8 +221,7 @@ class SamplingInputs:
                                np.asarray(res.logprobs.logprobs),
                                np.asarray(res.logprobs.ranks))
             for i, s in enumerate(sched):
-                if s.sample and requests[s.request_id].sampling_params.logprobs \
-                        is not None:
+                if s.sample and wants_logprobs[i]:
                     out.logprobs[s.request_id] = rows.slice(i, i + 1)
         if plan is not None:
             rows = LogprobRows(np.asarray(prompt_lp.token_ids),

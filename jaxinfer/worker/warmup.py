@@ -19,8 +19,7 @@ import numpy as np
 
 from jaxinfer.models import AttentionMetadata
 
-from ..core.scheduler_output import ScheduledRequest
-from ..request import Request
+from ..core.scheduler_output import NewRequestData, ScheduledRequest
 from ..sampling_params import SamplingParams
 from .packing import pack_step
 
@@ -89,7 +88,7 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         dims = (T, S, P, decode_only)
         for sp in variants:
             smd = runner.sampling_inputs.build(
-                sched, {"warmup": Request("warmup", [0], sp)}, S)
+                sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
             dyn = runner.step_args(None, packed, logits_idx, smd, None)
             key = runner.program_key(None, dims, dyn)
             if key not in runner.programs and key not in lowered:
@@ -105,6 +104,6 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     seconds = time.perf_counter() - t0
     logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
                 "sampling variants; lowering %.1fs, %d compile threads) and "
-                "%d page-copy programs in %.1fs", len(lowered), len(shapes),
+                "%d swap programs in %.1fs", len(lowered), len(shapes),
                 len(variants), t_lower, workers, n_copy, seconds)
     return len(lowered) + n_copy, seconds

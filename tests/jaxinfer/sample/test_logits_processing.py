@@ -8,12 +8,12 @@ import numpy as np
 
 import jax
 
-from jaxinfer.core.scheduler_output import ScheduledRequest
-from jaxinfer.request import Request
+from jaxinfer.core.scheduler_output import NewRequestData, ScheduledRequest
+from jaxinfer.request import Request, banned_ids
 from jaxinfer.sampling_params import SamplingParams
 from jaxinfer.worker.penalties import PenaltyState, update_penalty_state
 from jaxinfer.worker.sampler import process_logits
-from jaxinfer.worker.sampling_inputs import SamplingInputs, banned_ids
+from jaxinfer.worker.sampling_inputs import SamplingInputs
 
 from .reference import processed_logits
 
@@ -34,6 +34,11 @@ def _request(rid, prompt, output, **kw):
     req = Request(rid, prompt, sp, eos_token_ids=(EOS,))
     req.output_token_ids = list(output)
     return req
+
+
+def _joined(req) -> NewRequestData:
+    return NewRequestData(req.request_id, req.all_token_ids,
+                          req.num_prompt_tokens, req.sampling_params)
 
 
 def _reference(req, logits):
@@ -59,18 +64,21 @@ def test_processing_matches_numpy_over_steps():
         _request("neg", [11, 12, 13], [13, 14], repetition_penalty=0.6,
                  presence_penalty=-1.0),
     ]
-    requests = {r.request_id: r for r in reqs}
+    # What the runner is sent when each request joins (its tokens so far).
+    requests = {r.request_id: _joined(r) for r in reqs}
     inputs = SamplingInputs(V, max_num_seqs=8, engine_seed=0)
     state = PenaltyState.zeros(inputs.slots.rows, V)
     S = 8
     for step in range(4):
         sched = []
         for r in reqs:
-            if step == 0:  # prefill (with any earlier output, as after a fork)
+            if step == 0:  # prefill (with any earlier output, as on resuming)
                 toks, start = r.all_token_ids, 0
             else:  # decode: feeds the previous step's token
                 toks, start = r.all_token_ids[-1:], r.num_tokens - 1
-            sched.append(ScheduledRequest(r.request_id, toks, start, [], True))
+            sched.append(ScheduledRequest(r.request_id, toks, start, [], True,
+                                          len(r.output_token_ids),
+                                          banned_ids(r)))
         md = inputs.build(sched, requests, S)
         logits = rng.normal(0, 3, (S, V)).astype(np.float32)
         got, state = _process(logits, md, state)
@@ -105,7 +113,7 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
 def test_unused_features_stay_off_the_device():
     req = _request("p", [1, 2], [])
     md = SamplingInputs(V, 4, 0).build(
-        [ScheduledRequest("p", [1, 2], 0, [], True)], {"p": req}, 4)
+        [ScheduledRequest("p", [1, 2], 0, [], True)], {"p": _joined(req)}, 4)
     assert md.penalties is None and md.bias_ids is None
     assert md.allowed_ids is None and md.banned_ids is None
     assert md.top_k is None and md.top_p is None and md.min_p is None

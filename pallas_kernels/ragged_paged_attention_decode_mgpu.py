@@ -20,9 +20,7 @@ its own TMA copy (gmem -> smem, page id read from that table) into a ring of
 copies completing on one mbarrier. By default a producer warpgroup issues the
 copies, refilling a slot as soon as the consumer warpgroup (wgmma + online
 softmax) releases it; with ``producer_warpgroup=False`` one warpgroup does
-both. Measured on one H200 at S=64 L=2048: 88% of the copy bandwidth through
-the public API on a decode-only step, 92% with 16 calls per program
-(NOTES.md v4, v7).
+both. NOTES.md v4 and v7 give the share of copy bandwidth it reaches.
 
 Split-KV (flash-decoding): the split count comes from S*K and the SM count;
 each split writes its normalized partial output and base-2 log-sum-exp and a
@@ -36,15 +34,16 @@ query rows by the caller, ``v_scale`` applied to the output.
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE,
-                            mosaic_matmul_helpers, mosaic_operand_problem,
-                            mosaic_register_helpers, round_up,
-                            swizzled_smem_transforms, table_pieces)
+from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
+                            mosaic_interpret_params, mosaic_matmul_helpers,
+                            mosaic_operand_problem, mosaic_register_helpers,
+                            round_up, swizzled_smem_transforms, table_pieces)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
@@ -55,6 +54,24 @@ _COPY_ROWS = 16
 # ran correctly on short ones with a 2-stage ring (v9); it stays on the
 # Triton kernel until the faulting settings pass.
 _PAGE_SIZES = (16,)
+
+
+class _Buffers(NamedTuple):
+    """The kernel's shared-memory buffers (one scoped allocation)."""
+    q: Any  # [64, H] the group's query rows, then the output rows
+    k: Any  # [num_stages, bk, H] K ring, bk = pages_per_step * B
+    v: Any  # [num_stages, bk, H] V ring
+    table: Any  # [table_chunk] int32 the program's block-table slice
+    lse: Any  # [64] f32 the split's base-2 log-sum-exp
+
+
+class _Barriers(NamedTuple):
+    """The kernel's barriers, in allocation order."""
+    q: Any  # [1] the query rows landed
+    table: Any  # [1] the block-table slice landed (one arrival per piece)
+    k_ready: Any  # [num_stages] a ring slot's K pages landed
+    v_ready: Any  # [num_stages] a ring slot's V pages landed
+    free: Any  # [num_stages] the consumer released a slot (producer mode)
 
 
 class MosaicDecodeUnsupported(ValueError):
@@ -85,7 +102,7 @@ def _decode_kernel(
     o_ref,  # [S, K, J, R, H] normalized partial output of each split
     lse_ref,  # [S, K, J, 64] f32 base-2 log-sum-exp of each split
     *, sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
-    num_splits, table_chunk, producer, interpret, no_math):
+    num_splits, table_chunk, producer, interpret):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -119,8 +136,10 @@ def _decode_kernel(
     transforms = swizzled_smem_transforms(dtype)
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(q_smem, k_smem, v_smem, tbl_smem, lse_smem, q_bar, tbl_bar,
-               k_bar, v_bar, free_bar):
+    def scoped(buffers: _Buffers, barriers: _Barriers):
+        q_smem, k_smem, v_smem, tbl_smem, lse_smem = buffers
+        q_bar, tbl_bar, k_bar, v_bar, free_bar = barriers
+
         def load_table():
             @pl.when(n > 0)
             def _():
@@ -196,11 +215,6 @@ def _decode_kernel(
             acc, m, l = carry
             slot = lax.rem(i, num_stages)
             plgpu.barrier_wait(k_bar.at[slot])
-            if no_math:  # diagnostic: the memory pipeline alone
-                plgpu.barrier_wait(v_bar.at[slot])
-                refill(i, slot)
-                return carry
-
             s = qk(q_smem, k_smem.at[slot], (_ROWS, bk))
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
@@ -268,18 +282,22 @@ def _decode_kernel(
                 plgpu.barrier_wait(free_bar.at[slot])
                 issue(i + num_stages, slot)
 
+    ring = (num_stages, bk, head_dim)
+    copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
     pl.run_scoped(
         scoped,
-        plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((num_stages, bk, head_dim), dtype, transforms=transforms),
-        plgpu.SMEM((table_chunk,), jnp.int32),
-        plgpu.SMEM((_ROWS,), jnp.float32),
-        plgpu.Barrier(num_barriers=1),
-        plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
-        plgpu.Barrier(num_arrivals=bk // _COPY_ROWS, num_barriers=num_stages),
-        plgpu.Barrier(num_arrivals=bk // _COPY_ROWS, num_barriers=num_stages),
-        plgpu.Barrier(num_barriers=num_stages),
+        _Buffers(
+            q=plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
+            k=plgpu.SMEM(ring, dtype, transforms=transforms),
+            v=plgpu.SMEM(ring, dtype, transforms=transforms),
+            table=plgpu.SMEM((table_chunk,), jnp.int32),
+            lse=plgpu.SMEM((_ROWS,), jnp.float32)),
+        _Barriers(
+            q=plgpu.Barrier(num_barriers=1),
+            table=plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
+            k_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
+            v_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
+            free=plgpu.Barrier(num_barriers=num_stages)),
         **({"collective_axes": "wg"} if producer else {}),
     )
 
@@ -296,11 +314,9 @@ def decode_attention(
     logit_soft_cap: float | None = None,
     tuning: MosaicDecodeTuning = MosaicDecodeTuning(),
     interpret: bool = False,
-    _no_math: bool = False,
 ) -> jax.Array:  # [S, K, G, H] f32, normalized
     """Decode attention of one query row per sequence (see module doc).
-    Raises ``MosaicDecodeUnsupported`` for cases the kernel does not take.
-    ``_no_math`` (benchmark diagnostic): stream the pages, skip the math."""
+    Raises ``MosaicDecodeUnsupported`` for cases the kernel does not take."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     num_seqs, num_kv_heads, group, head_dim = q.shape
@@ -313,11 +329,11 @@ def decode_attention(
     pages_per_step = tuning.tokens_per_step // page_size
     itemsize = jnp.dtype(q.dtype).itemsize
     num_stages = tuning.stages(head_dim, itemsize)
-    max_steps = -(-pages_per_seq // pages_per_step)
+    max_steps = cdiv(pages_per_seq, pages_per_step)
     splits = tuning.splits(num_seqs, num_kv_heads, max_steps)
     # Pages one split may read: the table slice copied to smem (whole TMA
     # pieces of 32+ entries: a copy moves a multiple of 128 bytes).
-    chunk = round_up(-(-max_steps // splits) * pages_per_step, 32)
+    chunk = round_up(cdiv(max_steps, splits) * pages_per_step, 32)
     if chunk > TABLE_PIECE:
         chunk = round_up(chunk, TABLE_PIECE)
     # Every page a program reads lies in the table, and its slice is kept
@@ -334,13 +350,11 @@ def decode_attention(
         _decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
-        producer=tuning.producer_warpgroup, interpret=interpret,
-        no_math=_no_math)
+        producer=tuning.producer_warpgroup, interpret=interpret)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret import params
-        kw["interpret"] = params.InterpretGPUParams()
+        kw["interpret"] = mosaic_interpret_params()
     else:
         kw["compiler_params"] = plgpu.CompilerParams(
             approx_math=True,

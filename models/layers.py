@@ -1,0 +1,90 @@
+"""Building blocks shared by model families: RMSNorm and the linear layer.
+
+``Linear`` is the one place where a weight matrix is created and multiplied,
+through a ``LinearMethod`` (vLLM's seam): today the plain product; a
+quantized method would create packed integer weights plus scales and apply
+its own product, and a LoRA method would add the per-row adapter delta,
+without any layer changing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+
+def param(module, name, shape, axes, dtype, init=nn.initializers.normal(0.02)):
+    """A param of ``module`` carrying its logical axis names (sharding/)."""
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape,
+                        dtype)
+
+
+class RMSNorm(nn.Module):
+    dim: int
+    eps: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
+                      nn.initializers.ones)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) +
+                                self.eps)
+        # HF casts back to the activation dtype before the weight multiply.
+        return scale * xf.astype(x.dtype)
+
+
+class LinearMethod(Protocol):
+    """How a ``Linear`` holds and applies its weight. Hashable (a module
+    field): a frozen dataclass of its static settings."""
+
+    def create_weights(self, module: "Linear") -> Any:
+        """Declares the weight params on ``module`` (``param``), returns
+        whatever ``apply`` needs (an array, or packed data and scales)."""
+
+    def apply(self, module: "Linear", weights: Any, x: jax.Array) -> jax.Array:
+        """x [..., *in_shape] -> [..., *out_shape]."""
+
+
+@dataclasses.dataclass(frozen=True)
+class UnquantizedLinear:
+    """The weight is one ``kernel`` of shape in_shape + out_shape in the
+    model's dtype; the product is a dot_general over the input axes."""
+
+    def create_weights(self, module: "Linear"):
+        return param(module, "kernel", module.in_shape + module.out_shape,
+                     module.axes, module.dtype)
+
+    def apply(self, module: "Linear", weights, x):
+        n_in = len(module.in_shape)
+        x_axes = tuple(range(x.ndim - n_in, x.ndim))
+        return jax.lax.dot_general(x, weights,
+                                   ((x_axes, tuple(range(n_in))), ((), ())))
+
+
+UNQUANTIZED = UnquantizedLinear()
+
+
+class Linear(nn.Module):
+    """x @ W (+ b) with W of shape in_shape + out_shape (DenseGeneral-like,
+    but with named logical axes and HF-compatible layout)."""
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    axes: tuple[str, ...]  # logical names of in_shape + out_shape
+    use_bias: bool
+    dtype: jnp.dtype
+    method: LinearMethod = UNQUANTIZED  # how the weight is held and applied
+
+    @nn.compact
+    def __call__(self, x):
+        y = self.method.apply(self, self.method.create_weights(self), x)
+        if self.use_bias:
+            y = y + param(self, "bias", self.out_shape,
+                          self.axes[len(self.in_shape):], self.dtype,
+                          nn.initializers.zeros)
+        return y

@@ -1,0 +1,84 @@
+"""Feed-forward blocks a decoder layer plugs in, each with its weight names.
+
+Every MLP is a module ``Mlp(cfg, dtype)`` mapping [T, D] -> [T, D] and a
+``weights(cfg, hf_prefix, path)`` classmethod listing its checkpoint
+tensors, so a family picks one by name (``mlp_cls`` on the model) and its
+weight list follows. Mixture-of-experts belongs here too, as a third kind:
+a router, stacked expert weights with an ``experts`` logical axis, and a
+grouped product; the decoder layer would not change.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from .config import ModelConfig
+from .layers import Linear
+from .spec import WeightSpec, keep_layout, linear_from_hf
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def _projection_weights(cfg: ModelConfig, hf_prefix: str, path: tuple,
+                        projections) -> Iterator[WeightSpec]:
+    for name, out_dim, in_dim in projections:
+        yield WeightSpec(hf_prefix + f"{name}.weight", path + (name, "kernel"),
+                         (out_dim, in_dim), linear_from_hf((out_dim,), (in_dim,)))
+        if cfg.mlp_bias:
+            yield WeightSpec(hf_prefix + f"{name}.bias", path + (name, "bias"),
+                             (out_dim,), keep_layout)
+
+
+class GatedMLP(nn.Module):
+    """act(x W_gate) * (x W_up) W_down (Llama's SwiGLU, GeGLU)."""
+    cfg: ModelConfig
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.cfg
+        D, F = c.hidden_size, c.intermediate_size
+        gate = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
+                      name="gate_proj")(x)
+        up = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
+                    name="up_proj")(x)
+        h = ACTIVATIONS[c.hidden_act](gate) * up
+        return Linear((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
+                      name="down_proj")(h)
+
+    @staticmethod
+    def weights(cfg: ModelConfig, hf_prefix: str, path: tuple
+                ) -> Iterator[WeightSpec]:
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        return _projection_weights(cfg, hf_prefix, path, (
+            ("gate_proj", F, D), ("up_proj", F, D), ("down_proj", D, F)))
+
+
+class DenseMLP(nn.Module):
+    """act(x W_up) W_down (GPT-2, Phi, StarCoder style)."""
+    cfg: ModelConfig
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.cfg
+        D, F = c.hidden_size, c.intermediate_size
+        h = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
+                   name="up_proj")(x)
+        return Linear((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
+                      name="down_proj")(ACTIVATIONS[c.hidden_act](h))
+
+    @staticmethod
+    def weights(cfg: ModelConfig, hf_prefix: str, path: tuple
+                ) -> Iterator[WeightSpec]:
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        return _projection_weights(cfg, hf_prefix, path, (
+            ("up_proj", F, D), ("down_proj", D, F)))
