@@ -15,6 +15,7 @@ same run. A run's roofline is the sum over its steps.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -34,7 +35,12 @@ def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
 
 
 def load_steps(path: str) -> list[dict]:
-    with open(path) as f:
+    """A timeline file, or its gzipped copy (``path + ".gz"``, as kept in
+    benchmarks/results/)."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -102,7 +108,7 @@ def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
              f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof.get('device', '')})"]
     for name, run in summary["runs"].items():
         path = os.path.join(d, f"{name}.steps.jsonl")
-        if not os.path.exists(path):
+        if not (os.path.exists(path) or os.path.exists(path + ".gz")):
             parts.append(f"{name}: no timeline (rc={run.get('rc')})")
             continue
         steps = load_steps(path)
