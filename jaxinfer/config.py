@@ -166,7 +166,8 @@ class EngineArgs:
         "else recompute)", choices=("recompute", "swap"))
     tensor_parallel_size: int = _arg(1, "devices the model is split over",
                                      aliases=("-tp",))
-    max_logprobs: int = _arg(20, "the most logprobs a request may ask for")
+    max_logprobs: int = _arg(20, "the most logprobs a request may ask for "
+                             "(-1: the whole vocabulary)")
     # None: Pallas kernels on GPU (Triton lowering, models/attention.py says
     # why), reference on CPU; "pallas": Mosaic GPU kernels where they apply.
     attention_backend: str | None = _arg(
@@ -201,7 +202,8 @@ class EngineArgs:
             value = getattr(self, field)
             _check(value is None or (isinstance(value, int) and value >= 1),
                    field, "a positive integer or None", value)
-        _check(self.max_logprobs >= 0, "max_logprobs", ">= 0", self.max_logprobs)
+        _check(self.max_logprobs >= -1, "max_logprobs",
+               ">= 0, or -1 for the whole vocabulary", self.max_logprobs)
         _check(isinstance(self.tensor_parallel_size, int)
                and self.tensor_parallel_size >= 1, "tensor_parallel_size",
                "a positive integer", self.tensor_parallel_size)

@@ -1,5 +1,7 @@
 """Typed errors of the engine. Bad input is a ValueError subclass whose
-message says what to change; the server answers these with HTTP 400."""
+message says what to change; the server answers these with HTTP 400. The
+others say why a valid request could not be served, and carry the HTTP
+status the servers answer them with."""
 
 
 class InvalidRequestError(ValueError):
@@ -21,3 +23,41 @@ class UnsupportedFeatureError(ValueError):
         self.feature = feature  # e.g. "LoRA adapters", "structured output"
         msg = f"{name}: jaxinfer does not support {feature}"
         super().__init__(f"{msg}; {hint}" if hint else msg)
+
+
+class ServingError(RuntimeError):
+    """A valid request the server cannot serve now (HTTP ``status``)."""
+    status = 500
+
+
+class QueueFullError(ServingError):
+    """The waiting-queue limit is reached; answered with 503 and a
+    Retry-After, so a client backs off instead of piling on."""
+    status = 503
+
+
+class ServerShuttingDownError(ServingError):
+    """The server stopped accepting (SIGTERM), or its grace period ended
+    before this request finished."""
+    status = 503
+
+
+class EngineDeadError(ServingError):
+    """The engine loop stopped after an unexpected error; every request is
+    answered with 500, /health fails and the server exits non-zero."""
+    status = 500
+
+
+class RequestFailedError(ServingError):
+    """One request raised an unexpected error inside the engine loop; that
+    request alone is failed and the loop goes on."""
+    status = 500
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status a server answers ``exc`` with."""
+    if isinstance(exc, ServingError):
+        return exc.status
+    if isinstance(exc, ValueError):
+        return 400
+    return 500

@@ -15,6 +15,11 @@ import numbers
 from typing import Any
 
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
+# The sampler works in float32: a larger magnitude would become inf there.
+_FLOAT32_MAX = 3.4028234663852886e38
+# OpenAI's range for a logit bias; like vLLM, larger magnitudes are clamped
+# (a bias of 1e308 would otherwise overflow the logits to inf).
+LOGIT_BIAS_LIMIT = 100.0
 
 
 class RequestOutputKind(enum.Enum):
@@ -71,7 +76,9 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0  # one spelling of "off"
         if self.logit_bias is not None:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = {
+                int(k): min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(v)))
+                for k, v in self.logit_bias.items()}
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
         if self.greedy:
@@ -90,10 +97,22 @@ class SamplingParams:
         def is_num(v):
             return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
+        def is_token_key(k):  # an int, or a string spelling one (JSON keys)
+            if isinstance(k, str):
+                try:
+                    int(k)
+                except ValueError:
+                    return False
+                return True
+            return is_int(k)
+
         for field in ("presence_penalty", "frequency_penalty",
                       "repetition_penalty", "temperature", "top_p", "min_p"):
             if not is_num(getattr(self, field)):
                 bad(field, "a number")
+            if not abs(getattr(self, field)) <= _FLOAT32_MAX:  # NaN too
+                bad(field, f"a finite number of magnitude <= {_FLOAT32_MAX:.4g} "
+                    "(float32)")
         if not is_int(self.n) or self.n < 1:
             bad("n", "an integer >= 1")
         if self.best_of is not None and (
@@ -135,8 +154,8 @@ class SamplingParams:
             bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            if value is not None and (not is_int(value) or value < 0):
-                bad(field, "an integer >= 0 or None")
+            if value is not None and (not is_int(value) or value < -1):
+                bad(field, "an integer >= 0, -1 (the whole vocabulary) or None")
         if self.stop is not None and (
                 not isinstance(self.stop, (list, tuple))
                 or any(not isinstance(s, str) or not s for s in self.stop)):
@@ -155,11 +174,9 @@ class SamplingParams:
             if not isinstance(self.logit_bias, dict):
                 bad("logit_bias", "a dict token id -> bias")
             for k, v in self.logit_bias.items():
-                try:
-                    int(k)
-                except (TypeError, ValueError):
+                if not is_token_key(k):
                     bad("logit_bias", "a dict whose keys are token ids")
-                if not is_num(v):
+                if not is_num(v) or v != v:
                     bad("logit_bias", "a dict whose values are numbers")
         if self.allowed_token_ids is not None and (
                 not isinstance(self.allowed_token_ids, (list, tuple))
@@ -181,8 +198,12 @@ class SamplingParams:
 
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
+            if value == -1:  # vLLM: the whole vocabulary
+                value = vocab_size
+                setattr(self, field, value)
             if value is not None and value > max_logprobs:
-                bad(field, f"<= max_logprobs ({max_logprobs})", value)
+                bad(field, f"<= max_logprobs ({max_logprobs}; -1 asks for "
+                    f"the whole vocabulary, {vocab_size})", value)
         if self.top_k > vocab_size:
             bad("top_k", f"<= the vocabulary size ({vocab_size})", self.top_k)
         for field, ids in (("stop_token_ids", self.stop_token_ids),

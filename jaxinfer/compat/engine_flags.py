@@ -257,8 +257,6 @@ SERVE_FLAGS = {
     "root_path": refuse("a root path behind a proxy",
                         "strip the prefix in the proxy"),
     "middleware": refuse("custom ASGI middleware", accepts=(None, "[]", [])),
-    "return_tokens_as_token_ids": refuse("token ids in place of token "
-                                         "strings in logprobs"),
     "disable_frontend_multiprocessing": ignore(
         "the server and the engine always share one process"),
     "enable_request_id_headers": refuse("X-Request-Id response headers"),
@@ -271,9 +269,7 @@ SERVE_FLAGS = {
     "max_log_len": ignore("jaxinfer does not log prompts"),
     "disable_fastapi_docs": refuse("turning the /docs pages off"),
     "enable_prompt_tokens_details": refuse("usage.prompt_tokens_details"),
-    "enable_server_load_tracking": refuse("/load (server load tracking)"),
     "enable_force_include_usage": refuse("usage forced into every response"),
-    "enable_tokenizer_info_endpoint": refuse("/tokenizer_info"),
     "enable_log_outputs": refuse("logging each output"),
     "h11_max_incomplete_event_size": ignore(
         "uvicorn's own h11 limits apply; they only bound header sizes"),

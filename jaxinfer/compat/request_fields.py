@@ -43,8 +43,7 @@ REQUEST_FIELDS = {
     "kv_transfer_params": refuse("KV transfer (disaggregated prefill)"),
     "vllm_xargs": refuse("vllm_xargs (for custom logits processors)",
                          accepts=EMPTY),
-    "tools": refuse(TOOLS, "omit tools or set tool_choice to 'none'",
-                    accepts=EMPTY),
+    "tools": refuse(TOOLS, "omit tools", accepts=EMPTY),
     "tool_choice": refuse(TOOLS, accepts=(None, "none", "auto")),
     "parallel_tool_calls": ignore("without tools there are no tool calls "
                                   "to run in parallel"),
@@ -54,25 +53,13 @@ REQUEST_FIELDS = {
     "mm_processor_kwargs": refuse(MM, accepts=EMPTY),
     "user": ignore("an end-user id for abuse monitoring; nothing here "
                    "monitors"),
-    # Engine features the server does not pass through yet.
-    "best_of": refuse("best_of above n on the server"),
-    "use_beam_search": refuse("beam search on the server",
-                              "use LLM.beam_search offline"),
-    "length_penalty": refuse("beam search on the server", accepts=(None, 1.0)),
-    "truncate_prompt_tokens": refuse("prompt truncation on the server"),
-    "prompt_logprobs": refuse("prompt logprobs on the server"),
-    "priority": refuse("request priorities on the server", accepts=(None, 0)),
-    "request_id": refuse("client-chosen request ids"),
-    "return_tokens_as_token_ids": refuse("token ids in place of token strings"),
-    "return_token_ids": refuse("token ids in responses"),
-    "return_token_strs": refuse("token strings from /tokenize"),
-    "stream_options.continuous_usage_stats": refuse(
-        "usage in every stream chunk"),
     # Keys qualified by endpoint apply to that endpoint only.
-    "chat.echo": refuse("echo of the last message in chat"),
-    "chat.add_special_tokens": refuse("add_special_tokens on chat requests"),
-    "tokenize_chat.add_special_tokens": refuse(
-        "add_special_tokens on chat tokenization"),
+    "chat.chat_template": refuse(
+        "chat templates sent in requests",
+        "start the server with --chat-template"),
+    "tokenize_chat.chat_template": refuse(
+        "chat templates sent in requests",
+        "start the server with --chat-template"),
 }
 
 # The qualifier of each endpoint's keys above.

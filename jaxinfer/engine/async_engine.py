@@ -10,36 +10,49 @@ releases the GIL while a step runs, so the event loop keeps serving HTTP.
 
 An aborted request (client gone) is removed between two steps, which frees its
 KV pages at once.
+
+Fault isolation: a request is checked and tokenized completely by the
+`InputProcessor` in a worker thread before it is queued, so neither a large
+prompt nor a bad one reaches the event loop or the engine loop. Whatever one
+request still raises while being added fails that request alone. An error in
+``step()`` cannot be pinned on one request: the loop stops, every client
+still waiting is answered at once (`EngineDeadError`), ``health()`` says why,
+and the death callbacks run (the server uses one to exit non-zero so that a
+supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 import time
 import types
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
-from ..errors import InvalidRequestError
+from ..errors import (EngineDeadError, InvalidRequestError, QueueFullError,
+                      RequestFailedError, ServerShuttingDownError)
 from ..metrics import EngineMetrics
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
+from .input_processor import ProcessedInput
 from .llm_engine import LLMEngine
+
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError",
+           "RequestStream", "ServerShuttingDownError", "DEFAULT_MAX_NUM_WAITING"]
 
 logger = logging.getLogger(__name__)
 
 _ACK = object()  # first item of a stream: the engine accepted the request
 
-
-class QueueFullError(RuntimeError):
-    """The optional waiting-queue limit is reached; the server answers 503."""
-
-
-class EngineDeadError(RuntimeError):
-    """The loop thread stopped after an unexpected error; the server answers
-    500 and /health fails."""
+# Requests allowed to wait (queued, not yet running) before new ones get 503:
+# beyond a few full batches a client is better told to retry than to queue.
+DEFAULT_MAX_NUM_WAITING = 1024
+# Threads that tokenize, render chat templates and detokenize off the loop.
+_PREPROCESS_THREADS = 2
 
 
 class RequestStream:
@@ -73,7 +86,8 @@ class _Tracker:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine, *, max_num_waiting: int | None = None,
+    def __init__(self, engine: LLMEngine, *,
+                 max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
                  metrics: EngineMetrics | None = None):
         if max_num_waiting is not None and max_num_waiting < 0:
             raise ValueError(f"max_num_waiting must be >= 0 or None, got "
@@ -92,6 +106,10 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
+        self.accepting = True  # False once shutdown began
+        self._death_callbacks: list[Callable[[BaseException], None]] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            _PREPROCESS_THREADS, thread_name_prefix="jaxinfer-preprocess")
 
     @classmethod
     def from_engine_args(cls, args, **kwargs) -> "AsyncLLMEngine":
@@ -108,9 +126,35 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
+    def input_processor(self):
+        return self.engine.input_processor
+
+    @property
     def is_running(self) -> bool:
         return (self._thread is not None and self._thread.is_alive()
                 and self.dead_error is None)
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (what /health reports)."""
+        if self.dead_error is not None:
+            return f"the engine loop stopped: {self.dead_error!r}"
+        if not self.is_running:
+            return "the engine loop is not running"
+        return None
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """Runs ``callback(error)`` (on the loop thread) if the loop dies."""
+        self._death_callbacks.append(callback)
+
+    def queue_full(self) -> bool:
+        return (self.max_num_waiting is not None
+                and self.num_waiting() >= self.max_num_waiting)
+
+    async def run_blocking(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on a worker thread: tokenizing, rendering
+        or detokenizing a large input must not stall the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, functools.partial(fn, *args, **kwargs))
 
     def num_waiting(self) -> int:
         """Requests not yet running: queued adds plus the scheduler's waiting
@@ -125,35 +169,56 @@ class AsyncLLMEngine:
                                             name="jaxinfer-engine-loop")
             self._thread.start()
 
+    def stop_accepting(self) -> None:
+        """New requests get ServerShuttingDownError; running ones go on."""
+        self.accepting = False
+
+    def fail_all(self, error: BaseException) -> None:
+        """Aborts every request in flight, answering each with ``error``
+        (the end of a shutdown grace period). Thread-safe."""
+        self._commands.put(("fail_all", error))
+
     def shutdown(self, timeout: float = 30.0) -> None:
+        self.accepting = False
         if self._thread is not None:
             self._commands.put(("stop",))
             self._thread.join(timeout)
             self._thread = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- requests -------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: Any,
-                          params: SamplingParams,
-                          arrival_time: float | None = None) -> RequestStream:
-        """Queues a request; returns its stream once the engine accepted it.
-        Raises InvalidRequestError (400), QueueFullError (503) or
-        EngineDeadError (500)."""
+                          params: SamplingParams | None = None,
+                          arrival_time: float | None = None,
+                          priority: int = 0) -> RequestStream:
+        """Checks and queues a request; returns its stream once the engine
+        accepted it. ``prompt`` is anything `LLMEngine.add_request` takes.
+        Raises InvalidRequestError (400), QueueFullError or
+        ServerShuttingDownError (503), or EngineDeadError (500)."""
         self.start()
-        if self.dead_error is not None:
-            raise EngineDeadError(f"the engine loop stopped: {self.dead_error!r}")
-        if (self.max_num_waiting is not None
-                and self.num_waiting() >= self.max_num_waiting):
-            raise QueueFullError(
-                f"the server queue is full ({self.max_num_waiting} requests "
-                f"waiting, the --max-num-waiting limit); retry later")
-        params = params.clone()
-        params.output_kind = RequestOutputKind.DELTA
-        stream = RequestStream(request_id, asyncio.get_running_loop())
+        self._check_admission()
         with self._lock:
-            self._pending += 1
-        arrival = time.time() if arrival_time is None else arrival_time
-        self._commands.put(("add", stream, prompt, params, arrival))
+            self._pending += 1  # counts toward the queue limit from now on
+        queued = False
+        try:
+            if not isinstance(prompt, ProcessedInput):
+                prompt = await self.run_blocking(
+                    self.input_processor.process, prompt, params)
+            params = prompt.params.clone()
+            params.output_kind = RequestOutputKind.DELTA
+            stream = RequestStream(request_id, asyncio.get_running_loop())
+            arrival = time.time() if arrival_time is None else arrival_time
+            with self._lock:  # the loop's death handling drains under it
+                self._check_admission()
+                self._commands.put(("add", stream, ProcessedInput(
+                    prompt.prompt, prompt.prompt_token_ids, params), arrival,
+                    priority))
+                queued = True
+        finally:
+            if not queued:
+                with self._lock:
+                    self._pending -= 1
         try:
             ack = await stream.get()
         except asyncio.CancelledError:
@@ -162,13 +227,26 @@ class AsyncLLMEngine:
         assert ack is _ACK, ack
         return stream
 
+    def _check_admission(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(self.health())
+        if not self.accepting:
+            raise ServerShuttingDownError(
+                "the server is shutting down and takes no new requests; "
+                "retry on another replica or after the restart")
+        if self.queue_full():
+            raise QueueFullError(
+                f"the server queue is full ({self.max_num_waiting} requests "
+                f"waiting, the --max-num-waiting limit); retry later")
+
     async def generate(self, prompt: Any, params: SamplingParams,
                        request_id: str,
-                       arrival_time: float | None = None
+                       arrival_time: float | None = None, priority: int = 0
                        ) -> AsyncIterator[RequestOutput]:
         """Yields the request's DELTA outputs; the last one has
         ``finished=True``. Leaving early (cancel, close) aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, arrival_time)
+        stream = await self.add_request(request_id, prompt, params, arrival_time,
+                                        priority)
         async for out in self.iterate(stream):
             yield out
 
@@ -204,9 +282,13 @@ class AsyncLLMEngine:
                         break
                 for cmd in commands:
                     if cmd[0] == "stop":
+                        self._fail_streams(ServerShuttingDownError(
+                            "the server shut down before this request finished"))
                         return
                     if cmd[0] == "add":
                         self._do_add(*cmd[1:])
+                    elif cmd[0] == "fail_all":
+                        self._fail_streams(cmd[1])
                     else:
                         self._do_abort(cmd[1])
                 if engine.has_unfinished_requests():
@@ -214,10 +296,37 @@ class AsyncLLMEngine:
                 self.metrics.record_engine_stats(self._stats())
         except BaseException as e:  # a bug: fail every request, loudly
             logger.exception("engine loop stopped")
-            self.dead_error = e
-            err = EngineDeadError(f"the engine loop stopped: {e!r}")
+            self._die(e)
+
+    def _die(self, error: BaseException) -> None:
+        """Answers every stream and every queued add at once, then tells the
+        death callbacks. Under the lock, so no add is queued after the drain."""
+        with self._lock:
+            self.dead_error = error
+            err = EngineDeadError(self.health())
             self._deliver([(s, err) for s in self._streams.values()])
             self._streams.clear()
+            while True:
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if cmd[0] == "add":
+                    self._pending -= 1
+                    self._deliver([(cmd[1], err)])
+        for callback in self._death_callbacks:
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - the others must still run
+                logger.exception("engine death callback failed")
+
+    def _fail_streams(self, error: BaseException) -> None:
+        ids = list(self._streams)
+        if ids:
+            self.engine.abort_request(ids)
+        self._deliver([(s, error) for s in self._streams.values()])
+        self._streams.clear()
+        self._trackers.clear()
 
     def _stats(self):
         """The engine's stats, with the prefix-cache totals read from the KV
@@ -231,21 +340,35 @@ class AsyncLLMEngine:
                 prefix_cache_hits=getattr(kv, "prefix_cache_hits", None))
         return stats
 
-    def _do_add(self, stream: RequestStream, prompt, params, arrival) -> None:
+    def _do_add(self, stream: RequestStream, request: ProcessedInput,
+                arrival: float, priority: int = 0) -> None:
         with self._lock:
             self._pending -= 1
         try:
-            self.engine.add_request(stream.request_id, prompt, params,
-                                    arrival_time=arrival)
-        except ValueError as e:
-            if not isinstance(e, InvalidRequestError):
+            self.engine.add_request(stream.request_id, request,
+                                    arrival_time=arrival, priority=priority)
+        except Exception as e:  # noqa: BLE001 - fails this request alone
+            if not isinstance(e, ValueError):
+                logger.exception("request %s failed while being added",
+                                 stream.request_id)
+                self._discard(stream.request_id)
+                e = RequestFailedError(
+                    f"the request failed inside the engine: {e!r}")
+            elif not isinstance(e, InvalidRequestError):
                 e = InvalidRequestError(str(e))
             self._deliver([(stream, e)])
             return
         self._streams[stream.request_id] = stream
         self._trackers[stream.request_id] = _Tracker(arrival)
-        self.metrics.record_request_params(params)
+        self.metrics.record_request_params(request.params)
         self._deliver([(stream, _ACK)])
+
+    def _discard(self, request_id: str) -> None:
+        """Removes whatever a failed add left behind in the engine."""
+        try:
+            self.engine.abort_request([request_id])
+        except Exception:  # noqa: BLE001 - nothing was left
+            logger.debug("nothing to discard for %s", request_id)
 
     def _do_abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is None:

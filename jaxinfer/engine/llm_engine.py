@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from ..sampling_params import SamplingParams
 from ..tokenizer import load_tokenizer
 from ..worker.model_runner import ModelRunner
 from ..worker.warmup import enable_compilation_cache, warm_up
+from .input_processor import InputProcessor, ProcessedInput
 from .output_processor import OutputProcessor
 from .parallel_sampling import ParallelSampling
 from .step_timeline import CompileClock, StepRecord, StepTimeline, step_shape
@@ -63,7 +65,7 @@ class LLMEngine:
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
                                   tensor_parallel_size=args.tensor_parallel_size,
-                                  max_logprobs=args.max_logprobs,
+                                  max_logprobs=self.max_logprobs,
                                   load_format=args.load_format)
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
         if capacity < self.max_model_len:
@@ -97,36 +99,38 @@ class LLMEngine:
         return cls(args)
 
     @property
+    def max_logprobs(self) -> int:
+        """max_logprobs, with vLLM's -1 (the whole vocabulary) resolved."""
+        if self.args.max_logprobs == -1:
+            return self.model_config.vocab_size
+        return self.args.max_logprobs
+
+    @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
 
     # -- requests ---------------------------------------------------------
 
-    def _tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise InvalidRequestError(
-                    "a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise InvalidRequestError(
-            f"a prompt must be a string, a list of token ids or a dict, got "
-            f"{type(prompt).__name__}")
+    @functools.cached_property
+    def input_processor(self) -> InputProcessor:
+        """Checks and tokenizes requests (shared with the servers)."""
+        return InputProcessor(
+            self.tokenizer, vocab_size=self.model_config.vocab_size,
+            max_model_len=self.max_model_len,
+            max_logprobs=self.max_logprobs,
+            max_num_seqs=self.scheduler_config.max_num_seqs)
 
     def add_request(self, request_id: str | None, prompt: Any,
                     params: SamplingParams | None = None,
                     arrival_time: float | None = None,
                     priority: int = 0) -> str:
         """Validates and queues a request; raises InvalidRequestError (a
-        ValueError) without touching the requests in flight."""
-        params = params or SamplingParams()
+        ValueError) without touching the requests in flight. ``prompt`` may
+        be a `ProcessedInput` (then ``params`` is ignored: it carries its
+        own), which skips the checks already made."""
+        if not isinstance(prompt, ProcessedInput):
+            prompt = self.input_processor.process(prompt, params)
+        text, ids, params = prompt.prompt, prompt.prompt_token_ids, prompt.params
         if priority != 0 and self.scheduler_config.policy != "priority":
             # As vLLM: a priority an fcfs engine would not honour is refused.
             raise InvalidRequestError(
@@ -135,38 +139,10 @@ class LLMEngine:
                 "(--scheduling-policy priority) or leave priority at 0")
         if request_id is None:
             request_id = str(self._counter)
+        elif request_id in self.scheduler.requests:
+            raise InvalidRequestError(
+                f"request id {request_id!r} is already in flight: use a new id")
         self._counter += 1
-        if params.use_beam_search:
-            raise InvalidRequestError(
-                "use_beam_search=True runs through LLM.generate or "
-                "LLM.beam_search (a beam search is many requests), not "
-                "LLMEngine.add_request")
-        text, ids = self._tokenize(prompt)
-        if params.truncate_prompt_tokens is not None:
-            ids = ids[-params.truncate_prompt_tokens:]  # vLLM: keep the last k
-        if not ids:
-            raise InvalidRequestError("the prompt is empty: give at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens, but max_model_len is "
-                f"{self.max_model_len}: shorten the prompt to at most "
-                f"{self.max_model_len - 1} tokens or raise max_model_len")
-        max_logprobs = self.args.max_logprobs
-        for field in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, field)
-            if value is not None and value > max_logprobs:
-                raise InvalidRequestError(
-                    f"{field} must be <= max_logprobs ({max_logprobs}), got {value}")
-        try:
-            params.verify_for_model(self.model_config.vocab_size, max_logprobs)
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from None
-        params.update_from_tokenizer(self.tokenizer)  # bad_words -> ids
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len)

@@ -7,7 +7,7 @@ OpenAI-compatible server (``jaxinfer serve``).
     -> {"text": ["Hi<completion>"]}   (prompt + output, one per sample)
 
 Streaming (``"stream": true``) sends one JSON object per line, each holding
-the full text so far.
+the full text so far. Errors are ``{"error": message}`` with the status.
 """
 
 from __future__ import annotations
@@ -16,55 +16,142 @@ import argparse
 import asyncio
 import json
 import uuid
+from typing import Annotated
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
+from ..engine.async_engine import DEFAULT_MAX_NUM_WAITING, AsyncLLMEngine
+from ..engine.input_processor import check_context_length
+from ..errors import ServingError, http_status
 from ..sampling_params import SamplingParams
+from .http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from .openai.errors import error_headers
+from .openai.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, RequestModel, TokenId
 from .openai.serving_engine import cancel_on_disconnect, engine_lifespan
+from .server_runner import DEFAULT_GRACE_PERIOD_S, run_server
+
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+class TokensPrompt(RequestModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    prompt_token_ids: TokenIds
+    prompt: str | None = None
 
 
-def build_app(engine: AsyncLLMEngine, owns_engine: bool = True) -> FastAPI:
-    app = FastAPI(title="jaxinfer simple API server", lifespan=engine_lifespan(engine, owns_engine))
+class TextPrompt(RequestModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    prompt: str
 
-    @app.get("/health")
+
+Float = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+
+class GenerateRequest(RequestModel):
+    """The body of /generate: a prompt and SamplingParams' fields, typed
+    strictly; an unknown field is refused by name."""
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    prompt: str | TokenIds | TokensPrompt | TextPrompt
+    stream: bool = False
+    n: int | None = Field(None, ge=1, le=INT32_MAX)
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    repetition_penalty: Float | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_p: Float | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    ignore_eos: bool | None = None
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    logit_bias: dict[str, Float] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+
+    def engine_prompt(self):
+        if isinstance(self.prompt, (TokensPrompt, TextPrompt)):
+            return self.prompt.model_dump(exclude_none=True)
+        return self.prompt
+
+    def sampling_params(self) -> SamplingParams:
+        fields = self.model_dump(exclude={"prompt", "stream"}, exclude_none=True)
+        return SamplingParams.from_optional(**fields)
+
+
+def _error(message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status,
+                        headers={**error_headers(status), **(headers or {})})
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def build_app(engine: AsyncLLMEngine, owns_engine: bool = True,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="jaxinfer simple API server",
+                  lifespan=engine_lifespan(engine, owns_engine))
+    app.add_middleware(RequestGuard, engine=engine, max_body_bytes=max_body_bytes,
+                       generation_paths=frozenset({"/generate"}), respond=_error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        return _error(_validation_message(exc), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return _error(str(exc.detail), exc.status_code, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception):
+        return _error(f"internal server error: {exc!r}", http_status(exc))
+
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "The engine loop runs (empty body)."}})
     async def health() -> Response:
-        return Response(status_code=200 if engine.is_running else 500)
+        problem = engine.health()
+        if problem is not None:
+            return _error(problem, 500)
+        return Response(status_code=200 if engine.accepting else 503)
 
     @app.post("/generate")
-    async def generate(request: Request) -> Response:
+    async def generate(req: GenerateRequest, request: Request) -> Response:
         try:
-            body = await request.json()
-        except ValueError:
-            return _error("the body must be a JSON object", 400)
-        if not isinstance(body, dict) or "prompt" not in body:
-            return _error("the body must be a JSON object with a 'prompt'", 400)
-        prompt = body.pop("prompt")
-        stream = bool(body.pop("stream", False))
-        try:
-            params = SamplingParams.from_optional(**body)
+            params = req.sampling_params()
+            processed = await engine.run_blocking(
+                engine.input_processor.process, req.engine_prompt(), params)
+            check_context_length(len(processed.prompt_token_ids),
+                                 req.max_tokens, engine.max_model_len)
             gen = engine.iterate(await engine.add_request(
-                f"gen-{uuid.uuid4().hex}", prompt, params))
-        except (ValueError, TypeError) as e:
-            return _error(str(e), 400)
-        except QueueFullError as e:
-            return _error(str(e), 503)
-        except EngineDeadError as e:
-            return _error(str(e), 500)
-        prefix = prompt if isinstance(prompt, str) else ""
+                f"gen-{uuid.uuid4().hex}", processed))
+        except (ValueError, ServingError) as e:
+            return _error(str(e), http_status(e))
+        prefix = processed.prompt or ""
         texts = [""] * params.n
 
-        if stream:
+        if req.stream:
             async def lines():
-                async for out in gen:
-                    for c in out.outputs:
-                        texts[c.index] += c.text
-                    yield json.dumps({"text": [prefix + t for t in texts]}) + "\n"
+                try:
+                    async for out in gen:
+                        for c in out.outputs:
+                            texts[c.index] += c.text
+                        yield json.dumps({"text": [prefix + t for t in texts]}) + "\n"
+                except Exception as e:  # noqa: BLE001 - the client must hear why
+                    yield json.dumps({"error": str(e), "code": http_status(e)}) + "\n"
             return StreamingResponse(lines(), media_type="application/x-ndjson")
 
         try:
@@ -74,22 +161,31 @@ def build_app(engine: AsyncLLMEngine, owns_engine: bool = True) -> FastAPI:
                         texts[c.index] += c.text
         except asyncio.CancelledError:
             return Response(status_code=499)
+        except (ValueError, ServingError) as e:
+            return _error(str(e), http_status(e))
         return JSONResponse({"text": [prefix + t for t in texts]})
 
     return app
 
 
-def main(argv=None) -> None:
-    import uvicorn
+def main(argv=None) -> int:
     from .cli import add_engine_args, engine_args_from
     parser = argparse.ArgumentParser(prog="python -m jaxinfer.entrypoints.api_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-num-waiting", type=int, default=DEFAULT_MAX_NUM_WAITING)
+    parser.add_argument("--max-request-body-bytes", type=int,
+                        default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--shutdown-grace-period", type=float,
+                        default=DEFAULT_GRACE_PERIOD_S)
     add_engine_args(parser)
     ns = parser.parse_args(argv)
-    engine = AsyncLLMEngine.from_engine_args(engine_args_from(ns))
-    uvicorn.run(build_app(engine), host=ns.host, port=ns.port)
+    engine = AsyncLLMEngine.from_engine_args(engine_args_from(ns),
+                                             max_num_waiting=ns.max_num_waiting)
+    app = build_app(engine, max_body_bytes=ns.max_request_body_bytes)
+    return run_server(app, engine, host=ns.host, port=ns.port,
+                      grace_period=ns.shutdown_grace_period)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

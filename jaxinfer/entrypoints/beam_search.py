@@ -109,7 +109,8 @@ def beam_search(llm, prompts, params: BeamSearchParams,
     engine = llm.llm_engine
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
-    state = BeamSearchState([engine._tokenize(p)[1] for p in prompts], params,
+    state = BeamSearchState([engine.input_processor.tokenize_prompt(p)[1]
+                             for p in prompts], params,
                             engine.eos_token_ids)
     steps = range(params.max_tokens)
     if use_tqdm:
@@ -164,7 +165,7 @@ def beam_search_as_outputs(llm, prompts, params: SamplingParams,
     tok = llm.llm_engine.tokenizer
     outputs = []
     for rid, prompt, result in zip(request_ids, prompts, beams):
-        text, ids = llm.llm_engine._tokenize(prompt)
+        text, ids = llm.llm_engine.input_processor.tokenize_prompt(prompt)
         comps = []
         for i, beam in enumerate(result.sequences[:params.n]):
             gen = beam.tokens[len(ids):]

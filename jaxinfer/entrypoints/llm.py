@@ -59,15 +59,23 @@ class LLM:
         # Offline runs only read final outputs: like vLLM, ask for nothing
         # else, so no per-step RequestOutput copies the growing token lists.
         params = [_final_only(sp) for sp in params]
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for "
+                             f"{len(prompts)} prompts")
         engine = self.llm_engine
-        ids = []
+        # Atomic: every prompt is checked before any is queued, and whatever
+        # goes wrong while queueing removes the ones already added, so a bad
+        # prompt never leaves others to run inside the next call.
+        processed = [engine.input_processor.process(prompt, sp)
+                     for prompt, sp in zip(prompts, params)]
+        ids: list[str] = []
         try:
-            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            for i, request in enumerate(processed):
                 ids.append(engine.add_request(
-                    None, prompt, sp,
+                    None, request,
                     priority=priority[i] if priority is not None else 0))
-        except ValueError:
-            engine.abort_request(ids)  # leave nothing half-queued
+        except BaseException:
+            engine.abort_request(ids)
             raise
         return self._run(ids, use_tqdm)
 
@@ -131,6 +139,9 @@ class LLM:
                             bar.set_postfix_str(f"input: {n_in / rate:.1f} tok/s, "
                                                 f"output: {n_out / rate:.1f} tok/s")
                             bar.update(1)
+        except BaseException:  # interrupted: leave nothing for the next call
+            engine.abort_request([i for i in ids if i not in final])
+            raise
         finally:
             if bar is not None:
                 bar.close()

@@ -12,12 +12,17 @@ import hmac
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
-from ...engine.async_engine import AsyncLLMEngine
-from .errors import error_response, install_error_handlers
+from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING, AsyncLLMEngine
+from ..http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from ..server_runner import DEFAULT_GRACE_PERIOD_S, run_server
+from .errors import APIError, error_response, install_error_handlers
+from .model_limits import apply_limits, model_limits
 from .protocol import (ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                        ModelCard, ModelList, TokenizeChatRequest,
@@ -25,21 +30,32 @@ from .protocol import (ChatCompletionRequest, CompletionRequest,
 from .serving_chat import OpenAIServingChat, load_chat_template
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import engine_lifespan
+from .server_extras import (install_load_tracking, read_json_body,
+                            tokenizer_description)
 
 logger = logging.getLogger(__name__)
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse}
+           for code in (400, 401, 404, 413, 500, 503)}
+_GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None, chat_template: str | None = None,
-              owns_engine: bool = True) -> FastAPI:
+              owns_engine: bool = True,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              return_tokens_as_token_ids: bool = False,
+              enable_tokenizer_info_endpoint: bool = False,
+              enable_server_load_tracking: bool = False) -> FastAPI:
     """The server over a running (or startable) engine. With ``owns_engine``
-    the app stops the engine loop when it shuts down."""
+    the app stops the engine loop when it shuts down. The last three are
+    vLLM's flags of the same names."""
     names = list(served_model_names or [str(engine.engine.args.model)])
     template = load_chat_template(chat_template)
     completion = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names, template)
+    for serving in (completion, chat):
+        serving.return_tokens_as_token_ids = return_tokens_as_token_ids
 
     app = FastAPI(title="jaxinfer OpenAI-compatible server", version=__version__,
                   lifespan=engine_lifespan(engine, owns_engine))
@@ -47,28 +63,46 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
     install_error_handlers(app)
 
     if api_key:
-        expected = f"Bearer {api_key}".encode()
+        expected = api_key.encode()
 
         @app.middleware("http")
         async def check_api_key(request: Request, call_next):
             if request.url.path.startswith("/v1"):
-                got = request.headers.get("Authorization", "").encode()
-                if not hmac.compare_digest(got, expected):
-                    return error_response("Unauthorized: a valid API key is "
-                                          "needed (Authorization: Bearer ...)", 401)
+                # The auth scheme is case-insensitive (RFC 7235).
+                scheme, _, token = request.headers.get(
+                    "Authorization", "").strip().partition(" ")
+                ok = scheme.lower() == "bearer" and hmac.compare_digest(
+                    token.strip().encode("utf-8", "surrogateescape"), expected)
+                if not ok:
+                    return error_response(
+                        "Unauthorized: a valid API key is needed "
+                        "(Authorization: Bearer ...)", 401,
+                        headers={"WWW-Authenticate": "Bearer"})
             return await call_next(request)
 
-    @app.get("/health")
+    app.add_middleware(  # outermost: refuses before the body is read
+        RequestGuard, engine=engine, max_body_bytes=max_body_bytes,
+        generation_paths=_GENERATION_PATHS,
+        respond=lambda message, status: error_response(message, status))
+
+    @app.get("/health", response_class=Response, responses={
+        200: {"description": "The engine loop runs (empty body)."},
+        500: {"model": ErrorResponse, "description": "The engine loop died."},
+        503: {"model": ErrorResponse, "description": "Shutting down."}})
     async def health() -> Response:
-        if not engine.is_running:
-            return error_response("the engine loop is not running", 500)
+        problem = engine.health()
+        if problem is not None:
+            return error_response(problem, 500)
+        if not engine.accepting:
+            return error_response("the server is shutting down", 503)
         return Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:
         return {"version": __version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={
+        200: {"description": "Prometheus metrics (text exposition format)."}})
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -88,44 +122,98 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                                      raw_request: Request):
         return await chat.create_chat_completion(req, raw_request)
 
+    @app.post("/invocations", responses=_ERRORS)
+    async def invocations(raw_request: Request):
+        """SageMaker's single route: a chat body (``messages``) or a
+        completion body (``prompt``), answered as the matching endpoint."""
+        body = await read_json_body(raw_request)
+        model = (ChatCompletionRequest if isinstance(body, dict)
+                 and "messages" in body else CompletionRequest)
+        try:
+            req = model.model_validate(body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        if model is ChatCompletionRequest:
+            return await chat.create_chat_completion(req, raw_request)
+        return await completion.create_completion(req, raw_request)
+
+    if enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info() -> dict:
+            """The tokenizer's configuration (vLLM's
+            --enable-tokenizer-info-endpoint; it shows the chat template)."""
+            return tokenizer_description(completion.tokenizer, template)
+
+    if enable_server_load_tracking:
+        load = install_load_tracking(app, _GENERATION_PATHS | {"/invocations"})
+
+        @app.get("/load")
+        async def server_load() -> dict:
+            return {"server_load": load.value}
+
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(req: TokenizeChatRequest | TokenizeCompletionRequest):
         completion.check_model(req.model)
         if isinstance(req, TokenizeChatRequest):
-            _, ids = chat.render(req.messages, req.add_generation_prompt,
-                                 req.continue_final_message,
-                                 req.chat_template_kwargs)
+            if req.chat_template is not None:
+                raise APIError("a per-request chat_template is not accepted; "
+                               "start the server with --chat-template",
+                               param="chat_template")
+            _, ids = await engine.run_blocking(
+                chat.render, req.messages, req.add_generation_prompt,
+                req.continue_final_message, req.chat_template_kwargs,
+                req.add_special_tokens)
         else:
-            ids = list(completion.tokenizer.encode(
-                req.prompt, add_special_tokens=req.add_special_tokens))
+            ids = await engine.run_blocking(
+                engine.input_processor.encode, "prompt", req.prompt,
+                req.add_special_tokens)
+        strs = (completion.tokenizer.convert_ids_to_tokens(ids)
+                if req.return_token_strs else None)
         return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len,
-                                tokens=ids)
+                                tokens=ids, token_strs=strs)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
     async def detokenize(req: DetokenizeRequest):
         completion.check_model(req.model)
-        completion._check_ids("tokens", req.tokens)
-        return DetokenizeResponse(prompt=completion.tokenizer.decode(req.tokens))
+        completion.check_ids("tokens", req.tokens)
+        text = await engine.run_blocking(completion.tokenizer.decode, req.tokens)
+        return DetokenizeResponse(prompt=text)
 
+    limits = model_limits(engine)
+
+    def openapi() -> dict:
+        """FastAPI's schema with the served model's bounds filled in."""
+        if app.openapi_schema is None:
+            app.openapi_schema = apply_limits(FastAPI.openapi(app), limits)
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 
 def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
           served_model_names: list[str] | None = None, api_key: str | None = None,
-          chat_template: str | None = None, max_num_waiting: int | None = None,
-          log_level: str = "info") -> None:
-    """Loads the engine and serves until interrupted (`jaxinfer serve`)."""
-    import uvicorn
+          chat_template: str | None = None,
+          max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+          grace_period: float = DEFAULT_GRACE_PERIOD_S,
+          log_level: str = "info", engine: AsyncLLMEngine | None = None,
+          **app_options) -> int:
+    """Loads the engine (unless given) and serves until SIGTERM or engine
+    death (`jaxinfer serve`); returns the exit status."""
     from ...metrics import EngineMetrics
     names = served_model_names or [engine_args.model]
-    engine = AsyncLLMEngine.from_engine_args(
-        engine_args, max_num_waiting=max_num_waiting,
-        metrics=EngineMetrics(names[0]))
+    if engine is None:
+        engine = AsyncLLMEngine.from_engine_args(
+            engine_args, max_num_waiting=max_num_waiting,
+            metrics=EngineMetrics(names[0]))
     if engine_args.warmup:  # compiled before the port opens
         print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
               f"{engine.engine.warmup_seconds:.1f} s", flush=True)
-    app = build_app(engine, names, api_key=api_key, chat_template=chat_template)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    app = build_app(engine, names, api_key=api_key, chat_template=chat_template,
+                    max_body_bytes=max_body_bytes, **app_options)
+    return run_server(app, engine, host=host, port=port,
+                      grace_period=grace_period, log_level=log_level)
 
 
 def main(argv=None) -> int:

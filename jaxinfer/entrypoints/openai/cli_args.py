@@ -40,13 +40,39 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model name(s) the API accepts; the first is reported")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
-    p.add_argument("--max-num-waiting", type=int, default=None,
-                   help="answer 503 while this many requests already wait")
+    from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING
+    from ..http_guards import DEFAULT_MAX_BODY_BYTES
+    from ..server_runner import DEFAULT_GRACE_PERIOD_S
+    p.add_argument("--max-num-waiting", type=int, default=DEFAULT_MAX_NUM_WAITING,
+                   help="answer 503 (with Retry-After) while this many "
+                   "requests already wait; 0 refuses any wait (default: "
+                   "%(default)s)")
+    p.add_argument("--max-request-body-bytes", type=int,
+                   default=DEFAULT_MAX_BODY_BYTES,
+                   help="answer 413 to a larger request body (default: "
+                   "%(default)s)")
+    p.add_argument("--shutdown-grace-period", type=float,
+                   default=DEFAULT_GRACE_PERIOD_S,
+                   help="seconds that requests in flight may take to finish "
+                   "after SIGTERM before they are failed (default: %(default)s)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical",
                             "trace"])
+    for flag, help_ in _APP_SWITCHES.items():
+        p.add_argument(flag, action=argparse.BooleanOptionalAction,
+                       default=False, help=help_)
     add_vllm_flags(p)
     return p
+
+
+# vLLM's switches of the HTTP app, passed to build_app under their dest.
+_APP_SWITCHES = {
+    "--return-tokens-as-token-ids": "show logprob tokens as 'token_id:{id}' "
+    "(a request's return_tokens_as_token_ids overrides it)",
+    "--enable-tokenizer-info-endpoint": "serve /tokenizer_info (it shows the "
+    "tokenizer's configuration and chat template)",
+    "--enable-server-load-tracking": "count requests in flight, read at /load",
+}
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
@@ -79,8 +105,17 @@ def run_serve(ns: argparse.Namespace) -> int:
     args = serve_engine_args(ns)
     if ns.max_num_waiting is not None and ns.max_num_waiting < 0:
         raise ValueError(f"--max-num-waiting must be >= 0, got {ns.max_num_waiting}")
-    serve(args, host=ns.host, port=ns.port,
-          served_model_names=ns.served_model_name, api_key=ns.api_key,
-          chat_template=ns.chat_template, max_num_waiting=ns.max_num_waiting,
-          log_level=ns.uvicorn_log_level)
-    return 0
+    if ns.max_request_body_bytes < 1:
+        raise ValueError(f"--max-request-body-bytes must be >= 1, got "
+                         f"{ns.max_request_body_bytes}")
+    if ns.shutdown_grace_period < 0:
+        raise ValueError(f"--shutdown-grace-period must be >= 0, got "
+                         f"{ns.shutdown_grace_period}")
+    return serve(args, host=ns.host, port=ns.port,
+                 served_model_names=ns.served_model_name, api_key=ns.api_key,
+                 chat_template=ns.chat_template, max_num_waiting=ns.max_num_waiting,
+                 max_body_bytes=ns.max_request_body_bytes,
+                 grace_period=ns.shutdown_grace_period,
+                 log_level=ns.uvicorn_log_level,
+                 **{f[2:].replace("-", "_"): getattr(ns, f[2:].replace("-", "_"))
+                    for f in _APP_SWITCHES})

@@ -3,7 +3,9 @@
 
 Bad input is a ValueError (our ``InvalidRequestError`` included) and becomes
 400; pydantic's validation errors are 400 too (not FastAPI's 422), so clients
-see one status for every invalid parameter.
+see one status for every invalid parameter. A `ServingError` carries its own
+status (503s with a Retry-After); anything else is a 500 in the same shape,
+never a plain-text page.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...engine.async_engine import EngineDeadError, QueueFullError
+from ...errors import ServingError
 from .protocol import ErrorInfo, ErrorResponse
+
+# Seconds a client is asked to wait after a 503 (queue full, shutting down).
+RETRY_AFTER_S = 1
 
 logger = logging.getLogger(__name__)
 
@@ -37,19 +42,26 @@ class ModelNotFoundError(APIError):
 
 
 def error_type(status: int) -> str:
-    """vLLM's error type names: the status phrase in CamelCase + 'Error'."""
+    """vLLM's error type names: the status phrase in CamelCase, ending in
+    'Error' once (BadRequestError, InternalServerError)."""
     try:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:
         return "Error"
-    return "".join(w.capitalize() for w in phrase.replace("-", " ").split()) + "Error"
+    name = "".join(w.capitalize() for w in phrase.replace("-", " ").split())
+    return name if name.endswith("Error") else name + "Error"
 
 
-def error_response(message: str, status: int = 400,
-                   param: str | None = None) -> JSONResponse:
+def error_headers(status: int) -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+
+
+def error_response(message: str, status: int = 400, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=error_type(status),
                                          param=param, code=status))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status,
+                        headers={**error_headers(status), **(headers or {})})
 
 
 def sse_error(message: str, status: int = 400) -> str:
@@ -62,6 +74,10 @@ def sse_error(message: str, status: int = 400) -> str:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid":  # loc holds a character offset
+            pos = err.get("loc", ("", "?"))[-1]
+            parts.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'invalid')} at character {pos})")
+            continue
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if param is None and loc:
             param = loc[0]
@@ -83,14 +99,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _value(_: Request, exc: ValueError):
         return error_response(str(exc), 400)
 
-    @app.exception_handler(QueueFullError)
-    async def _full(_: Request, exc: QueueFullError):
-        return error_response(str(exc), 503)
-
-    @app.exception_handler(EngineDeadError)
-    async def _dead(_: Request, exc: EngineDeadError):
-        return error_response(str(exc), 500)
+    @app.exception_handler(ServingError)
+    async def _serving(_: Request, exc: ServingError):
+        return error_response(str(exc), exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
-        return error_response(str(exc.detail), exc.status_code)
+        # Keeps the exception's headers: a 405 must say what is Allowed.
+        return error_response(str(exc.detail), exc.status_code,
+                              headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception):
+        logger.exception("unhandled error in a request handler")
+        return error_response(f"internal server error: {exc!r}", 500)

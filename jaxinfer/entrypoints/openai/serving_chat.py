@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from ...errors import http_status
 from .errors import APIError, sse_error
 from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
                        ChatCompletionResponse, ChatCompletionResponseChoice,
@@ -15,8 +16,8 @@ from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
                        ChatResponseMessage, ChatStreamChoice, DeltaMessage,
                        TopLogprob, random_id)
 from .serving_engine import (MIN_LOGPROB, Choice, OpenAIServing, add_all,
-                             collect_choices, logprob_value, merge_streams,
-                             ranked, usage_counter)
+                             beam_choices, collect_choices, logprob_value,
+                             merge_streams, ranked, usage_counter)
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -42,6 +43,19 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
     return d
 
 
+def _echoed(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text, when that message has the
+    role being generated (the assistant's, or with add_generation_prompt
+    false the last message's own)."""
+    if not req.echo:
+        return ""
+    last = req.messages[-1]
+    role = "assistant" if req.add_generation_prompt else last.role
+    if last.role != role:
+        return ""
+    return _message_dict(last)["content"]
+
+
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine, served_model_names, chat_template: str | None = None):
         super().__init__(engine, served_model_names)
@@ -49,7 +63,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool,
                continue_final_message: bool,
-               kwargs: dict[str, Any] | None) -> tuple[str, list[int]]:
+               kwargs: dict[str, Any] | None,
+               add_special_tokens: bool = False) -> tuple[str, list[int]]:
         """The prompt text and ids, tokenized as `LLM.chat` tokenizes."""
         if add_generation_prompt and continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message "
@@ -67,14 +82,16 @@ class OpenAIServingChat(OpenAIServing):
         if not isinstance(text, str):
             raise APIError("the chat template did not render to text",
                            param="chat_template_kwargs")
-        return text, list(self.tokenizer.encode(text, add_special_tokens=False))
+        return text, self.engine.input_processor.encode(
+            "the rendered chat", text, add_special_tokens=add_special_tokens)
 
-    def _logprobs(self, token_ids, lps, k: int) -> ChatChoiceLogprobs:
+    def _logprobs(self, token_ids, lps, k: int,
+                  as_id: bool = False) -> ChatChoiceLogprobs:
         content = []
         for tid, entries in zip(token_ids, lps):
             sampled = entries.get(tid)
-            tok = self.token_text(tid, sampled)
-            top = [TopLogprob(token=(t_text := self.token_text(t, e)),
+            tok = self.token_text(tid, sampled, as_id)
+            top = [TopLogprob(token=(t_text := self.token_text(t, e, as_id)),
                               logprob=logprob_value(e),
                               bytes=list(t_text.encode("utf-8")))
                    for t, e in ranked(entries, k)]
@@ -99,51 +116,79 @@ class OpenAIServingChat(OpenAIServing):
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs to be true",
                            param="top_logprobs")
-        top_k = (req.top_logprobs or 0) if req.logprobs else None
-        text, ids = self.render(req.messages, req.add_generation_prompt,
-                                req.continue_final_message, req.chat_template_kwargs)
+        top_k = (self.num_logprobs("top_logprobs", req.top_logprobs or 0)
+                 if req.logprobs else None)
+        text, ids = await self.engine.run_blocking(
+            self.render, req.messages, req.add_generation_prompt,
+            req.continue_final_message, req.chat_template_kwargs,
+            req.add_special_tokens)
+        if req.truncate_prompt_tokens and len(ids) > req.truncate_prompt_tokens:
+            text, ids = None, ids[-req.truncate_prompt_tokens:]
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens
                       is not None else req.max_tokens)
         params = self.sampling_params(req, max_tokens, top_k, len(ids))
-        request_id = random_id("chatcmpl")
-        gens = await add_all(self.engine, request_id, [(text, ids)], [params])
-        choices = {j: Choice() for j in range(req.n)}
+        request_id = (f"chatcmpl-{req.request_id}" if req.request_id
+                      else random_id("chatcmpl"))
+        engine_id = random_id("chatcmpl")  # a client's id may repeat
+        as_id = self.tokens_as_ids(req)
+        echo = _echoed(req)
+        if req.use_beam_search:
+            gens = None
+            beams = await beam_choices(self.engine, engine_id, [(text, ids)],
+                                       [params], req.n, req.length_penalty,
+                                       req.temperature or 0.0, raw_request)
+            if beams is None:
+                return Response(status_code=499)
+            choices = {j: ch for (_, j), ch in beams.items()}
+        else:
+            gens = await add_all(self.engine, engine_id, [(text, ids)], [params],
+                                 priority=req.priority)
+            choices = {j: Choice() for j in range(req.n)}
 
         usage = usage_counter(choices, len(ids))
 
         if req.stream:
-            include_usage = bool(req.stream_options and
-                                 req.stream_options.include_usage)
             return StreamingResponse(
                 self._stream(gens[0], request_id, model, req, choices, top_k,
-                             usage, include_usage),
+                             usage, req.stream_options, ids, echo, as_id),
                 media_type="text/event-stream")
 
-        if not await collect_choices(gens, raw_request, choices,
-                                     lambda i, j: j):
+        prompt_lps: dict[int, list] = {}
+        if gens is not None and not await collect_choices(
+                gens, raw_request, choices, lambda i, j: j, prompt_lps):
             return Response(status_code=499)  # client gone; request aborted
         result = [ChatCompletionResponseChoice(
-            index=j, message=ChatResponseMessage(content=ch.text),
-            logprobs=(self._logprobs(ch.token_ids, ch.logprobs, top_k)
+            index=j, message=ChatResponseMessage(content=echo + ch.text),
+            logprobs=(self._logprobs(ch.token_ids, ch.logprobs, top_k, as_id)
                       if top_k is not None else None),
-            finish_reason=ch.finish_reason, stop_reason=ch.stop_reason)
+            finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
+            token_ids=ch.token_ids if req.return_token_ids else None)
             for j, ch in sorted(choices.items())]
         return Response(ChatCompletionResponse(
-            id=request_id, model=model, choices=result,
-            usage=usage()).model_dump_json(), media_type="application/json")
+            id=request_id, model=model, choices=result, usage=usage(),
+            prompt_logprobs=(self.prompt_logprobs_json(ids, prompt_lps.get(0),
+                                                       as_id)
+                             if req.prompt_logprobs is not None else None),
+            prompt_token_ids=ids if req.return_token_ids else None,
+        ).model_dump_json(), media_type="application/json")
 
     async def _stream(self, gen, request_id, model, req, choices, top_k,
-                      usage, include_usage) -> AsyncIterator[str]:
+                      usage, options, prompt_ids, echo, as_id) -> AsyncIterator[str]:
+        include_usage = bool(options and options.include_usage)
+        continuous = include_usage and bool(options.continuous_usage_stats)
+
         def chunk(choice: ChatStreamChoice | None, usage_info=None) -> str:
             body = ChatCompletionStreamResponse(
                 id=request_id, model=model,
-                choices=[choice] if choice is not None else [], usage=usage_info)
+                choices=[choice] if choice is not None else [],
+                usage=usage_info if usage_info is not None else
+                (usage() if continuous else None))
             return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
         try:
             for j in range(req.n):
                 yield chunk(ChatStreamChoice(
-                    index=j, delta=DeltaMessage(role="assistant", content="")))
+                    index=j, delta=DeltaMessage(role="assistant", content=echo)))
             async for _, out in merge_streams([gen]):
                 for c in out.outputs:
                     toks, lps = choices[c.index].add(c)
@@ -151,12 +196,13 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     yield chunk(ChatStreamChoice(
                         index=c.index, delta=DeltaMessage(content=c.text),
-                        logprobs=(self._logprobs(toks, lps, top_k)
+                        logprobs=(self._logprobs(toks, lps, top_k, as_id)
                                   if top_k is not None else None),
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                        token_ids=toks if req.return_token_ids else None))
             if include_usage:
                 yield chunk(None, usage())
-        except ValueError as e:
-            yield sse_error(str(e))
+        except Exception as e:  # noqa: BLE001 - the client must hear why
+            yield sse_error(str(e), http_status(e))
         yield "data: [DONE]\n\n"
 

@@ -13,6 +13,8 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from ...engine.async_engine import AsyncLLMEngine
+from ...engine.input_processor import check_context_length, check_token_ids
+from ...errors import InvalidRequestError
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from .errors import APIError, ModelNotFoundError
@@ -73,52 +75,79 @@ class OpenAIServing:
         self.max_num_seqs = sched.max_num_seqs
         self.vocab_size = engine.engine.model_config.vocab_size
 
+    # Server-wide default of return_tokens_as_token_ids (the flag).
+    return_tokens_as_token_ids = False
+
     def check_model(self, name: str | None) -> str:
-        if name is None or name in self.served_model_names:
+        if not name or name in self.served_model_names:  # "" as vLLM: the default
             return self.served_model_names[0]
         raise ModelNotFoundError(name, self.served_model_names)
 
-    def token_text(self, token_id: int, entry=None) -> str:
+    def token_text(self, token_id: int, entry=None, as_id: bool = False) -> str:
+        """A token as logprobs show it: its text, or ``token_id:{id}`` with
+        return_tokens_as_token_ids (text that is not valid UTF-8 alone)."""
+        if as_id:
+            return f"token_id:{token_id}"
         text = getattr(entry, "decoded_token", None)
         if text is None:
             text = self.tokenizer.decode([token_id])
         return text
 
-    def _check_ids(self, field: str, ids) -> None:
-        bad = [t for t in ids or () if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise APIError(f"{field} holds token ids {bad[:5]} outside the "
-                           f"vocabulary [0, {self.vocab_size})", param=field)
+    def tokens_as_ids(self, req: SamplingFields) -> bool:
+        if req.return_tokens_as_token_ids is None:
+            return self.return_tokens_as_token_ids
+        return req.return_tokens_as_token_ids
+
+    def num_logprobs(self, field: str, value: int | None) -> int | None:
+        """vLLM's -1 (the whole vocabulary), then bounded by max_logprobs
+        when the request is checked."""
+        return self.vocab_size if value == -1 else value
+
+    def prompt_logprobs_json(self, prompt_ids: list[int], lps,
+                             as_id: bool = False) -> list | None:
+        """vLLM's prompt_logprobs: per prompt token None (the first) or
+        {token id: {logprob, rank, decoded_token}}."""
+        if lps is None:
+            return None
+        out = []
+        for entries in lps[:len(prompt_ids)]:
+            if entries is None:
+                out.append(None)
+                continue
+            out.append({str(t): {"logprob": logprob_value(e),
+                                 "rank": getattr(e, "rank", None),
+                                 "decoded_token": self.token_text(t, e, as_id)}
+                        for t, e in entries.items()})
+        return out
+
+    def check_ids(self, field: str, ids) -> list[int]:
+        try:
+            return check_token_ids(field, ids or [], self.vocab_size)
+        except InvalidRequestError as e:
+            raise APIError(str(e), param=field) from None
 
     def sampling_params(self, req: SamplingFields, max_tokens: int | None,
                         logprobs: int | None, prompt_len: int) -> SamplingParams:
         """Maps the request onto SamplingParams; raises APIError (400) for
-        values the engine cannot serve, naming the limit."""
-        if req.n > self.max_num_seqs:
-            raise APIError(f"n must be <= max_num_seqs ({self.max_num_seqs}), "
-                           f"got {req.n}", param="n")
+        values the engine cannot serve, naming the limit. The engine's
+        `InputProcessor` checks the rest when the request is added."""
+        try:
+            check_context_length(prompt_len, max_tokens, self.max_model_len)
+        except InvalidRequestError as e:
+            raise APIError(str(e), param="prompt" if prompt_len >= self.max_model_len
+                           else "max_tokens") from None
         room = self.max_model_len - prompt_len
-        if room <= 0:
-            raise APIError(
-                f"This model's maximum context length is {self.max_model_len} "
-                f"tokens. However, your prompt has {prompt_len} tokens: shorten "
-                f"it to at most {self.max_model_len - 1} tokens.", param="prompt")
-        if max_tokens is not None and max_tokens > room:
-            raise APIError(
-                f"This model's maximum context length is {self.max_model_len} "
-                f"tokens. However, you requested {prompt_len + max_tokens} tokens "
-                f"({prompt_len} in the prompt, {max_tokens} for the completion). "
-                f"Reduce the prompt or max_tokens.", param="max_tokens")
-        self._check_ids("stop_token_ids", req.stop_token_ids)
-        self._check_ids("allowed_token_ids", req.allowed_token_ids)
+        self.check_ids("stop_token_ids", req.stop_token_ids)
+        self.check_ids("allowed_token_ids", req.allowed_token_ids)
         logit_bias = None
         if req.logit_bias:
-            try:
-                logit_bias = {int(k): v for k, v in req.logit_bias.items()}
-            except ValueError:
-                raise APIError("logit_bias keys must be token ids (integers)",
-                               param="logit_bias") from None
-            self._check_ids("logit_bias", logit_bias)
+            bad = [k for k in req.logit_bias if not k.strip().lstrip("-").isdigit()]
+            if bad:
+                raise APIError(
+                    f"logit_bias keys must be token ids (integers); not "
+                    f"{', '.join(map(repr, bad[:5]))}", param="logit_bias")
+            logit_bias = {int(k): v for k, v in req.logit_bias.items()}
+            self.check_ids("logit_bias", list(logit_bias))
         kwargs = dict(
             n=req.n, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
@@ -128,27 +157,34 @@ class OpenAIServing:
             stop=req.stop, stop_token_ids=req.stop_token_ids,
             bad_words=req.bad_words or None, ignore_eos=req.ignore_eos,
             max_tokens=room if max_tokens is None else max_tokens,
-            min_tokens=req.min_tokens, logprobs=logprobs,
+            min_tokens=req.min_tokens,
+            logprobs=self.num_logprobs("logprobs", logprobs),
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
-            logit_bias=logit_bias, allowed_token_ids=req.allowed_token_ids)
+            logit_bias=logit_bias, allowed_token_ids=req.allowed_token_ids,
+            best_of=req.best_of, use_beam_search=req.use_beam_search,
+            length_penalty=req.length_penalty,
+            prompt_logprobs=self.num_logprobs("prompt_logprobs",
+                                              req.prompt_logprobs))
         try:
             return SamplingParams.from_optional(**kwargs)
         except ValueError as e:
-            raise APIError(str(e)) from None
+            raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 
 async def add_all(engine: AsyncLLMEngine, request_id: str,
                   prompts: list[tuple[str | None, list[int]]],
-                  params: list[SamplingParams]) -> list[AsyncIterator[RequestOutput]]:
+                  params: list[SamplingParams],
+                  priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
     """Adds one engine request per prompt (ids ``{request_id}-{i}``); if one
     is refused, the ones already added are aborted and the error raised."""
     streams = []
     try:
         for i, ((text, ids), sp) in enumerate(zip(prompts, params)):
             streams.append(await engine.add_request(
-                f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, sp))
+                f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, sp,
+                priority=priority))
     except BaseException:
         for s in streams:
             engine.abort(s.request_id)
@@ -231,13 +267,16 @@ def usage_counter(choices: dict[Any, Choice], num_prompt_tokens: int):
 
 async def collect_choices(gens: list[AsyncIterator[RequestOutput]],
                           raw_request: Request, choices: dict[Any, Choice],
-                          key) -> bool:
+                          key, prompt_logprobs: dict | None = None) -> bool:
     """Adds every output of the merged requests to ``choices[key(i, j)]``
-    (request i, its choice j) until all finish. False if the client hung up
-    first (the requests are then aborted)."""
+    (request i, its choice j) until all finish; request i's prompt logprobs
+    go to ``prompt_logprobs[i]``. False if the client hung up first (the
+    requests are then aborted)."""
     try:
         async with cancel_on_disconnect(raw_request):
             async for i, out in merge_streams(gens):
+                if prompt_logprobs is not None and out.prompt_logprobs:
+                    prompt_logprobs[i] = out.prompt_logprobs
                 for c in out.outputs:
                     choices[key(i, c.index)].add(c)
     except asyncio.CancelledError:
@@ -255,3 +294,37 @@ def engine_lifespan(engine: AsyncLLMEngine, owns_engine: bool):
         if owns_engine:
             engine.shutdown()
     return lifespan
+
+
+async def beam_choices(engine: AsyncLLMEngine, request_id: str,
+                       prompts: list[tuple[str | None, list[int]]],
+                       params: list[SamplingParams], n: int,
+                       length_penalty: float, temperature: float,
+                       raw_request: Request) -> dict | None:
+    """``use_beam_search``: per prompt i a beam search of width best_of (else
+    n); its n best beams become ``choices[(i, j)]``. None if the client hung
+    up first (the beams' requests are then aborted)."""
+    from ...sampling_params import BeamSearchParams
+    from ..beam_search import beam_search_async
+    choices: dict[tuple[int, int], Choice] = {}
+
+    async def search(i: int, ids: list[int], sp: SamplingParams) -> None:
+        result = await beam_search_async(engine, ids, BeamSearchParams(
+            beam_width=sp.best_of or sp.n, max_tokens=sp.max_tokens,
+            ignore_eos=sp.ignore_eos, temperature=temperature,
+            length_penalty=length_penalty), f"{request_id}-{i}")
+        for j, beam in enumerate(result.sequences[:n]):
+            gen = beam.tokens[len(ids):]
+            choices[(i, j)] = Choice(
+                text=engine.tokenizer.decode(
+                    gen, skip_special_tokens=sp.skip_special_tokens),
+                token_ids=gen, logprobs=list(beam.logprobs),
+                finish_reason=beam.finish_reason, stop_reason=beam.stop_reason)
+
+    try:
+        async with cancel_on_disconnect(raw_request):
+            await asyncio.gather(*(search(i, ids, sp) for i, ((_, ids), sp)
+                                   in enumerate(zip(prompts, params))))
+    except asyncio.CancelledError:
+        return None
+    return choices

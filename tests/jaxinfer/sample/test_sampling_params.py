@@ -12,7 +12,7 @@ INVALID = [
     ("top_p", 0.0), ("top_p", 1.01), ("top_k", -2), ("top_k", 2.5),
     ("min_p", -0.1), ("min_p", 1.5), ("presence_penalty", 2.5),
     ("frequency_penalty", -2.1), ("repetition_penalty", 0.0),
-    ("max_tokens", 0), ("min_tokens", -1), ("logprobs", -1),
+    ("max_tokens", 0), ("min_tokens", -1), ("logprobs", -2),
     ("prompt_logprobs", -3), ("seed", 1.5), ("stop", [""]), ("stop", [3]),
     ("stop_token_ids", [-1]), ("bad_words", [""]), ("logit_bias", {"a": 1.0}),
     ("logit_bias", {3: "x"}), ("allowed_token_ids", []),
@@ -52,8 +52,14 @@ def test_unknown_fields_are_value_errors():
 
 def test_model_dependent_checks():
     sp = SamplingParams(logprobs=6)
-    with pytest.raises(ValueError, match=r"logprobs must be <= max_logprobs \(5\)"):
+    with pytest.raises(ValueError, match=r"logprobs must be <= max_logprobs \(5"):
         sp.verify_for_model(vocab_size=100, max_logprobs=5)
+    # vLLM's -1: the whole vocabulary, bounded by max_logprobs like any other
+    with pytest.raises(ValueError, match="whole vocabulary"):
+        SamplingParams(logprobs=-1).verify_for_model(100, 20)
+    every = SamplingParams(prompt_logprobs=-1)
+    every.verify_for_model(100, 100)
+    assert every.prompt_logprobs == 100
     with pytest.raises(ValueError, match="allowed_token_ids"):
         SamplingParams(allowed_token_ids=[5, 100]).verify_for_model(100, 20)
     with pytest.raises(ValueError, match="logit_bias"):

@@ -1,0 +1,186 @@
+"""Every request is checked and tokenized here, completely, before it reaches
+the engine loop: `LLM.generate`, the OpenAI server and `/generate` all go
+through `InputProcessor.process` (the servers call it from a worker thread,
+so a large prompt never blocks the event loop).
+
+Whatever a client can send fails here with an `InvalidRequestError` that says
+what to change: wrong types (token ids given as floats, strings or bools),
+text that is not valid Unicode (lone surrogates), ids outside the
+vocabulary, prompts too long for the context, and sampling parameters the
+model cannot serve. The engine loop then only meets requests it can run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Sequence
+
+from ..errors import InvalidRequestError
+from ..sampling_params import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessedInput:
+    """A request ready for the scheduler: nothing about it can fail later."""
+    prompt: str | None  # the prompt text, when one was given
+    prompt_token_ids: list[int]  # in [0, vocab_size), 1 <= len < max_model_len
+    params: SamplingParams  # verified for the model, bad_words tokenized
+
+
+def check_text(field: str, value: Any) -> str:
+    """``value`` as a string that encodes to UTF-8 (no lone surrogates, which
+    tokenizers and JSON encoders refuse)."""
+    if not isinstance(value, str):
+        raise InvalidRequestError(
+            f"{field} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{field} is not valid Unicode: it holds a lone surrogate "
+            f"{value[e.start:e.end]!r} at position {e.start}; send UTF-8 text") from None
+    return value
+
+
+def check_token_ids(field: str, ids: Any, vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints in [0, vocab_size); bools, floats and
+    strings are refused rather than converted."""
+    if hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):
+        ids = ids.tolist()  # a numpy array
+    if not isinstance(ids, (list, tuple)):
+        raise InvalidRequestError(
+            f"{field} must be a list of token ids, got {type(ids).__name__}")
+    wrong = [t for t in ids
+             if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
+    if wrong:
+        raise InvalidRequestError(
+            f"{field} must hold integer token ids, got {wrong[0]!r} "
+            f"({type(wrong[0]).__name__})")
+    ids = [int(t) for t in ids]
+    outside = [t for t in ids if not 0 <= t < vocab_size]
+    if outside:
+        raise InvalidRequestError(
+            f"{field} holds token ids {outside[:5]} outside the vocabulary "
+            f"[0, {vocab_size})")
+    return ids
+
+
+def check_context_length(prompt_len: int, max_tokens: int | None,
+                         max_model_len: int) -> None:
+    """A server request must fit the context whole (as OpenAI and vLLM's
+    servers refuse it), naming what to shorten."""
+    if prompt_len >= max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, your prompt has {prompt_len} tokens: shorten it to at "
+            f"most {max_model_len - 1} tokens.")
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, you requested {prompt_len + max_tokens} tokens "
+            f"({prompt_len} in the prompt, {max_tokens} for the completion). "
+            f"Reduce the prompt or max_tokens.")
+
+
+class InputProcessor:
+    """Checks and tokenizes requests for one served model."""
+
+    def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int,
+                 max_logprobs: int, max_num_seqs: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
+        self.max_num_seqs = max_num_seqs
+
+    def encode(self, field: str, text: Any, add_special_tokens: bool = True) -> list[int]:
+        """Tokenizes text; anything the tokenizer refuses is bad input."""
+        check_text(field, text)
+        try:
+            return list(self.tokenizer.encode(
+                text, add_special_tokens=add_special_tokens))
+        except Exception as e:  # noqa: BLE001 - the text was the problem
+            raise InvalidRequestError(
+                f"{field} could not be tokenized: {e}") from None
+
+    def tokenize_prompt(self, prompt: Any, add_special_tokens: bool = True
+                        ) -> tuple[str | None, list[int]]:
+        """(text, ids) of any prompt form `LLM.generate` accepts: a string,
+        a list of token ids, or a dict with ``prompt`` or ``prompt_token_ids``."""
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            if unknown:
+                raise InvalidRequestError(
+                    f"a prompt dict takes 'prompt' and 'prompt_token_ids', got "
+                    f"{', '.join(map(repr, unknown))}")
+            if "prompt_token_ids" in prompt:
+                text = prompt.get("prompt")
+                if text is not None:
+                    check_text("prompt", text)
+                return text, check_token_ids(
+                    "prompt_token_ids", prompt["prompt_token_ids"], self.vocab_size)
+            if "prompt" not in prompt:
+                raise InvalidRequestError(
+                    "a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            prompt = prompt["prompt"]
+            if not isinstance(prompt, str):
+                raise InvalidRequestError(
+                    f"'prompt' in a prompt dict must be a string, got "
+                    f"{type(prompt).__name__}")
+        if isinstance(prompt, str):
+            return prompt, self.encode("prompt", prompt, add_special_tokens)
+        if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):
+            return None, check_token_ids("prompt", prompt, self.vocab_size)
+        raise InvalidRequestError(
+            f"a prompt must be a string, a list of token ids or a dict, got "
+            f"{type(prompt).__name__}")
+
+    def check_params(self, params: Any) -> SamplingParams:
+        """A verified copy of ``params`` with its bad_words tokenized."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(
+                f"sampling params must be a SamplingParams, got "
+                f"{type(params).__name__}")
+        if params.num_samples > self.max_num_seqs:
+            field = "best_of" if params.num_samples > params.n else "n"
+            raise InvalidRequestError(
+                f"{field} must be <= max_num_seqs ({self.max_num_seqs}), got "
+                f"{params.num_samples}")
+        try:
+            params.verify_for_model(self.vocab_size, self.max_logprobs)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
+        for i, s in enumerate(params.stop or ()):
+            check_text(f"stop[{i}]", s)
+        for i, w in enumerate(params.bad_words or ()):
+            check_text(f"bad_words[{i}]", w)
+        params = params.clone()
+        try:
+            params.update_from_tokenizer(self.tokenizer)
+        except Exception as e:  # noqa: BLE001 - a word the tokenizer refuses
+            raise InvalidRequestError(
+                f"bad_words could not be tokenized: {e}") from None
+        return params
+
+    def process(self, prompt: Any, params: SamplingParams | None = None,
+                add_special_tokens: bool = True) -> ProcessedInput:
+        """The whole check of one request; raises InvalidRequestError."""
+        text, ids = self.tokenize_prompt(prompt, add_special_tokens)
+        if params is not None and getattr(params, "use_beam_search", False):
+            raise InvalidRequestError(
+                "use_beam_search=True runs as a beam search (LLM.generate, "
+                "LLM.beam_search or the server), not as one engine request")
+        truncate = getattr(params, "truncate_prompt_tokens", None)
+        if truncate is not None:
+            ids = ids[-truncate:]  # vLLM: keep the last k tokens
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, but max_model_len is "
+                f"{self.max_model_len}: shorten the prompt to at most "
+                f"{self.max_model_len - 1} tokens or raise max_model_len")
+        return ProcessedInput(text, ids, self.check_params(params))
