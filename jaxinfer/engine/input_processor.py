@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams

@@ -20,8 +20,8 @@ from .fuzz_strategies import ENDPOINTS, request_bodies
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES_PER_ROUTE = 300  # hypothesis bodies per POST route (5 routes)
-SCHEMATHESIS_EXAMPLES = 60  # per operation and generation mode
+EXAMPLES_PER_ROUTE = 280  # hypothesis bodies per POST route (5 routes)
+SCHEMATHESIS_EXAMPLES = 80  # per operation and generation mode
 GREEDY = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 6,
           "temperature": 0}
 
@@ -124,8 +124,12 @@ def test_hypothesis_bodies_to_every_post_route(fuzzed):
                   suppress_health_check=list(HealthCheck))
         def run(sent):
             body, content_type = sent
-            resp = session.post(base + path, data=body, timeout=120,
-                                headers={"content-type": content_type})
+            try:
+                resp = session.post(base + path, data=body, timeout=120,
+                                    headers={"content-type": content_type})
+            except requests.RequestException as e:  # a dropped connection
+                failures.append((path, body[:300], repr(e)))
+                return
             calls[path] += 1
             statuses[resp.status_code] += 1
             problem = check_response(path, resp)

@@ -92,6 +92,7 @@ def send_oversized(base_url: str, size: int) -> int | None:
     """Posts a ``size``-byte body announced by Content-Length; returns the
     status the server answered before reading it (None if none came)."""
     host, port = base_url.rsplit("/", 1)[1].split(":")
+    head = ""
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: {size}\r\n"
