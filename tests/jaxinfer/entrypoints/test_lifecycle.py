@@ -29,11 +29,16 @@ GRACE = 3.0  # --shutdown-grace-period of the launched servers
 
 
 class Launched:
-    def __init__(self, model: str, log_path: str, fault_file: str | None = None):
+    """The server in its own process; files in ``control`` steer its engine
+    step (see lifecycle_server.py)."""
+
+    def __init__(self, model: str, control):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.control = control
+        log_path = str(control / "server.log")
         cmd = [sys.executable, "-m", "tests.jaxinfer.entrypoints.lifecycle_server",
-               model, str(self.port), str(GRACE)] + ([fault_file] if fault_file else [])
+               model, str(self.port), str(GRACE), str(control)]
         env = dict(os.environ, PYTHONPATH=REPO)
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log,
@@ -108,8 +113,7 @@ def send_oversized(base_url: str, size: int) -> int | None:
 
 @pytest.fixture(scope="module")
 def launched(tiny_model_factory, tmp_path_factory):
-    server = Launched(tiny_model_factory(),
-                      str(tmp_path_factory.mktemp("serve") / "server.log"))
+    server = Launched(tiny_model_factory(), tmp_path_factory.mktemp("serve"))
     yield server
     server.stop()
 
@@ -117,28 +121,29 @@ def launched(tiny_model_factory, tmp_path_factory):
 def test_refusing_10mb_bodies_does_not_slow_a_stream(launched):
     base = launched.base_url
     median_gap(base, 20)  # warm: compile what a stream needs
-    normal = min(median_gap(base, 120) for _ in range(2))
+    normal = min(median_gap(base, 300) for _ in range(2))
     stop, statuses = threading.Event(), []
 
-    def flood():
-        while not stop.is_set():
+    def refuse_10mb_bodies():  # one after another, as clients retry
+        while not stop.wait(0.05):
             statuses.append(send_oversized(base, 10 * 1024 * 1024))
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        flooding = pool.submit(flood)
-        time.sleep(0.2)
-        loaded = median_gap(base, 120)
+        flooding = pool.submit(refuse_10mb_bodies)
+        time.sleep(0.1)
+        loaded = median_gap(base, 300)
         stop.set()
         flooding.result(60)
     print(f"\nmedian inter-token gap: alone {normal * 1e3:.2f} ms, while "
           f"{len(statuses)} 10 MB bodies were refused {loaded * 1e3:.2f} ms")
-    assert statuses and set(statuses) == {413}, statuses[:5]
+    assert len(statuses) >= 3 and set(statuses) == {413}, statuses[:5]
     assert loaded < 2 * normal, (loaded, normal)
 
 
 def test_sigterm_drains_within_the_grace_period(launched):
     base = launched.base_url
-    long_body = {"prompt": "Once upon a time", "max_tokens": 1000,
+    (launched.control / "slow").touch()  # 480 tokens then take > 9 s
+    long_body = {"prompt": "Once upon a time", "max_tokens": 480,
                  "ignore_eos": True, "temperature": 0}
     short, long_, waiting = [], [], []
     threads = [threading.Thread(target=timed_stream, args=args) for args in (
@@ -165,7 +170,7 @@ def test_sigterm_drains_within_the_grace_period(launched):
     assert exited < GRACE + 3, exited
     # The short request finished normally; the long ones were failed with a
     # 503 at the end of the grace period: every client got an answer.
-    assert short[-1][1] == "[DONE]"
+    assert short[-1][1] == "[DONE]" and short[-1][0] > t0  # was in flight
     assert json.loads(short[-2][1])["choices"][0]["finish_reason"] == "length"
     for events in (long_, waiting):
         assert events[-1][1] == "[DONE]", events[-3:]
@@ -176,12 +181,10 @@ def test_sigterm_drains_within_the_grace_period(launched):
 
 def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
                                                           tmp_path):
-    fault = tmp_path / "fault"
-    server = Launched(tiny_model_factory(), str(tmp_path / "server.log"),
-                      str(fault))
+    server = Launched(tiny_model_factory(), tmp_path)
     try:
         base = server.base_url
-        body = {"prompt": "Once upon a time", "max_tokens": 1000,
+        body = {"prompt": "Once upon a time", "max_tokens": 480,
                 "ignore_eos": True, "temperature": 0}
         streams = [[], []]  # running (max_num_seqs=2)
         threads = [threading.Thread(target=timed_stream, args=(base, body, ev))
@@ -200,7 +203,7 @@ def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
             time.sleep(0.01)
         time.sleep(0.3)  # the waiting two are queued by now
         t0 = time.perf_counter()
-        fault.touch()
+        (tmp_path / "fault").touch()
         for t in threads:
             t.join(10)
             assert not t.is_alive()
