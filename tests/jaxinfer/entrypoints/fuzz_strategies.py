@@ -104,6 +104,11 @@ def endpoints(text):
 
 ENDPOINTS = endpoints(valid_text)
 POISONED = endpoints(st.one_of(valid_text, hostile_text))
+TEXT_FIELDS = {"prompt", "messages", "stop", "bad_words", "chat_template_kwargs"}
+# Every string of a field carries a lone surrogate (or a NUL byte): the
+# values that used to reach the tokenizer on the engine thread.
+BROKEN_TEXT = endpoints(st.tuples(
+    valid_text, st.one_of(surrogates, st.just("\x00")), valid_text).map("".join))
 
 
 def request_bodies(path: str):
@@ -115,9 +120,16 @@ def request_bodies(path: str):
     names = sorted(set(required) | set(optional)) + ["unknown_field"]
     swapped = st.tuples(valid, st.sampled_from(names), hostile_value).map(
         lambda t: {**t[0], t[1]: t[2]})
+    broken_required, broken_optional = BROKEN_TEXT[path]
+    broken = {k: v for k, v in {**broken_required, **broken_optional}.items()
+              if k in TEXT_FIELDS}
+    one_broken_field = st.tuples(valid, st.sampled_from(sorted(broken))).flatmap(
+        lambda t: broken[t[1]].map(lambda value: {**t[0], t[1]: value})
+    ) if broken else valid  # /detokenize takes no text
     dropped = valid.flatmap(lambda body: st.sampled_from(sorted(body) or [""]).map(
         lambda name: {k: v for k, v in body.items() if k != name}))
-    as_json = st.one_of(valid, valid, swapped, poisoned, dropped, hostile_value).map(
+    as_json = st.one_of(valid, valid, swapped, poisoned, one_broken_field,
+                        dropped, hostile_value).map(
         lambda body: (json.dumps(body, allow_nan=True).encode(), "application/json"))
     raw = st.tuples(st.one_of(st.binary(max_size=64),
                               st.just(b'{"prompt": "unterminated'),

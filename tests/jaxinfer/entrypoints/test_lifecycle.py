@@ -26,19 +26,20 @@ pytestmark = pytest.mark.slow
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 GRACE = 3.0  # --shutdown-grace-period of the launched servers
+DEATH_GRACE = 8.0  # ... of the one whose engine dies (exit includes teardown)
 
 
 class Launched:
     """The server in its own process; files in ``control`` steer its engine
     step (see lifecycle_server.py)."""
 
-    def __init__(self, model: str, control):
+    def __init__(self, model: str, control, grace: float = GRACE):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.control = control
         log_path = str(control / "server.log")
         cmd = [sys.executable, "-m", "tests.jaxinfer.entrypoints.lifecycle_server",
-               model, str(self.port), str(GRACE), str(control)]
+               model, str(self.port), str(grace), str(control)]
         env = dict(os.environ, PYTHONPATH=REPO)
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log,
@@ -84,28 +85,34 @@ def token_times(events) -> list[float]:
             if payload != "[DONE]" and json.loads(payload).get("choices")]
 
 
-def median_gap(base_url: str, max_tokens: int) -> float:
+def stream_token_times(base_url: str, max_tokens: int) -> list[float]:
     events: list = []
     timed_stream(base_url, {"prompt": "Once upon a time", "max_tokens": max_tokens,
                             "ignore_eos": True, "temperature": 0}, events)
     times = token_times(events)
     assert len(times) >= max_tokens // 2
-    return statistics.median(b - a for a, b in zip(times[1:], times[2:]))
+    return times[1:]  # from the first decode on (the prefill is apart)
 
 
-def send_oversized(base_url: str, size: int) -> int | None:
-    """Posts a ``size``-byte body announced by Content-Length; returns the
-    status the server answered before reading it (None if none came)."""
+def gaps(times: list[float]) -> list[tuple[float, float]]:
+    return list(zip(times, times[1:]))
+
+
+_BODY = b"a" * (10 * 1024 * 1024)  # made once: the sender must not hold the GIL
+
+
+def send_oversized(base_url: str) -> int | None:
+    """Posts a 10 MB body announced by Content-Length, as a client would;
+    returns the status the server answered (None if none came)."""
     host, port = base_url.rsplit("/", 1)[1].split(":")
     head = ""
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: {size}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(_BODY)}\r\n"
                   "\r\n".encode())
-        s.sendall(b'{"prompt": "' + b"a" * 65536)  # starts the 10 MB upload
         try:
+            s.sendall(_BODY)
             head = s.recv(4096).decode("latin-1")
-            s.sendall(b"a" * (size - 65548))  # the rest, if still read
         except OSError:
             pass
     return int(head.split()[1]) if head.startswith("HTTP/1.1") else None
@@ -119,24 +126,35 @@ def launched(tiny_model_factory, tmp_path_factory):
 
 
 def test_refusing_10mb_bodies_does_not_slow_a_stream(launched):
+    """Inter-token gaps of a stream that overlap the refusal of a 10 MB body
+    (sent one after another, as a retrying client would) stay under twice
+    the gaps of the stream alone."""
     base = launched.base_url
-    median_gap(base, 20)  # warm: compile what a stream needs
-    normal = min(median_gap(base, 300) for _ in range(2))
-    stop, statuses = threading.Event(), []
+    stream_token_times(base, 20)  # warm: compile what a stream needs
+    normal = min(statistics.median(b - a for a, b in gaps(
+        stream_token_times(base, 300))) for _ in range(2))
+    stop, windows = threading.Event(), []
 
-    def refuse_10mb_bodies():  # one after another, as clients retry
+    def refuse_10mb_bodies():
         while not stop.wait(0.05):
-            statuses.append(send_oversized(base, 10 * 1024 * 1024))
+            t0 = time.perf_counter()
+            status = send_oversized(base)
+            windows.append((t0, time.perf_counter(), status))
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        flooding = pool.submit(refuse_10mb_bodies)
+        refusing = pool.submit(refuse_10mb_bodies)
         time.sleep(0.1)
-        loaded = median_gap(base, 300)
+        times = stream_token_times(base, 300)
         stop.set()
-        flooding.result(60)
-    print(f"\nmedian inter-token gap: alone {normal * 1e3:.2f} ms, while "
-          f"{len(statuses)} 10 MB bodies were refused {loaded * 1e3:.2f} ms")
-    assert len(statuses) >= 3 and set(statuses) == {413}, statuses[:5]
+        refusing.result(60)
+    during = [b - a for a, b in gaps(times)
+              if any(a < end and b > start for start, end, _ in windows)]
+    loaded = statistics.median(during)
+    print(f"\nmedian inter-token gap: alone {normal * 1e3:.2f} ms, while one of "
+          f"{len(windows)} 10 MB bodies was being refused {loaded * 1e3:.2f} ms "
+          f"({len(during)} gaps)")
+    assert len(windows) >= 3 and {w[2] for w in windows} == {413}, windows[:5]
+    assert len(during) >= 10
     assert loaded < 2 * normal, (loaded, normal)
 
 
@@ -181,7 +199,7 @@ def test_sigterm_drains_within_the_grace_period(launched):
 
 def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
                                                           tmp_path):
-    server = Launched(tiny_model_factory(), tmp_path)
+    server = Launched(tiny_model_factory(), tmp_path, grace=DEATH_GRACE)
     try:
         base = server.base_url
         body = {"prompt": "Once upon a time", "max_tokens": 480,
@@ -218,8 +236,10 @@ def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
             assert t_answer - t0 < 1.0
         assert health.status_code == 500
         assert "planted fault" in health.json()["error"]["message"]
-        rc = server.proc.wait(GRACE + 5)
+        rc = server.proc.wait(DEATH_GRACE + 5)
+        exited = time.perf_counter() - t0
+        print(f"\nexited {exited:.2f} s after the fault, status {rc}")
         assert rc == 1, server.output()
-        assert time.perf_counter() - t0 < GRACE
+        assert exited < DEATH_GRACE
     finally:
         server.stop()
