@@ -154,6 +154,7 @@ def test_body_over_the_limit_is_413_and_the_loop_stays_responsive(server):
     openai_error(r, 413)
 
 
+@pytest.mark.slow
 def test_large_tokenize_runs_off_the_event_loop(server):
     """A prompt under the body limit takes seconds to tokenize; /health must
     answer meanwhile (it used to wait for the whole tokenization)."""
