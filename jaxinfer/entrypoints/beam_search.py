@@ -60,7 +60,7 @@ def beam_search(llm, prompts, params: BeamSearchParams,
     running: list[list[BeamSearchSequence]] = []
     completed: list[list[BeamSearchSequence]] = []
     for p in prompts:
-        _, ids = engine._tokenize(p)
+        _, ids = engine.input_processor.tokenize_prompt(p)
         running.append([BeamSearchSequence(tokens=ids, logprobs=[])])
         completed.append([])
     steps = range(params.max_tokens)
