@@ -108,7 +108,8 @@ TEXT_FIELDS = {"prompt", "messages", "stop", "bad_words", "chat_template_kwargs"
 # Every string of a field carries a lone surrogate (or a NUL byte): the
 # values that used to reach the tokenizer on the engine thread.
 BROKEN_TEXT = endpoints(st.tuples(
-    valid_text, st.one_of(surrogates, st.just("\x00")), valid_text).map("".join))
+    valid_text, st.one_of(surrogates, surrogates, surrogates, st.just("\x00")),
+    valid_text).map("".join))
 
 
 def request_bodies(path: str):
@@ -129,7 +130,7 @@ def request_bodies(path: str):
     dropped = valid.flatmap(lambda body: st.sampled_from(sorted(body) or [""]).map(
         lambda name: {k: v for k, v in body.items() if k != name}))
     as_json = st.one_of(valid, valid, swapped, poisoned, one_broken_field,
-                        dropped, hostile_value).map(
+                        one_broken_field, dropped, hostile_value).map(
         lambda body: (json.dumps(body, allow_nan=True).encode(), "application/json"))
     raw = st.tuples(st.one_of(st.binary(max_size=64),
                               st.just(b'{"prompt": "unterminated'),
