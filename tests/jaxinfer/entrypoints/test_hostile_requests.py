@@ -238,6 +238,10 @@ def test_openapi_schema_matches_the_server(server, engine):
     r = requests.get(server.base_url + "/metrics", timeout=10)
     assert r.headers["content-type"].startswith("text/plain")
 
+    for path in ("/v1/completions", "/v1/chat/completions"):  # stream=true
+        ok = schema["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(ok) == {"application/json", "text/event-stream"}
+
     vocab = engine.engine.model_config.vocab_size
     detok = schema["components"]["schemas"]["DetokenizeRequest"]
     assert detok["properties"]["tokens"]["items"]["maximum"] == vocab - 1
