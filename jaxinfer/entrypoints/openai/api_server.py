@@ -39,7 +39,7 @@ _GENERATION_RESPONSES = {**_ERRORS, 200: {
     "description": "The completion; with stream=true, server-sent events "
                    "(chunks, then `data: [DONE]`).",
     "content": {"application/json": {},
-                "text/event-stream": {"schema": {"type": "string"}}}}}
+                "text/event-stream": {"schema": {}}}}}  # any event
 
 
 def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = None,
