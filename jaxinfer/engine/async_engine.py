@@ -107,9 +107,9 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
         self.accepting = True  # False once shutdown began
+        self._closed = False  # the loop thread has exited (under _lock)
         self._death_callbacks: list[Callable[[BaseException], None]] = []
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            _PREPROCESS_THREADS, thread_name_prefix="jaxinfer-preprocess")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
     def from_engine_args(cls, args, **kwargs) -> "AsyncLLMEngine":
@@ -153,8 +153,13 @@ class AsyncLLMEngine:
     async def run_blocking(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on a worker thread: tokenizing, rendering
         or detokenizing a large input must not stall the event loop."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    _PREPROCESS_THREADS, thread_name_prefix="jaxinfer-preprocess")
+            pool = self._pool
         return await asyncio.get_running_loop().run_in_executor(
-            self._pool, functools.partial(fn, *args, **kwargs))
+            pool, functools.partial(fn, *args, **kwargs))
 
     def num_waiting(self) -> int:
         """Requests not yet running: queued adds plus the scheduler's waiting
@@ -165,6 +170,7 @@ class AsyncLLMEngine:
 
     def start(self) -> None:
         if self._thread is None:
+            self._closed, self.accepting = False, True  # a restart after shutdown
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="jaxinfer-engine-loop")
             self._thread.start()
@@ -184,7 +190,9 @@ class AsyncLLMEngine:
             self._commands.put(("stop",))
             self._thread.join(timeout)
             self._thread = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     # -- requests -------------------------------------------------------------
 
@@ -209,8 +217,10 @@ class AsyncLLMEngine:
             params.output_kind = RequestOutputKind.DELTA
             stream = RequestStream(request_id, asyncio.get_running_loop())
             arrival = time.time() if arrival_time is None else arrival_time
-            with self._lock:  # the loop's death handling drains under it
-                self._check_admission()
+            with self._lock:  # the loop's last drain (_close) runs under it
+                self._check_admission(count_queue=False)  # it counts us now
+                if self._closed:
+                    raise ServerShuttingDownError("the engine loop has stopped")
                 self._commands.put(("add", stream, ProcessedInput(
                     prompt.prompt, prompt.prompt_token_ids, params), arrival,
                     priority))
@@ -227,14 +237,14 @@ class AsyncLLMEngine:
         assert ack is _ACK, ack
         return stream
 
-    def _check_admission(self) -> None:
+    def _check_admission(self, count_queue: bool = True) -> None:
         if self.dead_error is not None:
             raise EngineDeadError(self.health())
         if not self.accepting:
             raise ServerShuttingDownError(
                 "the server is shutting down and takes no new requests; "
                 "retry on another replica or after the restart")
-        if self.queue_full():
+        if count_queue and self.queue_full():
             raise QueueFullError(
                 f"the server queue is full ({self.max_num_waiting} requests "
                 f"waiting, the --max-num-waiting limit); retry later")
@@ -282,7 +292,7 @@ class AsyncLLMEngine:
                         break
                 for cmd in commands:
                     if cmd[0] == "stop":
-                        self._fail_streams(ServerShuttingDownError(
+                        self._close(ServerShuttingDownError(
                             "the server shut down before this request finished"))
                         return
                     if cmd[0] == "add":
@@ -299,12 +309,22 @@ class AsyncLLMEngine:
             self._die(e)
 
     def _die(self, error: BaseException) -> None:
-        """Answers every stream and every queued add at once, then tells the
-        death callbacks. Under the lock, so no add is queued after the drain."""
+        """Answers every client at once, then tells the death callbacks."""
+        self.dead_error = error
+        self._close(EngineDeadError(self.health()))
+        for callback in self._death_callbacks:
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - the others must still run
+                logger.exception("engine death callback failed")
+
+    def _close(self, error: BaseException) -> None:
+        """The loop's last act: every stream and every queued add gets
+        ``error``. Under the lock, after which add_request refuses, so no add
+        is queued after this drain and left unanswered."""
         with self._lock:
-            self.dead_error = error
-            err = EngineDeadError(self.health())
-            self._deliver([(s, err) for s in self._streams.values()])
+            self._closed = True
+            self._deliver([(s, error) for s in self._streams.values()])
             self._streams.clear()
             while True:
                 try:
@@ -313,12 +333,7 @@ class AsyncLLMEngine:
                     break
                 if cmd[0] == "add":
                     self._pending -= 1
-                    self._deliver([(cmd[1], err)])
-        for callback in self._death_callbacks:
-            try:
-                callback(error)
-            except Exception:  # noqa: BLE001 - the others must still run
-                logger.exception("engine death callback failed")
+                    self._deliver([(cmd[1], error)])
 
     def _fail_streams(self, error: BaseException) -> None:
         ids = list(self._streams)

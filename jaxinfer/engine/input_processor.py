@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams
@@ -55,7 +55,7 @@ def check_token_ids(field: str, ids: Any, vocab_size: int) -> list[int]:
              if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
     if wrong:
         raise InvalidRequestError(
-            f"{field} must hold integer token ids, got {wrong[0]!r} "
+            f"{field} must hold integer token ids, got {repr(wrong[0])[:40]} "
             f"({type(wrong[0]).__name__})")
     ids = [int(t) for t in ids]
     outside = [t for t in ids if not 0 <= t < vocab_size]

@@ -30,7 +30,8 @@ from ..errors import ServingError, http_status
 from ..sampling_params import SamplingParams
 from .http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from .openai.errors import error_headers
-from .openai.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, RequestModel, TokenId
+from .openai.protocol import (FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN,
+                              RequestModel, TokenId)
 from .openai.serving_engine import cancel_on_disconnect, engine_lifespan
 from .server_runner import DEFAULT_GRACE_PERIOD_S, run_server
 

@@ -38,6 +38,12 @@ logger = logging.getLogger(__name__)
 _ERRORS = {code: {"model": ErrorResponse}
            for code in (400, 401, 404, 413, 500, 503)}
 _GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+# The generation routes answer JSON, or with "stream": true an event stream.
+_GENERATION_RESPONSES = {**_ERRORS, 200: {
+    "description": "The completion; with stream=true, server-sent events "
+                   "(chunks, then `data: [DONE]`).",
+    "content": {"application/json": {},
+                "text/event-stream": {"schema": {}}}}}  # any event
 
 
 def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = None,
@@ -113,11 +119,11 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                                          max_model_len=engine.max_model_len)
                                for n in names])
 
-    @app.post("/v1/completions", responses=_ERRORS)
+    @app.post("/v1/completions", responses=_GENERATION_RESPONSES)
     async def create_completion(req: CompletionRequest, raw_request: Request):
         return await completion.create_completion(req, raw_request)
 
-    @app.post("/v1/chat/completions", responses=_ERRORS)
+    @app.post("/v1/chat/completions", responses=_GENERATION_RESPONSES)
     async def create_chat_completion(req: ChatCompletionRequest,
                                      raw_request: Request):
         return await chat.create_chat_completion(req, raw_request)

@@ -75,8 +75,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":  # loc holds a character offset
-            pos = err.get("loc", ("", "?"))[-1]
-            parts.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'invalid')} at character {pos})")
+            reason = err.get("ctx", {}).get("error", "invalid")
+            pos = err.get("loc", ("?",))[-1]
+            parts.append(f"the body is not valid JSON ({reason} at character {pos})")
             continue
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if param is None and loc:

@@ -58,8 +58,11 @@ def find_invalid_text(value: Any, path: str = "body") -> str | None:
                     return where
         elif isinstance(item, dict):
             for k, v in item.items():
-                stack.append((k, f"{where} (a key)"))
-                stack.append((v, f"{where}.{k}"))
+                # The path goes into the error message: escape what cannot
+                # be encoded (the offending key itself, say).
+                name = str(k).encode("utf-8", "backslashreplace").decode()
+                stack.append((k, f"{where}.{name} (a key)"))
+                stack.append((v, f"{where}.{name}"))
         elif isinstance(item, list):
             stack.extend((v, f"{where}.{i}") for i, v in enumerate(item))
     return None

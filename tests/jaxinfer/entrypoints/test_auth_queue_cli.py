@@ -39,6 +39,14 @@ def test_api_key_required_on_v1(guarded):
         assert r.status_code == 401
         assert r.json()["error"]["code"] == 401
     assert requests.get(url, headers=_auth(KEY), timeout=10).status_code == 200
+    # The scheme is case-insensitive (RFC 7235); a 401 says which one to use.
+    for scheme in ("bearer", "BEARER", "Bearer "):
+        r = requests.get(url, headers={"Authorization": f"{scheme} {KEY}"},
+                         timeout=10)
+        assert r.status_code == 200, scheme
+    r = requests.get(url, headers=_auth("wrong"), timeout=10)
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert r.json()["error"]["type"] == "UnauthorizedError"
     # Operational routes stay open, as in vLLM.
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
     assert requests.get(server.base_url + "/metrics", timeout=10).status_code == 200
@@ -76,7 +84,49 @@ def test_queue_limit_answers_503(guarded):
     for r in results:
         if r.status_code == 200:
             assert r.json()["usage"]["completion_tokens"] == 30
+        else:
+            assert r.headers["retry-after"] == "1"
     assert pages_all_free(engine)
+
+
+def test_queue_full_503_arrives_at_once(guarded):
+    """With the queue full, a refusal must not wait behind the queue (it used
+    to take 11-20 s: the prompt was tokenized on the event loop first)."""
+    import time
+    server, engine = guarded
+    url = server.base_url + "/v1/completions"
+    long = {"model": "tiny", "prompt": "hi", "max_tokens": 100, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(requests.post, url, headers=_auth(KEY), json=long,
+                            timeout=300) for _ in range(3)]
+        deadline = time.time() + 30
+        while not engine.queue_full() and time.time() < deadline:
+            time.sleep(0.02)
+        assert engine.queue_full()
+        waits = []
+        for body in ({"model": "tiny", "prompt": "word " * 100, "max_tokens": 2},
+                     {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}):
+            for path in ("/v1/completions", "/v1/chat/completions"):
+                t0 = time.perf_counter()
+                r = requests.post(server.base_url + path, headers=_auth(KEY),
+                                  json=body, timeout=30)
+                waits.append(time.perf_counter() - t0)
+                assert r.status_code == 503 and r.headers["retry-after"] == "1"
+                assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert max(waits) < 0.5, waits
+        assert all(f.result().status_code == 200 for f in held)
+    assert pages_all_free(engine)
+
+
+def test_queue_limit_is_on_by_default():
+    from jaxinfer.engine.async_engine import DEFAULT_MAX_NUM_WAITING, AsyncLLMEngine
+    from jaxinfer.entrypoints.cli import build_parser
+    assert DEFAULT_MAX_NUM_WAITING is not None and DEFAULT_MAX_NUM_WAITING > 0
+    ns = build_parser().parse_args(["serve", "m"])
+    assert ns.max_num_waiting == DEFAULT_MAX_NUM_WAITING
+    import inspect
+    default = inspect.signature(AsyncLLMEngine).parameters["max_num_waiting"].default
+    assert default == DEFAULT_MAX_NUM_WAITING
 
 
 def test_simple_generate_server(tiny_model_factory):

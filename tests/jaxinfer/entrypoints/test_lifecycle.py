@@ -1,0 +1,245 @@
+"""The server as a supervisor sees it (issue 13), each in a process of its
+own: a 10 MB body refused without slowing a stream, SIGTERM drains within
+the grace period, and an engine-loop death answers every client at once,
+reports itself on /health and exits non-zero."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+GRACE = 3.0  # --shutdown-grace-period of the launched servers
+DEATH_GRACE = 8.0  # ... of the one whose engine dies (exit includes teardown)
+
+
+class Launched:
+    """The server in its own process; files in ``control`` steer its engine
+    step (see lifecycle_server.py)."""
+
+    def __init__(self, model: str, control, grace: float = GRACE):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.control = control
+        log_path = str(control / "server.log")
+        cmd = [sys.executable, "-m", "tests.jaxinfer.entrypoints.lifecycle_server",
+               model, str(self.port), str(grace), str(control)]
+        env = dict(os.environ, PYTHONPATH=REPO)
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + 240
+        while True:
+            assert self.proc.poll() is None, self.output()
+            assert time.time() < deadline, "the server did not start"
+            try:
+                if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()
+
+
+def timed_stream(base_url: str, body: dict, events: list) -> None:
+    """Appends (time, payload) per SSE event of a streamed completion; a
+    non-streaming answer (an error) is appended as (time, status, json)."""
+    with requests.post(base_url + "/v1/completions", json=dict(body, stream=True),
+                       stream=True, timeout=300) as r:
+        if r.status_code != 200:
+            events.append((time.perf_counter(), r.status_code, r.json()))
+            return
+        for line in r.iter_lines(chunk_size=None, decode_unicode=True):
+            if line.startswith("data: "):
+                events.append((time.perf_counter(), line[6:]))
+
+
+def token_times(events) -> list[float]:
+    return [t for t, payload in events
+            if payload != "[DONE]" and json.loads(payload).get("choices")]
+
+
+def stream_token_times(base_url: str, max_tokens: int) -> list[float]:
+    events: list = []
+    timed_stream(base_url, {"prompt": "Once upon a time", "max_tokens": max_tokens,
+                            "ignore_eos": True, "temperature": 0}, events)
+    times = token_times(events)
+    assert len(times) >= max_tokens // 2
+    return times[1:]  # from the first decode on (the prefill is apart)
+
+
+def gaps(times: list[float]) -> list[tuple[float, float]]:
+    return list(zip(times, times[1:]))
+
+
+_BODY = b"a" * (10 * 1024 * 1024)  # made once: the sender must not hold the GIL
+
+
+def send_oversized(base_url: str) -> int | None:
+    """Posts a 10 MB body announced by Content-Length, as a client would;
+    returns the status the server answered (None if none came)."""
+    host, port = base_url.rsplit("/", 1)[1].split(":")
+    head = ""
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(_BODY)}\r\n"
+                  "\r\n".encode())
+        try:
+            s.sendall(_BODY)
+            head = s.recv(4096).decode("latin-1")
+        except OSError:
+            pass
+    return int(head.split()[1]) if head.startswith("HTTP/1.1") else None
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_model_factory, tmp_path_factory):
+    server = Launched(tiny_model_factory(), tmp_path_factory.mktemp("serve"))
+    yield server
+    server.stop()
+
+
+def test_refusing_10mb_bodies_does_not_slow_a_stream(launched):
+    """Inter-token gaps of a stream that overlap the refusal of a 10 MB body
+    (sent one after another, as a retrying client would) stay under twice
+    the gaps of the stream alone."""
+    base = launched.base_url
+    stream_token_times(base, 20)  # warm: compile what a stream needs
+    normal = min(statistics.median(b - a for a, b in gaps(
+        stream_token_times(base, 300))) for _ in range(2))
+    stop, windows = threading.Event(), []
+
+    def refuse_10mb_bodies():
+        while not stop.wait(0.05):
+            t0 = time.perf_counter()
+            status = send_oversized(base)
+            windows.append((t0, time.perf_counter(), status))
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        refusing = pool.submit(refuse_10mb_bodies)
+        time.sleep(0.1)
+        times = stream_token_times(base, 300)
+        stop.set()
+        refusing.result(60)
+    during = [b - a for a, b in gaps(times)
+              if any(a < end and b > start for start, end, _ in windows)]
+    loaded = statistics.median(during)
+    print(f"\nmedian inter-token gap: alone {normal * 1e3:.2f} ms, while one of "
+          f"{len(windows)} 10 MB bodies was being refused {loaded * 1e3:.2f} ms "
+          f"({len(during)} gaps)")
+    assert len(windows) >= 3 and {w[2] for w in windows} == {413}, windows[:5]
+    assert len(during) >= 10
+    assert loaded < 2 * normal, (loaded, normal)
+
+
+def test_sigterm_drains_within_the_grace_period(launched):
+    base = launched.base_url
+    (launched.control / "slow").touch()  # 480 tokens then take > 9 s
+    long_body = {"prompt": "Once upon a time", "max_tokens": 480,
+                 "ignore_eos": True, "temperature": 0}
+    short, long_, waiting = [], [], []
+    threads = [threading.Thread(target=timed_stream, args=args) for args in (
+        (base, long_body, long_),
+        (base, dict(long_body, max_tokens=40), short),
+        (base, long_body, waiting))]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    deadline = time.time() + 30
+    while len(short) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    launched.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises(requests.ConnectionError):  # no longer accepting
+        requests.get(base + "/health", timeout=5)
+    for t in threads:
+        t.join(GRACE + 10)
+        assert not t.is_alive()
+    rc = launched.proc.wait(GRACE + 10)
+    exited = time.perf_counter() - t0
+    assert rc in (0, -signal.SIGTERM), launched.output()
+    assert exited < GRACE + 3, exited
+    # The short request finished normally; the long ones were failed with a
+    # 503 at the end of the grace period: every client got an answer.
+    assert short[-1][1] == "[DONE]" and short[-1][0] > t0  # was in flight
+    assert json.loads(short[-2][1])["choices"][0]["finish_reason"] == "length"
+    for events in (long_, waiting):
+        assert events[-1][1] == "[DONE]", events[-3:]
+        err = json.loads(events[-2][1])["error"]
+        assert err["code"] == 503 and "grace period" in err["message"]
+        assert GRACE - 0.5 < events[-1][0] - t0 < GRACE + 2
+
+
+def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
+                                                          tmp_path):
+    server = Launched(tiny_model_factory(), tmp_path, grace=DEATH_GRACE)
+    try:
+        base = server.base_url
+        body = {"prompt": "Once upon a time", "max_tokens": 480,
+                "ignore_eos": True, "temperature": 0}
+        streams = [[], []]  # running (max_num_seqs=2)
+        threads = [threading.Thread(target=timed_stream, args=(base, body, ev))
+                   for ev in streams]
+        answers: dict[int, tuple[float, int, dict]] = {}
+
+        def waiting(i):  # queued behind the two running streams
+            r = requests.post(base + "/v1/completions", json=body, timeout=300)
+            answers[i] = (time.perf_counter(), r.status_code, r.json())
+
+        threads += [threading.Thread(target=waiting, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while min(len(s) for s in streams) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the waiting two are queued by now
+        t0 = time.perf_counter()
+        (tmp_path / "fault").touch()
+        for t in threads:
+            t.join(10)
+            assert not t.is_alive()
+        health = requests.get(base + "/health", timeout=5)
+        for events in streams:
+            assert events[-1][1] == "[DONE]"
+            err = json.loads(events[-2][1])["error"]
+            assert err["code"] == 500 and "planted fault" in err["message"]
+            assert events[-1][0] - t0 < 1.0
+        for t_answer, status, payload in answers.values():
+            assert status == 500 and "planted fault" in payload["error"]["message"]
+            assert t_answer - t0 < 1.0
+        assert health.status_code == 500
+        assert "planted fault" in health.json()["error"]["message"]
+        rc = server.proc.wait(DEATH_GRACE + 5)
+        exited = time.perf_counter() - t0
+        print(f"\nexited {exited:.2f} s after the fault, status {rc}")
+        assert rc == 1, server.output()
+        assert exited < DEATH_GRACE
+    finally:
+        server.stop()
