@@ -338,17 +338,3 @@ class InFlightStep:
     compiled: tuple = (0.0, 0)  # (seconds, programs) compiled by dispatch
     preempted: int = 0
     queue: tuple = (0, 0, 0)  # pages in use, running, waiting when scheduled
-
-
-def host_memory_bytes() -> tuple[int, int]:
-    """(physical memory, this process's resident bytes), for sizing the KV
-    pool on CPU from gpu_memory_utilization."""
-    import os
-    page = os.sysconf("SC_PAGE_SIZE")
-    total = os.sysconf("SC_PHYS_PAGES") * page
-    try:
-        with open("/proc/self/statm") as f:
-            resident = int(f.read().split()[1]) * page
-    except OSError:  # not Linux: count nothing in use
-        resident = 0
-    return total, resident

@@ -99,17 +99,21 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
 
 
 def test_cpu_pool_honours_gpu_memory_utilization(llm, make_llm, monkeypatch):
-    """On CPU the default is the fixed pool; a given share sizes the pool
-    from host memory: more memory, proportionally more pages."""
+    """On CPU the pool holds every seat at full length; a share of the
+    available host memory (gpu_memory_utilization) caps it: more memory,
+    proportionally more pages."""
     from jaxinfer.worker import model_runner
-    assert llm.llm_engine.runner.num_blocks == 2048
+    cfg = llm.llm_engine.scheduler_config
+    per_seq = -(-cfg.max_model_len // llm.llm_engine.cache_config.block_size)
+    full = cfg.max_num_seqs * per_seq + 1  # + the null page
+    assert llm.llm_engine.runner.num_blocks == full
     page = llm.llm_engine.runner.page_bytes
     sizes = []
-    for extra_pages in (0, 1000):
-        limit = int(2.2 * 2**30) + 2 * extra_pages * page  # x 0.5 below
-        monkeypatch.setattr(model_runner, "host_memory_bytes",
-                            lambda limit=limit: (limit, 0))
+    for extra in (0, 10):
+        available = 2 * (per_seq + 6 + extra) * page  # x 0.5 below
+        monkeypatch.setattr(model_runner, "host_available_bytes",
+                            lambda available=available: available)
         sizes.append(make_llm(gpu_memory_utilization=0.5,
                               num_gpu_blocks_override=None).llm_engine.runner.num_blocks)
-    assert 2 < sizes[0] != 2048
-    assert abs(sizes[1] - sizes[0] - 1000) <= 1
+    assert sizes[0] < full  # the share of memory, not the seats, decided
+    assert sizes[1] - sizes[0] == 10
