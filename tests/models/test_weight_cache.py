@@ -77,7 +77,8 @@ def test_cached_tensors_equal_the_gguf_readers(tiny_gguf, cache_root,
     direct = resolve_model(path)
     assert not isinstance(direct.reader, weight_cache.CachedWeights)
     assert direct.hf_config == cached.hf_config
-    for name, *_ in weight_specs(direct.config):
+    for spec in weight_specs(direct.config):
+        name = spec.hf_name
         np.testing.assert_array_equal(cached.reader.get(name),
                                       direct.reader.get(name), err_msg=name)
 

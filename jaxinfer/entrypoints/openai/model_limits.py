@@ -23,6 +23,7 @@ def model_limits(engine) -> dict[str, int]:
     vocab = engine.engine.model_config.vocab_size
     return {"token_id": vocab - 1, "vocab_size": vocab,
             "max_tokens": engine.max_model_len - 1,
+            "max_model_len": engine.max_model_len,
             "max_num_seqs": engine.engine.scheduler_config.max_num_seqs,
             "max_logprobs": engine.engine.args.max_logprobs}
 

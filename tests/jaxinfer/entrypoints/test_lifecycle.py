@@ -130,6 +130,7 @@ def test_refusing_10mb_bodies_does_not_slow_a_stream(launched):
     (sent one after another, as a retrying client would) stay under twice
     the gaps of the stream alone."""
     base = launched.base_url
+    (launched.control / "paced").touch()  # steps as long as a real model's
     stream_token_times(base, 20)  # warm: compile what a stream needs
     normal = min(statistics.median(b - a for a, b in gaps(
         stream_token_times(base, 300))) for _ in range(2))
@@ -153,6 +154,7 @@ def test_refusing_10mb_bodies_does_not_slow_a_stream(launched):
     print(f"\nmedian inter-token gap: alone {normal * 1e3:.2f} ms, while one of "
           f"{len(windows)} 10 MB bodies was being refused {loaded * 1e3:.2f} ms "
           f"({len(during)} gaps)")
+    (launched.control / "paced").unlink()
     assert len(windows) >= 3 and {w[2] for w in windows} == {413}, windows[:5]
     assert len(during) >= 10
     assert loaded < 2 * normal, (loaded, normal)
