@@ -53,5 +53,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        """Nothing for the runner to do (no tokens and no page copies)."""
-        return not self.scheduled and not self.has_copies
+        """Nothing for the runner to do: no tokens, no page copies, and no
+        finished or preempted request whose state (penalty slot, what it
+        was sent) the runner must drop."""
+        return not (self.scheduled or self.has_copies or self.finished_ids
+                    or self.preempted_ids)

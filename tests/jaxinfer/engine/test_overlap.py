@@ -108,3 +108,21 @@ def test_requests_needing_every_token_run_without_overlap(make_llm):
                                      use_tqdm=False)[0].outputs[0].token_ids
         assert not any(pending)
     assert outs[True] == outs[False]
+
+
+def test_finished_requests_are_forgotten_even_on_an_idle_step(make_llm):
+    """A step with nothing to run still tells the runner which requests
+    finished (their penalty slots and state are dropped): request after
+    request, more than there are slots, never runs out of them."""
+    llm = make_llm()
+    engine = llm.llm_engine
+    runner = engine.runner
+    sp = SamplingParams(max_tokens=2, temperature=0.0, presence_penalty=0.5)
+    for i in range(engine.scheduler_config.max_num_seqs + 3):
+        engine.add_request(f"p{i}", {"prompt_token_ids": [5, 6, 7]}, sp)
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.step()  # idle: only the finished request to report
+        assert not runner.requests
+    assert len(runner.sampling_inputs.slots._free) == \
+        runner.sampling_inputs.slots.scratch
