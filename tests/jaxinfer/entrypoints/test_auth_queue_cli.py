@@ -96,10 +96,33 @@ def test_queue_full_503_arrives_at_once(guarded):
     server, engine = guarded
     url = server.base_url + "/v1/completions"
     long = {"model": "tiny", "prompt": "hi", "max_tokens": 100, "ignore_eos": True}
+    # Steps as long as a slow model's: the tiny model with host/device
+    # overlap runs 100 tokens in about 0.1 s, and the queue is full only
+    # while the first request runs.
+    real_step = engine.engine.step
+
+    def paced_step():
+        time.sleep(0.03)
+        return real_step()
+    engine.engine.step = paced_step
+    try:
+        _refusals_while_full(server, engine, url, long)
+    finally:
+        engine.engine.step = real_step
+
+
+def _refusals_while_full(server, engine, url, long):
+    import time
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         held = [pool.submit(requests.post, url, headers=_auth(KEY), json=long,
-                            timeout=300) for _ in range(3)]
+                            timeout=300)]
         deadline = time.time() + 30
+        # The first one running before the others queue (all three at once
+        # would count as waiting, and the third would be refused).
+        while engine.engine.scheduler.num_running < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        held += [pool.submit(requests.post, url, headers=_auth(KEY), json=long,
+                             timeout=300) for _ in range(2)]
         while not engine.queue_full() and time.time() < deadline:
             time.sleep(0.02)
         assert engine.queue_full()
