@@ -18,7 +18,9 @@ import requests
 from .conftest import ServerThread, pages_all_free, start_server
 from .fuzz_strategies import ENDPOINTS, request_bodies
 
-pytestmark = pytest.mark.slow
+# One worker runs both (`--dist loadgroup`): they share the server and its
+# request count, which the module's teardown checks against the budget.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fuzz")]
 
 EXAMPLES_PER_ROUTE = 180  # hypothesis bodies per POST route (5 routes)
 SCHEMATHESIS_EXAMPLES = 150  # per operation and generation mode
