@@ -75,3 +75,15 @@ def tiny_server(tiny_model_factory):
                                   max_num_seqs=8, max_num_batched_tokens=128)
     yield server, engine
     server.stop()
+
+
+# The tiny server's two halves (modules with servers of their own define
+# their own `server`).
+@pytest.fixture(scope="module")
+def server(tiny_server):
+    return tiny_server[0]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_server):
+    return tiny_server[1]

@@ -15,16 +15,6 @@ from .conftest import pages_all_free
 SURROGATE = "\ud800"  # a lone surrogate: valid JSON (\ud800), invalid Unicode
 
 
-@pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server[0]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_server):
-    return tiny_server[1]
-
-
 def post(server, path, body, **kw):
     # json.dumps escapes the surrogate as \ud800, as a hostile client sends it.
     return requests.post(server.base_url + path, data=json.dumps(body),

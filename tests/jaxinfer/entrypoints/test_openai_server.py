@@ -21,16 +21,6 @@ CHAT = [{"role": "system", "content": "You are terse."},
 
 
 @pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server[0]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_server):
-    return tiny_server[1]
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused",
                          max_retries=0, timeout=120)
