@@ -87,7 +87,13 @@ def profile_steps(run, steps: int) -> dict:
             out = run()
         jax.block_until_ready(out)
         jax.profiler.stop_trace()
-        ev = gpu_kernel_events(d)
+        return summarize_trace(d, steps)
+
+
+def summarize_trace(trace_dir: str, steps: int) -> dict:
+    """Per step: kernel groups, busy time (the union of kernel intervals)
+    and idle time between the first kernel and the last."""
+    ev = gpu_kernel_events(trace_dir)
     if not ev:
         return {"kernels": 0}
     span = ev[-1][2] - ev[0][1]
@@ -117,7 +123,7 @@ def profile_steps(run, steps: int) -> dict:
                      for n, (c, t) in top])
 
 
-def step_rows(sizes, profile: bool) -> list[dict]:
+def step_rows(sizes, profile: bool, hlo_dir: str | None = None) -> list[dict]:
     """Time (and profile) the engine's decode step at each (S, L)."""
     import jax
     import jax.numpy as jnp
@@ -143,6 +149,11 @@ def step_rows(sizes, profile: bool) -> list[dict]:
             return tok
         ts = time_fn(run, repeats=7, min_s=0.05)
         row = dict(S=S, L=L, ms=statistics.median(ts) * 1e3, repeats_s=ts)
+        if hlo_dir:  # XLA's optimized program: which op each kernel is
+            text = step.lower(params, state["kv"], constants, ids, pos,
+                              md).compile().as_text()
+            with open(os.path.join(hlo_dir, f"hlo-S{S}-L{L}.txt"), "w") as f:
+                f.write(text)
         if profile:
             row["profile"] = profile_steps(run, steps=5)
         rows.append(row)
@@ -205,8 +216,13 @@ def projections(roof: dict) -> list[dict]:
     return out
 
 
-def child(variant: str, sizes, out_path: str) -> None:
-    rows = step_rows(sizes, profile=True)
+def child(variant: str, sizes, out_path: str, hlo_dir: str | None) -> None:
+    if variant == "projections":
+        from benchmarks.kernels.bench_attention import roofline
+        with open(out_path, "w") as f:
+            json.dump(dict(variant=variant, rows=projections(roofline())), f)
+        return
+    rows = step_rows(sizes, profile=True, hlo_dir=hlo_dir)
     with open(out_path, "w") as f:
         json.dump(dict(variant=variant, rows=rows), f)
 
@@ -218,12 +234,23 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="only summarize an existing profiler trace (e.g. "
+                         "`jaxinfer bench latency --profile-trace DIR`) "
+                         "of --steps steps, and print it as JSON")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--hlo", action="store_true",
+                    help="also write each step's optimized HLO (default variant)")
     args = ap.parse_args()
     sizes = [tuple(map(int, s.split(":"))) for s in args.sizes.split(",")]
     if SMOKE:
         sizes = [(2, 64)]
+    if args.trace:
+        print(json.dumps(summarize_trace(args.trace, args.steps)))
+        return 0
     if args.child is not None:
-        child(args.child, sizes, args.child_out)
+        child(args.child, sizes, args.child_out,
+              args.out if args.hlo and args.child == "default" else None)
         return 0
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from benchmarks.kernels.bench_attention import roofline
@@ -237,24 +264,30 @@ def main() -> int:
         device=roof["device"], jax=jax.__version__,
         bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
         variants={})
-    result["projections"] = projections(roof)
     os.makedirs(args.out, exist_ok=True)
-    for v in args.variants.split(","):
+    # Each part in its own process, in order, the result saved after each:
+    # a call cut short keeps what finished.
+    for v in ["projections"] + args.variants.split(","):
         path = os.path.join(args.out, f"breakdown-{v}.json")
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                          " " + VARIANTS[v]).strip())
+                                          " " + VARIANTS.get(v, "")).strip())
         p = subprocess.run([sys.executable, __file__, "--child", v,
-                            "--child-out", path, "--sizes", args.sizes],
+                            "--child-out", path, "--sizes", args.sizes,
+                            "--out", args.out] + (["--hlo"] if args.hlo else []),
                            env=env, capture_output=True, text=True)
-        if p.returncode == 0 and os.path.exists(path):
-            result["variants"][v] = json.load(open(path))["rows"]
+        ok = p.returncode == 0 and os.path.exists(path)
+        rows = (json.load(open(path))["rows"] if ok else
+                {"rc": p.returncode, "tail": p.stderr[-3000:]})
+        if ok:
             os.remove(path)
+        if v == "projections":
+            result["projections"] = rows if ok else []
+            result["projections_error"] = None if ok else rows
         else:
-            result["variants"][v] = {"rc": p.returncode,
-                                     "tail": p.stderr[-3000:]}
-        print(f"variant {v}: rc {p.returncode}", flush=True)
-    with open(os.path.join(args.out, "step-breakdown.json"), "w") as f:
-        json.dump(result, f, indent=1)
+            result["variants"][v] = rows
+        print(f"part {v}: rc {p.returncode}", flush=True)
+        with open(os.path.join(args.out, "step-breakdown.json"), "w") as f:
+            json.dump(result, f, indent=1)
     print(f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul {roof['flops'] / 1e12:.0f} TFLOP/s")
     print("projections (us per layer):")
     for r in result["projections"]:
