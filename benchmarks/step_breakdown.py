@@ -37,6 +37,9 @@ VARIANTS = {
     "default": "",
     "no_command_buffer": "--xla_gpu_enable_command_buffer=",
     "graphs_min1": "--xla_gpu_graph_min_graph_size=1",
+    # Every matmul through cuBLAS: XLA's Triton GEMM fusions (q/k/v merged
+    # with the RMSNorm scale as a prologue, the GEMVs at S=1) off.
+    "no_triton_gemm": "--xla_gpu_enable_triton_gemm=false",
 }
 
 # Kernel name -> group. cuBLAS/cuBLASLt Hopper GEMMs are "nvjet_*",
@@ -234,6 +237,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--no-projections", action="store_true",
+                    help="skip the fused-vs-separate projection timings")
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="only summarize an existing profiler trace (e.g. "
                          "`jaxinfer bench latency --profile-trace DIR`) "
@@ -267,7 +272,8 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     # Each part in its own process, in order, the result saved after each:
     # a call cut short keeps what finished.
-    for v in ["projections"] + args.variants.split(","):
+    parts = ([] if args.no_projections else ["projections"])
+    for v in parts + args.variants.split(","):
         path = os.path.join(args.out, f"breakdown-{v}.json")
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                                           " " + VARIANTS.get(v, "")).strip())
