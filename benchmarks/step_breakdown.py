@@ -296,7 +296,7 @@ def main() -> int:
             json.dump(result, f, indent=1)
     print(f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul {roof['flops'] / 1e12:.0f} TFLOP/s")
     print("projections (us per layer):")
-    for r in result["projections"]:
+    for r in result.get("projections", []):
         print(f"  {r['proj']:>7} S={r['S']:>5} separate {r['separate_us']:8.1f} "
               f"fused {r['fused_us']:8.1f} t_min {r['t_min_us']:8.1f} "
               f"x{r['speedup']:.2f}")
