@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,24 @@ def abstract_variables(model, cfg: ModelConfig):
     """``jax.eval_shape(model.init, ...)`` on a one-token dummy batch: every
     param as a ShapeDtypeStruct, wrapped in ``nn.LogicallyPartitioned`` with
     its logical axis names. (The ``constants`` collection it also holds is
-    a placeholder: ``runtime.model_constants`` builds the real one.)"""
+    a placeholder: ``runtime.model_constants`` builds the real one.)
+
+    A model whose layers are all alike (``uniform_layers``, their params
+    under ``layers_0`` ... ``layers_{L-1}``) is initialized with one layer
+    and that layer's params repeated: the same tree, without tracing L
+    layers' initialization at every engine start."""
+    L = cfg.num_layers
+    if getattr(type(model), "uniform_layers", False) and L > 1:
+        one = _abstract_init(model.clone(cfg=dataclasses.replace(cfg, num_layers=1)),
+                             dataclasses.replace(cfg, num_layers=1))
+        params = dict(one["params"])
+        layer = params.pop("layers_0")
+        params.update({f"layers_{i}": layer for i in range(L)})
+        return {**one, "params": params}
+    return _abstract_init(model, cfg)
+
+
+def _abstract_init(model, cfg: ModelConfig):
     block = 16
     pages = kv_cache.init_kv_pages  # shapes only; eval_shape allocates nothing
     md = AttentionMetadata(

@@ -102,6 +102,8 @@ class LlamaForCausalLM(nn.Module):
     mesh: Any = None  # tensor-parallel mesh; Pallas kernels run per shard
 
     mlp_cls: ClassVar[type] = GatedMLP  # a subclass may plug another MLP
+    # Every layer has the same params (abstract.abstract_variables inits one).
+    uniform_layers: ClassVar[bool] = True
 
     def constants(self, max_model_len: int) -> dict[str, np.ndarray]:
         """The host-built tables ``__call__`` reads from its ``constants``

@@ -88,3 +88,28 @@ def test_the_traced_layer_gives_the_unrolled_layers_logits():
     unrolled = Unrolled(cfg, backend="reference", dtype=jnp.float32)
     plain = logits(unrolled)
     np.testing.assert_array_equal(np.asarray(traced), np.asarray(plain))
+
+
+def test_abstract_params_of_one_layer_repeated_equal_the_full_init():
+    """abstract_variables inits one layer of a uniform-layer model and
+    repeats it; the tree (paths, shapes, dtypes, logical axes) is the one
+    the full L-layer init gives."""
+    import flax.linen as nn
+
+    from jaxinfer.models.abstract import _abstract_init, abstract_variables
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96,
+                      hidden_size=32, intermediate_size=64, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=8,
+                      max_position_embeddings=64, attention_bias=True)
+    model = model_class(cfg.architecture)(cfg, backend="reference",
+                                          dtype=jnp.bfloat16)
+    fast = abstract_variables(model, cfg)["params"]
+    full = _abstract_init(model, cfg)["params"]
+
+    def describe(tree):
+        leaves = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+        return [(jax.tree_util.keystr(p), x.value.shape, x.value.dtype, x.names)
+                for p, x in leaves]
+    assert describe(fast) == describe(full)
+    assert len(describe(full)) > 4 * 9  # every layer's tensors are there
