@@ -83,14 +83,16 @@ class DecoderLayer(nn.Module):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def apply_layer(layer: tuple, params, x, cos_sin, kv, md):
-    """One decoder layer applied to its own params, as a jitted function of
-    the layer's settings (``layer`` = DecoderLayer's fields): every layer of
-    a step has the same shapes, so the step traces and lowers the layer
-    once and calls it L times (XLA inlines the calls; the program is the
-    same as an unrolled one). Tracing 32 unrolled layers was most of each
-    step program's build time, at warm-up and on every cache-warm start."""
-    return DecoderLayer(*layer).apply({"params": params}, x, cos_sin, kv, md)
+def apply_layer(layer: tuple, variables: dict, x, cos_sin, kv, md):
+    """One decoder layer applied to its own variables (its params, and any
+    other collection's entries at its scope, e.g. LoRA adapters), as a
+    jitted function of the layer's settings (``layer`` = DecoderLayer's
+    fields): every layer of a step has the same shapes, so the step traces
+    and lowers the layer once and calls it L times (XLA inlines the calls;
+    the program is the same as an unrolled one). Tracing 32 unrolled layers
+    was most of each step program's build time, at warm-up and on every
+    cache-warm start."""
+    return DecoderLayer(*layer).apply(variables, x, cos_sin, kv, md)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -142,8 +144,10 @@ class LlamaForCausalLM(nn.Module):
                 x, kv = DecoderLayer(*layer, name=f"layers_{i}")(
                     x, cos_sin, kv_pages[i], md)
             else:
-                x, kv = apply_layer(layer, self.variables["params"][f"layers_{i}"],
-                                    x, cos_sin, kv_pages[i], md)
+                name = f"layers_{i}"
+                own = {col: tree[name] for col, tree in self.variables.items()
+                       if name in tree}
+                x, kv = apply_layer(layer, own, x, cos_sin, kv_pages[i], md)
             new_pages.append(kv)
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)
         x = jnp.take(x, logits_indices, axis=0)
