@@ -73,6 +73,26 @@ def decode_batch(cfg: ModelConfig, S: int, L: int, key):
     return kv, md, ids, jnp.full(S, pos, jnp.int32)
 
 
+def build(cfg: ModelConfig, backend: str, max_len: int):
+    """The model with random bf16 weights, its constants and the jitted
+    step: (model, params, constants, step)."""
+    model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
+    params = random_params(model, cfg, jnp.bfloat16)
+    return model, params, model_constants(model, max_len), make_step(model)
+
+
+def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int):
+    """A no-argument call of the step on a random pool at (S, L), the pool
+    donated and carried from call to call; also its (ids, pos, md)."""
+    kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L))
+    state = {"kv": kv}
+
+    def run():
+        tok, state["kv"] = step(params, state["kv"], constants, ids, pos, md)
+        return tok
+    return run, state, (ids, pos, md)
+
+
 def make_step(model):
     def step(params, kv, constants, ids, positions, md):
         logits, kv = run_model(model, params, constants, kv, ids, positions, md,
@@ -93,20 +113,13 @@ def main():
         sizes = [(2, 64), (4, 128)]
     roof = roofline()
     backend = args.backend or ("pallas_interpret" if SMOKE else "pallas")
-    model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
-    params = random_params(model, cfg, jnp.bfloat16)
+    model, params, constants, step = build(cfg, backend,
+                                           max(L for _, L in sizes))
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
-    constants = model_constants(model, max(L for _, L in sizes))
-    step = make_step(model)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
     for S, L in sizes:
-        kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L))
-        state = {"kv": kv}
-
-        def run():
-            tok, state["kv"] = step(params, state["kv"], constants, ids, pos, md)
-            return tok
+        run, state, _ = step_caller(step, params, constants, cfg, S, L)
         ts = time_fn(run, repeats=7, min_s=0.05)
         med = statistics.median(ts)
         nbytes = weight_bytes + S * L * kv_per_token
@@ -114,7 +127,7 @@ def main():
         rows.append(dict(S=S, L=L, ms=med * 1e3, repeats_s=ts,
                          bytes=nbytes, t_min_ms=t_min * 1e3,
                          roofline_fraction=t_min / med))
-        del kv, state
+        del state
     result = dict(
         workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
         backend=backend, date=datetime.datetime.now(datetime.UTC).isoformat(),

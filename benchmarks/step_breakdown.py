@@ -128,28 +128,14 @@ def summarize_trace(trace_dir: str, steps: int) -> dict:
 
 def step_rows(sizes, profile: bool, hlo_dir: str | None = None) -> list[dict]:
     """Time (and profile) the engine's decode step at each (S, L)."""
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks.decode_step import LLAMA3_8B, TINY, decode_batch, make_step
+    from benchmarks.decode_step import LLAMA3_8B, TINY, build, step_caller
     from benchmarks.kernels.bench_attention import time_fn
-    from jaxinfer.models import model_class
-    from jaxinfer.models.dummy import random_params
-    from jaxinfer.models.runtime import model_constants
     cfg = TINY if SMOKE else LLAMA3_8B
     backend = "pallas_interpret" if SMOKE else "pallas"
-    model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
-    params = random_params(model, cfg, jnp.bfloat16)
-    constants = model_constants(model, max(L for _, L in sizes))
-    step = make_step(model)
+    _, params, constants, step = build(cfg, backend, max(L for _, L in sizes))
     rows = []
     for S, L in sizes:
-        kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L))
-        state = {"kv": kv}
-
-        def run():
-            tok, state["kv"] = step(params, state["kv"], constants, ids, pos, md)
-            return tok
+        run, state, (ids, pos, md) = step_caller(step, params, constants, cfg, S, L)
         ts = time_fn(run, repeats=7, min_s=0.05)
         row = dict(S=S, L=L, ms=statistics.median(ts) * 1e3, repeats_s=ts)
         if hlo_dir:  # XLA's optimized program: which op each kernel is
@@ -160,7 +146,7 @@ def step_rows(sizes, profile: bool, hlo_dir: str | None = None) -> list[dict]:
         if profile:
             row["profile"] = profile_steps(run, steps=5)
         rows.append(row)
-        del kv, state
+        del state
     return rows
 
 

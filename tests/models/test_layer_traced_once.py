@@ -17,13 +17,27 @@ from jaxinfer.models.runtime import model_constants
 from jaxinfer.pallas_kernels import init_kv_pages
 
 
-def _lower_step(model, cfg, params, T: int):
+def _model(**fields):
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96,
+                      max_position_embeddings=64, **fields)
+    model = model_class(cfg.architecture)(cfg, backend="reference",
+                                          dtype=jnp.float32)
+    return cfg, model
+
+
+def _one_sequence(cfg, T: int):
+    """An empty pool and the metadata of one T-token prefill on page 1."""
     kv = init_kv_pages(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim,
                        jnp.float32)
     md = AttentionMetadata(
         slot_mapping=np.arange(16, 16 + T, dtype=np.int32),
         block_tables=np.array([[1]], np.int32), kv_lens=np.array([T], np.int32),
         cu_q_lens=np.array([0, T], np.int32), num_seqs=np.array([1], np.int32))
+    return kv, md
+
+
+def _lower_step(model, cfg, params, T: int):
+    kv, md = _one_sequence(cfg, T)
     step = jax.jit(lambda p, kv, ids, pos: run_model(
         model, p, model_constants(model, 64), kv, ids, pos, md,
         np.array([T - 1], np.int32)))
@@ -34,12 +48,8 @@ def _lower_step(model, cfg, params, T: int):
 def test_a_step_traces_one_layer_for_all_of_them(monkeypatch):
     # An odd shape no other test uses, so the jit cache of apply_layer is
     # cold for it, and 6 layers so one trace per layer would show.
-    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96,
-                      hidden_size=40, intermediate_size=72, num_layers=6,
-                      num_heads=5, num_kv_heads=1, head_dim=8,
-                      max_position_embeddings=64)
-    model = model_class(cfg.architecture)(cfg, backend="reference",
-                                          dtype=jnp.float32)
+    cfg, model = _model(hidden_size=40, intermediate_size=72, num_layers=6,
+                        num_heads=5, num_kv_heads=1, head_dim=8)
     params = random_params(model, cfg, jnp.float32)
     calls = []
     real_call = llama.DecoderLayer.__call__
@@ -59,20 +69,11 @@ def test_a_step_traces_one_layer_for_all_of_them(monkeypatch):
 def test_the_traced_layer_gives_the_unrolled_layers_logits():
     """The same params through apply_layer and through the layers as plain
     submodules (the init path, which declares them) give the same logits."""
-    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96,
-                      hidden_size=32, intermediate_size=64, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=8,
-                      max_position_embeddings=64)
-    model = model_class(cfg.architecture)(cfg, backend="reference",
-                                          dtype=jnp.float32)
+    cfg, model = _model(hidden_size=32, intermediate_size=64, num_layers=3,
+                        num_heads=4, num_kv_heads=2, head_dim=8)
     params = random_params(model, cfg, jnp.float32)
     T = 4
-    kv = init_kv_pages(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim,
-                       jnp.float32)
-    md = AttentionMetadata(
-        slot_mapping=np.arange(16, 16 + T, dtype=np.int32),
-        block_tables=np.array([[1]], np.int32), kv_lens=np.array([T], np.int32),
-        cu_q_lens=np.array([0, T], np.int32), num_seqs=np.array([1], np.int32))
+    kv, md = _one_sequence(cfg, T)
     ids = jnp.array([5, 17, 3, 60], jnp.int32)
     pos = jnp.arange(T, dtype=jnp.int32)
     rows = np.array([T - 1], np.int32)
@@ -97,12 +98,9 @@ def test_abstract_params_of_one_layer_repeated_equal_the_full_init():
     import flax.linen as nn
 
     from jaxinfer.models.abstract import _abstract_init, abstract_variables
-    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=96,
-                      hidden_size=32, intermediate_size=64, num_layers=4,
-                      num_heads=4, num_kv_heads=2, head_dim=8,
-                      max_position_embeddings=64, attention_bias=True)
-    model = model_class(cfg.architecture)(cfg, backend="reference",
-                                          dtype=jnp.bfloat16)
+    cfg, model = _model(hidden_size=32, intermediate_size=64, num_layers=4,
+                        num_heads=4, num_kv_heads=2, head_dim=8,
+                        attention_bias=True)
     fast = abstract_variables(model, cfg)["params"]
     full = _abstract_init(model, cfg)["params"]
 
