@@ -1,0 +1,2 @@
+"""placeholder"""
+from .registry import row_check  # noqa: F401
