@@ -37,6 +37,7 @@ def hot(surface, seed, **fields):
     return surface.run(PROMPT, **fields)[0]
 
 
+@row_check("chat_completion_request", "top_logprobs")  # chat's top-k
 @on(ALL, "temperature", "seed", "logprobs")
 def greedy_is_argmax_and_seeds_reproduce(surface):
     g = greedy(surface, logprobs=3)

@@ -15,6 +15,15 @@ BASE = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=64,
             max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
 
 
+# The server's chat template: ChatML, as the tiny tokenizer's own, plus a
+# variable that chat_template_kwargs can set.
+CHAT_TEMPLATE = (
+    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 @pytest.fixture(scope="session")
 def walk_model(tiny_model_factory):
     return tiny_model_factory()
@@ -47,6 +56,7 @@ def walk_server(walk_model, walk_cache_dir):
     from tests.jaxinfer.entrypoints.conftest import start_server
     server, engine = start_server(walk_model, served_model_names=[MODEL],
                                   compilation_cache_dir=walk_cache_dir,
+                                  chat_template=CHAT_TEMPLATE,
                                   scheduling_policy="priority", **BASE)
     yield server, engine
     server.stop()

@@ -18,6 +18,7 @@ import pytest
 from jaxinfer.compat.render import SUPPORTED, TABLES, table_rows
 
 from . import checks_engine, checks_sampling, checks_serve, checks_server  # noqa: F401 (they register)
+from .checks_serve import cli_server  # noqa: F401 (a fixture of its checks)
 from .conftest import SURFACE_FIXTURES
 from .registry import CHECKS, checks_by_function
 
