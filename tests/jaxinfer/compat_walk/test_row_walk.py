@@ -20,6 +20,7 @@ from jaxinfer.compat.render import SUPPORTED, TABLES, table_rows
 from . import checks_engine, checks_sampling, checks_serve, checks_server  # noqa: F401 (they register)
 from .checks_serve import cli_server  # noqa: F401 (a fixture of its checks)
 from .conftest import SURFACE_FIXTURES
+from .refusals import DRIVERS
 from .registry import CHECKS, checks_by_function
 
 SUPPORTED_STATUSES = (SUPPORTED, "jaxinfer only")
@@ -67,3 +68,35 @@ def _run(request, table, check, rows):
     ids=[f"{t}:{fn.__name__}" for t, fn, _ in checks_by_function()])
 def test_supported_row_behaves(request, table, check, rows):
     _run(request, table, check, rows)
+
+
+def _entry(table, key):
+    from jaxinfer.compat.request_fields import SAMPLING_FIELDS, request_field_status
+    from jaxinfer.compat.surface import flag_status, serve_flag_status
+    if table == "serve_flags":
+        return serve_flag_status(key)
+    if table == "engine_args":
+        return flag_status(key)
+    if table == "sampling_params":
+        return SAMPLING_FIELDS[key]
+    return request_field_status(table, key)
+
+
+UNSUPPORTED = [(table, row.key, row.status) for table in TABLES
+               for row in table_rows(table)
+               if row.status not in SUPPORTED_STATUSES]
+ON_THE_SERVER = {"completion_request", "chat_completion_request", "tokenize_chat"}
+
+
+def test_every_unsupported_row_has_a_driver():
+    assert {t for t, _, _ in UNSUPPORTED} <= set(DRIVERS)
+
+
+@pytest.mark.parametrize(
+    "table, key, status",
+    [pytest.param(*u, marks=[pytest.mark.slow] if u[0] in ON_THE_SERVER else [])
+     for u in UNSUPPORTED], ids=[f"{t}:{k}:{s}" for t, k, s in UNSUPPORTED])
+def test_unsupported_row_is_refused_or_ignored(request, caplog, table, key, status):
+    entry = _entry(table, key)
+    assert type(entry).__name__.lower() == status  # Refused / Ignored
+    DRIVERS[table](key, entry, caplog, request)
