@@ -130,17 +130,20 @@ def stop_strings_end_the_text(surface):
     assert s.text == text[:k + 2]
 
 
-@on(ALL, "bad_words")
+# vLLM's completion body has no bad_words (jaxinfer's accepts it as well).
+@on(("sampling_params", "chat_completion_request"), "bad_words")
 def bad_words_are_never_generated(surface):
     tok = surface.tokenizer
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False)
     g = greedy(surface)
-    # A generated token that is a word on its own (with or without a
-    # leading space), so banning that word bans that token.
+    # A generated token that is a whole word alone or, where the word is
+    # one token, with a leading space: banning the word bans that token.
     word, banned = next(
         (w, t) for t in g.token_ids
         if (w := tok.decode([t]).strip()).isalpha()
-        and t in (tok.encode(w, add_special_tokens=False)
-                  + tok.encode(" " + w, add_special_tokens=False)))
+        and (ids(w) == [t] or (len(ids(w)) == 1 and ids(" " + w) == [t])))
     s = greedy(surface, bad_words=[word])
     assert banned not in s.token_ids and s.token_ids != g.token_ids
 
@@ -199,7 +202,8 @@ def eos_is(engine, token: int):
         engine.eos_token_ids = saved
 
 
-@on(ALL, "use_beam_search", "length_penalty")
+# (vLLM's SamplingParams has no use_beam_search: LLM.beam_search instead)
+@on(BODIES, "use_beam_search", "length_penalty")
 def beam_search_ranks_by_length_penalized_score(surface):
     g = greedy(surface, logprobs=0)
     beams = surface.run(PROMPT, use_beam_search=True, n=2, temperature=0,
@@ -219,3 +223,80 @@ def beam_search_ranks_by_length_penalized_score(surface):
                            max_tokens=4, length_penalty=20.0)
     assert short[0].token_ids == [g.token_ids[0]]
     assert len(long[0].token_ids) == 4
+
+
+@contextlib.contextmanager
+def params_seen(engine):
+    """The SamplingParams of each request the engine is given meanwhile."""
+    seen = []
+    add = engine.add_request
+
+    def spy(request_id, prompt, params=None, *args, **kw):
+        seen.append(getattr(prompt, "params", None) or params)
+        return add(request_id, prompt, params, *args, **kw)
+    engine.add_request = spy
+    try:
+        yield seen
+    finally:
+        del engine.add_request
+
+
+def wordpiece_tokenizer():
+    """A tokenizer whose decoder puts a space before every token (BERT's
+    WordPiece), with one special token, [X] = 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    t = Tokenizer(models.WordLevel({"[UNK]": 0, "[X]": 1, "hello": 2,
+                                    "world": 3}, unk_token="[UNK]"))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]",
+                                   additional_special_tokens=["[X]"])
+
+
+@on(ALL, "spaces_between_special_tokens")
+def no_spaces_between_special_tokens_when_asked(surface):
+    # The tiny tokenizer's decoder adds no spaces, so the text is the same
+    # either way (as in vLLM's fast detokenizer); the field must reach the
+    # engine, whose detokenizer drops the spaces of a decoder that adds them.
+    from jaxinfer import SamplingParams
+    from jaxinfer.engine.detokenizer import IncrementalDetokenizer
+    with params_seen(surface.engine) as seen:
+        greedy(surface, max_tokens=2, skip_special_tokens=False,
+               spaces_between_special_tokens=False)
+    assert [p.spaces_between_special_tokens for p in seen] == [False]
+    texts = {}
+    for spaces in (True, False):
+        detok = IncrementalDetokenizer(wordpiece_tokenizer(), [2], SamplingParams(
+            skip_special_tokens=False, spaces_between_special_tokens=spaces))
+        for tok in (3, 1, 1):
+            detok.step(tok)
+        texts[spaces] = detok.text
+    assert texts == {True: " world [X] [X]", False: " world [X][X]"}
+
+
+@row_check("sampling_params", "detokenize")
+def detokenize_false_gives_ids_only(surface):
+    g = greedy(surface)
+    s = greedy(surface, detokenize=False)
+    assert s.token_ids == g.token_ids and g.text and s.text == ""
+
+
+@row_check("sampling_params", "output_kind")
+def output_kinds_stream_as_asked(llm):
+    from jaxinfer import SamplingParams
+    from jaxinfer.sampling_params import RequestOutputKind as K
+    engine = llm.llm_engine
+
+    def outputs(kind):
+        engine.add_request(f"kind-{kind.name}", PROMPT, SamplingParams(
+            temperature=0, max_tokens=5, ignore_eos=True, output_kind=kind))
+        got = []
+        while engine.has_unfinished_requests():
+            got += [o.outputs[0].token_ids for o in engine.step()]
+        return got
+    whole = outputs(K.CUMULATIVE)
+    assert len(whole) == 5 and [len(t) for t in whole] == [1, 2, 3, 4, 5]
+    deltas = outputs(K.DELTA)
+    assert [len(t) for t in deltas] == [1] * 5
+    assert sum(deltas, []) == whole[-1]
+    assert outputs(K.FINAL_ONLY) == [whole[-1]]

@@ -92,13 +92,13 @@ def max_completion_tokens_caps_the_reply(server_url):
 
 @row_check(C, "add_special_tokens")
 def completion_special_tokens_follow_the_field(server_url):
-    # The tiny tokenizer adds none by default, so ask for the ids either way
-    # and compare with /tokenize's own rendering of the flag.
+    # The walk's tokenizer adds a BOS (id 0) unless told not to.
+    ids = {}
     for flag in (True, False):
         r = post(server_url, "/v1/completions", {
             **COMPLETION, "add_special_tokens": flag, "return_token_ids": True})
-        assert r["choices"][0]["prompt_token_ids"] == tokenize(
-            server_url, prompt="one two three", add_special_tokens=flag)
+        ids[flag] = r["choices"][0]["prompt_token_ids"]
+    assert ids[True] == [0] + ids[False]
 
 
 @row_check(CH, "add_special_tokens", "chat_template_kwargs")
@@ -107,8 +107,8 @@ def chat_template_inputs_follow_the_fields(server_url, walk_server):
         return post(server_url, "/v1/chat/completions", {
             **CHAT, "max_tokens": 1, "return_token_ids": True,
             **extra})["prompt_token_ids"]
-    assert prompt_ids(add_special_tokens=True) == tokenize(
-        server_url, messages=CHAT["messages"], add_special_tokens=True)
+    # the template writes its own markers: no BOS unless asked for
+    assert prompt_ids(add_special_tokens=True) == [0] + prompt_ids()
     greeted = prompt_ids(chat_template_kwargs={"greeting": "Howdy"})
     assert greeted != prompt_ids() and greeted == tokenize(
         server_url, messages=CHAT["messages"], add_generation_prompt=True,
@@ -209,6 +209,7 @@ def tokenize_prompt(server_url, walk_server):
     no_special = post(server_url, "/tokenize", {"model": MODEL, "prompt": "one two",
                                                 "add_special_tokens": False})
     assert no_special["tokens"] == tok.encode("one two", add_special_tokens=False)
+    assert r["tokens"] == [0] + no_special["tokens"]
 
 
 @row_check("tokenize_chat", "model", "messages", "add_generation_prompt",
@@ -230,7 +231,8 @@ def tokenize_messages(server_url, walk_server):
     cont = ids(add_generation_prompt=False, continue_final_message=True)
     assert tok.decode(cont).endswith("Hello the")
     assert ids(add_generation_prompt=False) != cont
-    assert ids(add_special_tokens=True) == tok.encode(rendered)
+    assert ids(add_special_tokens=True) == tok.encode(rendered) == [0] + ids(
+        add_generation_prompt=True)
     greeted = ids(chat_template_kwargs={"greeting": "Howdy"})
     assert tok.decode(greeted).startswith("Howdy") and greeted != ids()
     r = post(server_url, "/tokenize", {"model": MODEL, "messages": msgs,

@@ -25,8 +25,20 @@ CHAT_TEMPLATE = (
 
 
 @pytest.fixture(scope="session")
-def walk_model(tiny_model_factory):
-    return tiny_model_factory()
+def walk_model(tiny_model_factory, tmp_path_factory):
+    """The tiny Llama, its tokenizer made to add a BOS (<|endoftext|>, id
+    0) as many models' do, so that add_special_tokens shows."""
+    import shutil
+
+    from tokenizers import Tokenizer, processors
+    path = tmp_path_factory.mktemp("walk-model") / "m"
+    shutil.copytree(tiny_model_factory(), path)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", pair="<|endoftext|> $A $B",
+        special_tokens=[("<|endoftext|>", 0)])
+    tok.save(str(path / "tokenizer.json"))
+    return str(path)
 
 
 @pytest.fixture(scope="session")
