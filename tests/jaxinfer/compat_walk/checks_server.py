@@ -242,6 +242,8 @@ def tokenize_messages(server_url, walk_server):
 
 @row_check("detokenize", "model", "tokens")
 def detokenize_gives_the_text(server_url):
-    ids = tokenize(server_url, prompt="one two three")
+    ids = tokenize(server_url, prompt="one two three", add_special_tokens=False)
     r = post(server_url, "/detokenize", {"model": MODEL, "tokens": ids})
     assert r["prompt"] == "one two three"
+    r = post(server_url, "/detokenize", {"model": MODEL, "tokens": [0] + ids})
+    assert r["prompt"] == "<|endoftext|>one two three"  # as vLLM: specials kept
