@@ -153,6 +153,11 @@ def render() -> str:
         "surface (recorded in `jaxinfer/compat/vllm_*.json`); "
         "`tests/jaxinfer/test_compatibility_doc.py` fails",
         "when this file and the code disagree. Do not edit by hand.",
+        "`tests/jaxinfer/compat_walk/` walks every row: each supported row "
+        "has a behaviour check,",
+        "each refused row must raise or answer 400 naming its feature, each "
+        "ignored row must log",
+        "its reason and change nothing.",
         "",
         "- **supported**: works as in vLLM (the note is jaxinfer's own help "
         "where it says more).",
