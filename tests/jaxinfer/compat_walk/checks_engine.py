@@ -247,13 +247,11 @@ def async_scheduling_overlaps_steps(llm, make_llm):
 
 @row_check("engine_args_jaxinfer", "attention_backend")
 def the_kernel_backend_gives_the_same_tokens(llm, make_llm):
-    from jaxinfer.models import attention
     kernel = make_llm(attention_backend="pallas_interpret")
     assert kernel.llm_engine.runner.backend == "pallas_interpret"
     assert llm.llm_engine.runner.backend == "reference"
     short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     assert tokens(kernel, params=short) == tokens(llm, params=short)
-    assert "pallas_interpret" in attention.BACKENDS
 
 
 @row_check("engine_args_jaxinfer", "compilation_cache_dir")
