@@ -1,5 +1,6 @@
-"""The walk's shared engines, one of each kind for the whole module: the
-offline LLM, the in-process OpenAI server, and the row surfaces over them.
+"""The walk's shared engines, one of each kind for the session (both test
+modules of this folder, which run on one xdist worker): the offline LLM,
+the in-process OpenAI server, and the row surfaces over them.
 All are the same tiny random-weight Llama and share one XLA compilation
 cache, so each step shape compiles once."""
 
@@ -46,7 +47,7 @@ def walk_cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("walk-xla"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def make_llm(walk_model, walk_cache_dir):
     """LLM(**BASE | overrides) on the tiny model."""
     from jaxinfer import LLM
@@ -57,12 +58,12 @@ def make_llm(walk_model, walk_cache_dir):
     return make
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llm(make_llm):
     return make_llm()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def walk_server(walk_model, walk_cache_dir):
     """(ServerThread, AsyncLLMEngine) serving the tiny model as MODEL."""
     from tests.jaxinfer.entrypoints.conftest import start_server
@@ -74,7 +75,7 @@ def walk_server(walk_model, walk_cache_dir):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server_url(walk_server):
     return walk_server[0].base_url
 
@@ -84,18 +85,18 @@ def _with_engine(surface, engine):
     return surface
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline_surface(llm):
     return _with_engine(OfflineSurface(llm), llm.llm_engine)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def completion_surface(walk_server):
     return _with_engine(CompletionSurface(walk_server[0].base_url),
                         walk_server[1].engine)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chat_surface(walk_server):
     return _with_engine(ChatSurface(walk_server[0].base_url),
                         walk_server[1].engine)

@@ -18,6 +18,8 @@ from .refusals import BODIES
 openai_params = pytest.importorskip("openai.types.completion_create_params")
 from openai.types.chat import completion_create_params as chat_params  # noqa: E402
 
+# One xdist worker runs the walk: its engines and servers are built once.
+pytestmark = pytest.mark.xdist_group("compat_walk")
 OPENAI_FIELDS = {
     "completion_request": set(openai_params.CompletionCreateParamsBase.__annotations__),
     "chat_completion_request": set(chat_params.CompletionCreateParamsBase.__annotations__),

@@ -23,6 +23,9 @@ from .conftest import SURFACE_FIXTURES
 from .refusals import DRIVERS
 from .registry import CHECKS, checks_by_function
 
+# One xdist worker runs the walk: its engines and servers are built once.
+pytestmark = pytest.mark.xdist_group("compat_walk")
+
 SUPPORTED_STATUSES = (SUPPORTED, "jaxinfer only")
 
 
