@@ -224,6 +224,11 @@ ENGINE_FLAGS = {
                                 accepts=(None, "{}", {})),
 }
 
+# vLLM engine arguments that `jaxinfer serve` implements as flags of its
+# own although an offline engine has no use for them (entries above say
+# what LLM(...) does with them).
+SERVE_IMPLEMENTS = frozenset({"served_model_name"})
+
 # `vllm serve` flags of the HTTP front end (not EngineArgs fields).
 SERVE_FLAGS = {
     "config": refuse("YAML config files", "pass the flags on the command line"),

@@ -11,7 +11,8 @@ import sys
 from .engine_flags import ENGINE_FLAGS
 from .request_fields import SAMPLING_FIELDS, request_field_status
 from .status import Ignored, Refused
-from .surface import VLLM_VERSION, flag_status, vllm_surface
+from .surface import (VLLM_VERSION, flag_status, serve_flag_status,
+                      vllm_surface)
 
 SUPPORTED = "supported"
 
@@ -21,25 +22,26 @@ class Row:
     name: str  # as a vLLM user writes it
     status: str  # "supported" | "ignored" | "refused"
     note: str  # help, reason, or the missing feature and what to do instead
+    key: str = ""  # the plain name: a flag's dest, a field's name
 
 
 class UnclassifiedError(RuntimeError):
     """A vLLM name with neither support in the code nor a table entry."""
 
 
-def _row(name: str, entry, supported_note: str | None) -> Row:
+def _row(name: str, entry, supported_note: str | None, key: str) -> Row:
     if isinstance(entry, Ignored):
-        return Row(name, "ignored", entry.reason)
+        return Row(name, "ignored", entry.reason, key)
     if isinstance(entry, Refused):
         offs = [a for a in entry.accepts if a not in (None, False, {}, [], "")]
         note = entry.feature + (f"; {entry.hint}" if entry.hint else "")
         if offs:
             note += "; accepted as " + " / ".join(f"`{a}`" for a in offs)
-        return Row(name, "refused", note)
+        return Row(name, "refused", note, key)
     if supported_note is None:
         raise UnclassifiedError(f"{name} is neither supported nor listed in "
                                 "jaxinfer/compat/")
-    return Row(name, SUPPORTED, supported_note)
+    return Row(name, SUPPORTED, supported_note, key)
 
 
 def _serve_parser():
@@ -51,12 +53,13 @@ def serve_flag_rows() -> list[Row]:
     actions = {a.dest: a for a in _serve_parser()._actions}
     rows = []
     for flag in vllm_surface()["serve_flags"]:
-        status = flag_status(flag["dest"])
+        status = serve_flag_status(flag["dest"])
         action = actions.get(flag["dest"])
         note = None
         if status is None and action is not None:
             note = " ".join((action.help or "").split()) or "as vLLM"
-        rows.append(_row(" ".join(f"`{f}`" for f in flag["flags"]), status, note))
+        rows.append(_row(" ".join(f"`{f}`" for f in flag["flags"]), status,
+                         note, flag["dest"]))
     return rows
 
 
@@ -68,14 +71,15 @@ def engine_arg_rows() -> list[Row]:
         if name.startswith("_"):
             continue  # vLLM-internal
         rows.append(_row(f"`{name}`", None if name in ours else flag_status(name),
-                         "as vLLM" if name in ours else None))
+                         "as vLLM" if name in ours else None, name))
     return rows
 
 
 def extension_rows() -> list[Row]:
     from ..config import EngineArgs
     theirs = set(vllm_surface()["engine_args"])
-    return [Row(f"`{f.name}`", "jaxinfer only", " ".join(f.metadata["help"].split()))
+    return [Row(f"`{f.name}`", "jaxinfer only",
+                " ".join(f.metadata["help"].split()), f.name)
             for f in dataclasses.fields(EngineArgs) if f.name not in theirs]
 
 
@@ -83,7 +87,7 @@ def sampling_rows() -> list[Row]:
     from ..sampling_params import SamplingParams
     ours = {f.name for f in dataclasses.fields(SamplingParams)}
     return [_row(f"`{n}`", SAMPLING_FIELDS.get(n),
-                 "as vLLM" if n in ours else None)
+                 "as vLLM" if n in ours else None, n)
             for n in vllm_surface()["sampling_params"]]
 
 
@@ -101,7 +105,7 @@ def request_rows(kind: str) -> list[Row]:
     for name in vllm_surface()[kind]:
         entry = request_field_status(kind, name)
         rows.append(_row(f"`{prefix}{name}`", entry,
-                         "as vLLM" if name in model.model_fields else None))
+                         "as vLLM" if name in model.model_fields else None, name))
     return rows
 
 
@@ -112,19 +116,32 @@ def _table(rows: list[Row]) -> list[str]:
     return lines + [""]
 
 
+# Each table: its key (the surface's name in vllm_*.json, for request
+# bodies), its title in the doc, and how its rows are built.
+TABLES = {
+    "serve_flags": ("`vllm serve` flags (`jaxinfer serve`)", serve_flag_rows),
+    "engine_args": ("`EngineArgs` fields (`LLM(...)` keyword arguments)",
+                    engine_arg_rows),
+    "engine_args_jaxinfer": ("jaxinfer's own `EngineArgs` fields",
+                             extension_rows),
+    "sampling_params": ("`SamplingParams` fields", sampling_rows),
+    "completion_request": ("`/v1/completions` body", None),
+    "chat_completion_request": ("`/v1/chat/completions` body", None),
+    "stream_options": ("`stream_options`", None),
+    "tokenize_completion": ("`/tokenize` body (prompt)", None),
+    "tokenize_chat": ("`/tokenize` body (messages)", None),
+    "detokenize": ("`/detokenize` body", None),
+}
+
+
+def table_rows(key: str) -> list[Row]:
+    """The rows of one table (a key of TABLES); tests walk these."""
+    build = TABLES[key][1]
+    return build() if build is not None else request_rows(key)
+
+
 def sections() -> list[tuple[str, list[Row]]]:
-    return [
-        ("`vllm serve` flags (`jaxinfer serve`)", serve_flag_rows()),
-        ("`EngineArgs` fields (`LLM(...)` keyword arguments)", engine_arg_rows()),
-        ("jaxinfer's own `EngineArgs` fields", extension_rows()),
-        ("`SamplingParams` fields", sampling_rows()),
-        ("`/v1/completions` body", request_rows("completion_request")),
-        ("`/v1/chat/completions` body", request_rows("chat_completion_request")),
-        ("`stream_options`", request_rows("stream_options")),
-        ("`/tokenize` body (prompt)", request_rows("tokenize_completion")),
-        ("`/tokenize` body (messages)", request_rows("tokenize_chat")),
-        ("`/detokenize` body", request_rows("detokenize")),
-    ]
+    return [(title, table_rows(key)) for key, (title, _) in TABLES.items()]
 
 
 def render() -> str:
@@ -136,6 +153,11 @@ def render() -> str:
         "surface (recorded in `jaxinfer/compat/vllm_*.json`); "
         "`tests/jaxinfer/test_compatibility_doc.py` fails",
         "when this file and the code disagree. Do not edit by hand.",
+        "`tests/jaxinfer/compat_walk/` walks every row: each supported row "
+        "has a behaviour check,",
+        "each refused row must raise or answer 400 naming its feature, each "
+        "ignored row must log",
+        "its reason and change nothing.",
         "",
         "- **supported**: works as in vLLM (the note is jaxinfer's own help "
         "where it says more).",

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from .engine_flags import ENGINE_FLAGS, SERVE_FLAGS
+from .engine_flags import ENGINE_FLAGS, SERVE_FLAGS, SERVE_IMPLEMENTS
 from .status import Ignored, Refused
 
 VLLM_VERSION = "0.11.0"
@@ -36,6 +36,12 @@ def flag_status(dest: str) -> Ignored | Refused | None:
     """The entry for a vLLM flag / EngineArgs field jaxinfer does not
     implement; None for one it does."""
     return ENGINE_FLAGS.get(dest) or SERVE_FLAGS.get(dest)
+
+
+def serve_flag_status(dest: str) -> Ignored | Refused | None:
+    """As ``flag_status``, for a flag of `jaxinfer serve`: the few engine
+    arguments that only the server implements are supported there."""
+    return None if dest in SERVE_IMPLEMENTS else flag_status(dest)
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +80,7 @@ def check_vllm_flags(ns: argparse.Namespace) -> None:
     """Raises UnsupportedFeatureError for the first refused flag given;
     logs each ignored one."""
     for flag in vllm_surface()["serve_flags"]:
-        status = flag_status(flag["dest"])
+        status = serve_flag_status(flag["dest"])
         value = getattr(ns, flag["dest"], None)
         if status is not None and value is not None:
             status.check(flag["flags"][0], value)

@@ -31,10 +31,24 @@ class IncrementalDetokenizer:
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.stop_reason: str | None = None
         self._num_tokens = 0  # stop strings count only after min_tokens (vLLM)
+        # spaces_between_special_tokens=False (vLLM's fast detokenizer): a
+        # special token right after another is its bare content, without
+        # the space a decoder may put before it.
+        self._added: dict[int, str] | None = None
+        self._last_added = False
+        if not (params.skip_special_tokens
+                or params.spaces_between_special_tokens):
+            self._added = {i: t.content for i, t in
+                           self._backend.get_added_tokens_decoder().items()}
 
     def step(self, token_id: int) -> bool:
         """Adds one token; returns True when a stop string ended the text."""
         piece = self._stream.step(self._backend, token_id)
+        if self._added is not None:
+            content = self._added.get(token_id)
+            if content is not None and self._last_added:
+                piece = content
+            self._last_added = content is not None
         self._num_tokens += 1
         if not piece:
             return False

@@ -29,8 +29,14 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     logprobs = params.logprobs
     if params.num_samples > params.n and logprobs is None:
         logprobs = 0  # the ranking needs each sample's cumulative logprob
+    kind = params.output_kind
+    if params.num_samples > params.n:
+        # The parent keeps each child's latest output and ranks them at the
+        # end: they must be whole, not the last delta (the server asks for
+        # DELTA outputs).
+        kind = RequestOutputKind.FINAL_ONLY
     child = dataclasses.replace(params, n=1, best_of=None, seed=seed,
-                                logprobs=logprobs)
+                                logprobs=logprobs, output_kind=kind)
     child._bad_words_token_ids = params.bad_words_token_ids
     return child
 

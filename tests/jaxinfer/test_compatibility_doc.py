@@ -13,8 +13,8 @@ import pytest
 from jaxinfer.compat.render import render
 from jaxinfer.compat.request_fields import SAMPLING_FIELDS
 from jaxinfer.compat.status import Ignored, Refused
-from jaxinfer.compat.surface import (flag_status, split_engine_kwargs,
-                                     vllm_surface)
+from jaxinfer.compat.surface import (flag_status, serve_flag_status,
+                                     split_engine_kwargs, vllm_surface)
 from jaxinfer.config import EngineArgs
 from jaxinfer.entrypoints.cli import build_parser
 from jaxinfer.entrypoints.openai.cli_args import serve_engine_args
@@ -41,10 +41,11 @@ def refused_value(entry: Refused, strings_only: bool = False):
 FLAGS = vllm_surface()["serve_flags"]
 
 
-@pytest.mark.parametrize("flag", [f for f in FLAGS if flag_status(f["dest"])],
+@pytest.mark.parametrize("flag", [f for f in FLAGS
+                                  if serve_flag_status(f["dest"])],
                          ids=lambda f: f["flags"][0])
 def test_each_unimplemented_vllm_flag_is_refused_or_ignored(flag, caplog):
-    entry = flag_status(flag["dest"])
+    entry = serve_flag_status(flag["dest"])
     argv = ["serve", "m", flag["flags"][0]]
     if flag["takes_value"]:
         argv.append(refused_value(entry, True) if isinstance(entry, Refused)
@@ -60,7 +61,8 @@ def test_each_unimplemented_vllm_flag_is_refused_or_ignored(flag, caplog):
         assert entry.reason in caplog.text
 
 
-@pytest.mark.parametrize("flag", [f for f in FLAGS if not flag_status(f["dest"])],
+@pytest.mark.parametrize("flag", [f for f in FLAGS
+                                  if not serve_flag_status(f["dest"])],
                          ids=lambda f: f["flags"][0])
 def test_each_supported_vllm_flag_reaches_its_setting(flag):
     """The flag lands in EngineArgs (engine flags) or in the serve settings,
