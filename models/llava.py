@@ -103,7 +103,7 @@ def llava_config_from_hf(hf: dict[str, Any]) -> LlavaConfig:
     from transformers import LlavaConfig as HFLlavaConfig
     try:
         full = HFLlavaConfig.from_dict(hf).to_dict()
-    except (TypeError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - HF's validators raise their own types
         raise ModelConfigError(f"malformed LLaVA config.json: {e}") from e
     text = dict(full["text_config"])
     family = TEXT_ARCHITECTURES.get(text.get("model_type"))

@@ -74,3 +74,42 @@ def make_tiny_llava(path: str, seed: int = 0, **overrides) -> str:
                    num_additional_image_tokens=1,
                    image_token=IMAGE_TOKEN).save_pretrained(path)
     return path
+
+
+def random_image(seed: int, size=(40, 70)):
+    """A random RGB PIL image (height, width)."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.RandomState(seed)
+    return Image.fromarray((rng.rand(*size, 3) * 255).astype(np.uint8))
+
+
+class HfLlava:
+    """HF transformers' LlavaForConditionalGeneration (float32) and the
+    folder's own processor: greedy continuations, one prompt at a time."""
+
+    def __init__(self, path: str):
+        torch.set_num_threads(1)
+        from transformers import AutoProcessor, LlavaForConditionalGeneration
+        self.processor = AutoProcessor.from_pretrained(path,
+                                                       local_files_only=True)
+        self.model = LlavaForConditionalGeneration.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True).eval()
+        self.tokenizer = self.processor.tokenizer
+
+    def generate_greedy(self, prompts, max_tokens: int):
+        """prompts: (text, [images]) pairs -> [(new token ids, text)]."""
+        outs = []
+        for text, images in prompts:
+            kwargs = {"images": images} if images else {}
+            inputs = self.processor(text=text, return_tensors="pt", **kwargs)
+            with torch.no_grad():
+                seq = self.model.generate(**inputs, do_sample=False,
+                                          max_new_tokens=max_tokens,
+                                          pad_token_id=2)
+            new = seq[0, inputs["input_ids"].shape[1]:].tolist()
+            if 2 in new:
+                new = new[:new.index(2) + 1]
+            outs.append((new, self.tokenizer.decode(
+                new, skip_special_tokens=True)))
+        return outs

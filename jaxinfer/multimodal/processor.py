@@ -121,22 +121,21 @@ class ImageProcessor:
         return [check_image(img, f"multi_modal_data['image'][{i}]")
                 for i, img in enumerate(images)]
 
-    def process(self, ids: list[int], data: Any
-                ) -> tuple[list[int], tuple[MultiModalInput, ...]]:
-        """(prompt ids with every image's placeholders expanded, the
-        images as MultiModalInputs in prompt order)."""
-        images = self.images_of(data) if data is not None else []
+    def expand(self, ids: list[int], num_images: int
+               ) -> tuple[list[int], list[int]]:
+        """(ids with each image's placeholder repeated tokens_per_image
+        times, the position where each image's placeholders start)."""
         token, N = self.spec.token_id, self.spec.tokens_per_image
         where = [i for i, t in enumerate(ids) if t == token]
-        if not images:
+        if not num_images:
             if where:
                 raise InvalidRequestError(
                     f"the prompt holds {len(where)} image placeholder "
                     f"token(s) ({self.placeholder!r}, id {token}) but no image "
                     "was given: pass them in multi_modal_data={'image': ...} "
                     "or remove the placeholders")
-            return ids, ()
-        n = len(images)
+            return ids, []
+        n = num_images
         if len(where) == n:  # one placeholder per image: expand each
             starts, out, prev = [], [], 0
             for pos in where:
@@ -145,23 +144,32 @@ class ImageProcessor:
                 out.extend([token] * N)
                 prev = pos + 1
             out.extend(ids[prev:])
-        elif len(where) == n * N and all(
+            return out, starts
+        if len(where) == n * N and all(
                 where[k * N + N - 1] - where[k * N] == N - 1 for k in range(n)):
-            starts, out = where[::N], list(ids)  # already expanded
-        else:
-            raise InvalidRequestError(
-                f"the prompt holds {len(where)} image placeholder token(s) "
-                f"({self.placeholder!r}) for {n} image(s): give one "
-                f"placeholder per image, where each image goes")
+            return list(ids), where[::N]  # expanded already
+        raise InvalidRequestError(
+            f"the prompt holds {len(where)} image placeholder token(s) "
+            f"({self.placeholder!r}) for {n} image(s): give one placeholder "
+            "per image, where each image goes")
+
+    def process(self, ids: list[int], data: Any
+                ) -> tuple[list[int], tuple[MultiModalInput, ...]]:
+        """(prompt ids with every image's placeholders expanded, the
+        images as MultiModalInputs in prompt order)."""
+        images = self.images_of(data) if data is not None else []
+        out, starts = self.expand(ids, len(images))
+        if not images:
+            return out, ()
         try:
             pixels = self._pixels(images)
         except Exception as e:  # noqa: BLE001 - the image was the problem
             raise InvalidRequestError(
                 f"an image could not be preprocessed: {e}") from None
+        N = self.spec.tokens_per_image
         return out, tuple(
             MultiModalInput(p, image_hash(img), start, N)
             for p, img, start in zip(pixels, images, starts))
-
 
 def make_image_processor(files, args, tokenizer) -> ImageProcessor | None:
     """The engine's image processor, None for a text-only model (whose
