@@ -39,7 +39,8 @@ def parse_limit_mm_per_prompt(value: Any) -> dict[str, int]:
         if modality in OTHER_MODALITIES:
             if count:
                 raise UnsupportedFeatureError(
-                    "limit_mm_per_prompt", f"multimodal inputs of kind "
+                    "limit_mm_per_prompt (--limit-mm-per-prompt)",
+                    f"multimodal inputs of kind "
                     f"{modality!r} (only images are served)",
                     f"drop {modality!r} or set it to 0")
             continue
