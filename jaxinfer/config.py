@@ -190,6 +190,12 @@ class EngineArgs:
         True, "host/device overlap: the next step is scheduled and enqueued "
         "while the device runs this one (vLLM's async scheduling; on by "
         "default here)")
+    limit_mm_per_prompt: str | dict[str, int] | None = _arg(
+        None, "most images one prompt may carry, as JSON such as "
+        "'{\"image\": 2}' (default 999, as vLLM)")
+    allowed_local_media_path: str = _arg(
+        "", "a folder whose files requests may name as file:// image URLs "
+        "(default: none; remote URLs are never fetched)")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
@@ -219,6 +225,13 @@ class EngineArgs:
         if self.preemption_mode == "swap" and self.swap_space is not None:
             _check(self.swap_space > 0, "swap_space",
                    "> 0 GiB with preemption_mode='swap'", self.swap_space)
+        from .multimodal.limits import parse_limit_mm_per_prompt
+        self.limit_mm_per_prompt = parse_limit_mm_per_prompt(
+            self.limit_mm_per_prompt)
+        _check(not self.allowed_local_media_path
+               or os.path.isdir(self.allowed_local_media_path),
+               "allowed_local_media_path", "an existing folder (or empty)",
+               self.allowed_local_media_path)
 
     def resolved_preemption(self) -> tuple[str, float]:
         """(preemption_mode, swap GiB): giving swap_space alone turns swap

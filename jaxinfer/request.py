@@ -34,7 +34,7 @@ class Request:
                  sampling_params: SamplingParams, eos_token_ids: tuple[int, ...] = (),
                  arrival_time: float | None = None, priority: int = 0,
                  prompt: str | None = None, max_model_len: int | None = None,
-                 extra_keys: tuple | None = None):
+                 extra_keys: tuple | None = None, mm_inputs: tuple = ()):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -57,6 +57,9 @@ class Request:
         # multimodal input hashes); requests differing here share no pages.
         self.block_hashes: list = []
         self.extra_keys = extra_keys
+        # Images (jaxinfer.multimodal.inputs.MultiModalInput), in prompt
+        # order, each over its placeholder tokens.
+        self.mm_inputs = tuple(mm_inputs)
         self.stop_reason: int | str | None = None
         max_tokens = sampling_params.max_tokens
         if max_model_len is not None:
@@ -98,6 +101,17 @@ class Request:
         if end <= p:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    def block_extra_keys(self, start: int, end: int) -> tuple | None:
+        """What besides its tokens keys the block of positions [start, end):
+        the request's extra keys, and the hash of every image whose
+        placeholders the block holds (placeholder tokens are all alike, so
+        only the hash tells two images apart)."""
+        images = tuple(m.hash for m in self.mm_inputs
+                       if m.offset < end and m.end > start)
+        if not images:
+            return self.extra_keys
+        return (self.extra_keys, images) if self.extra_keys else images
 
     @property
     def is_finished(self) -> bool:

@@ -47,6 +47,18 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class ImageInput:
+    """How a model takes images: each image is preprocessed to
+    ``image_size`` square pixels and becomes ``tokens_per_image``
+    embeddings, which stand in for as many ``token_id`` placeholders in the
+    prompt."""
+    token_id: int  # the image placeholder token (HF's image_token_index)
+    tokens_per_image: int
+    image_size: int
+    num_channels: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int  # V
@@ -93,6 +105,12 @@ class ModelConfig:
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not supported; "
                 "supported: silu, gelu, gelu_pytorch_tanh")
+
+    @property
+    def image_input(self) -> ImageInput | None:
+        """None: the model takes text only (a multimodal family's config
+        says how it takes images)."""
+        return None
 
     @property
     def num_params(self) -> int:

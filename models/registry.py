@@ -79,8 +79,8 @@ def model_class(architecture: str):
 
 
 def _register_builtin() -> None:
-    from . import llama
-    for spec in llama.SPECS:
+    from . import llama, llava
+    for spec in llama.SPECS + llava.SPECS:
         register_model(spec)
 
 

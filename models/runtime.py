@@ -4,7 +4,9 @@ A model owns the host-built tables it reads (RoPE cos/sin rows today; two
 tables for a model with two RoPE bases): ``model_constants`` builds them
 once per engine, and ``run_model`` hands them to the model beside its
 params. ``inputs_embeds`` lets an encoder's outputs stand in for token
-embeddings (``embed_tokens`` gives the embeddings to merge them into).
+embeddings (``embed_tokens`` gives the embeddings to merge them into;
+``encode_images`` and ``merge_encoder_outputs`` are that path for a model
+that takes images).
 """
 
 from __future__ import annotations
@@ -41,3 +43,27 @@ def run_model(
 def embed_tokens(model, params, input_ids: jax.Array) -> jax.Array:
     """[T] int32 -> [T, D]: the embeddings ``run_model`` would look up."""
     return model.apply({"params": params}, input_ids, method="embed")
+
+
+def encode_images(model, params, pixel_values: jax.Array) -> jax.Array:
+    """[B, C, S, S] preprocessed images -> [B, tokens_per_image, D]: the
+    embeddings that stand in for each image's placeholder tokens."""
+    if not hasattr(model, "encode_images"):
+        from .spec import ModelContractError
+        raise ModelContractError(
+            f"{type(model).__name__} has image inputs in its config but no "
+            "encode_images(pixel_values) method")
+    return model.apply({"params": params}, pixel_values,
+                       method="encode_images")
+
+
+def merge_encoder_outputs(model, params, input_ids: jax.Array,
+                          encoder_cache: jax.Array,  # [slots, N, D]
+                          mm_index: jax.Array,  # [T] int32
+                          ) -> jax.Array:
+    """[T, D] inputs_embeds: the token embeddings, where ``mm_index >= 0``
+    the encoder output row ``mm_index`` of the flattened cache instead."""
+    text = embed_tokens(model, params, input_ids)
+    rows = encoder_cache.reshape(-1, encoder_cache.shape[-1])
+    image = jnp.take(rows, jnp.maximum(mm_index, 0), axis=0)
+    return jnp.where((mm_index >= 0)[:, None], image.astype(text.dtype), text)

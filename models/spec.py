@@ -70,6 +70,10 @@ class WeightSpec:
     # The param's dtype: None casts a floating tensor to the model's dtype
     # and keeps any other (integer, packed quantized) tensor as stored.
     dtype: Any = None
+    # Other names of the same tensor, tried in order when hf_name is absent
+    # (checkpoints of one architecture saved by different transformers
+    # versions name some tensors differently).
+    aliases: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,9 +54,15 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
     for spec in weight_specs(cfg):
         hf_name, path, shape = spec.hf_name, spec.path, spec.hf_shape
         w = get(hf_name)
+        for alias in spec.aliases:
+            if w is not None:
+                break
+            w = get(alias)
         if w is None:
+            also = (f" (nor under {', '.join(map(repr, spec.aliases))})"
+                    if spec.aliases else "")
             raise MissingWeightError(
-                f"{source}: tensor {hf_name!r} is missing (needed by "
+                f"{source}: tensor {hf_name!r} is missing{also} (needed by "
                 f"{cfg.architecture} with this config)")
         if tuple(w.shape) != tuple(shape):
             raise ShapeMismatchError(

@@ -22,6 +22,7 @@ LOGICAL_RULES = (
     ("embed", None),
     ("head_dim", None),
     ("norm", None),
+    ("patch", None),  # a vision tower's patch pixels and positions
 )
 _RULES = dict(LOGICAL_RULES)
 

@@ -30,3 +30,10 @@ def tiny_model_factory(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_path(tmp_path_factory):
+    """A tiny random LLaVA folder (tests/tiny_llava.py), once a session."""
+    from tests.tiny_llava import make_tiny_llava
+    return make_tiny_llava(str(tmp_path_factory.mktemp("tiny-llava")))

@@ -9,7 +9,9 @@ from __future__ import annotations
 from .status import ignore, refuse
 
 LORA = "LoRA adapters"
-MM = "multimodal inputs (images, audio, video)"
+MM = "multimodal inputs other than images (audio, video)"
+IMAGES_HINT = ("send images inline as base64 data URLs, or as file:// URLs "
+               "under --allowed-local-media-path")
 TOOLS = "tool calling"
 STRUCTURED = "structured output (guided decoding)"
 SPEC = "speculative decoding"
@@ -34,8 +36,9 @@ ENGINE_FLAGS = {
         "architecture and never executes code shipped with a model"),
     "hf_config_path": refuse("a config.json apart from the model",
                              "put config.json in the model folder"),
-    "allowed_local_media_path": refuse(MM, accepts=(None, "")),
-    "allowed_media_domains": refuse(MM),
+    "allowed_media_domains": refuse(
+        "fetching remote media", "jaxinfer downloads nothing at run time; "
+        + IMAGES_HINT, accepts=(None, "", "[]", [])),
     "revision": refuse(HUB, HUB_HINT),
     "code_revision": refuse(HUB, HUB_HINT),
     "tokenizer_revision": refuse(HUB, HUB_HINT),
@@ -146,7 +149,9 @@ ENGINE_FLAGS = {
         "collectives are XLA's own; there is no custom all-reduce to turn off"),
     "worker_cls": refuse("custom worker classes", accepts=(None, "auto")),
     "worker_extension_cls": refuse("worker extensions", accepts=(None, "")),
-    "enable_multimodal_encoder_data_parallel": refuse(MM),
+    "enable_multimodal_encoder_data_parallel": refuse(
+        "a data-parallel vision encoder",
+        "the encoder is split like the model (--tensor-parallel-size)"),
     # -- KV cache -----------------------------------------------------------
     "kv_cache_memory_bytes": refuse(
         "sizing the KV cache in bytes", "use --num-gpu-blocks-override "
@@ -164,19 +169,37 @@ ENGINE_FLAGS = {
     "mamba_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),
     "mamba_ssm_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),
     # -- multimodal ---------------------------------------------------------
-    "limit_mm_per_prompt": refuse(MM, accepts=(None, "{}", {})),
-    "media_io_kwargs": refuse(MM, accepts=(None, "{}", {})),
-    "mm_processor_kwargs": refuse(MM, accepts=(None, "{}", {})),
-    "mm_processor_cache_gb": refuse(MM, accepts=(None, 4)),
-    "disable_mm_preprocessor_cache": refuse(MM),
-    "mm_processor_cache_type": refuse(MM, accepts=(None, "lru")),
-    "mm_shm_cache_max_object_size_mb": refuse(MM, accepts=(None, 128)),
-    "mm_encoder_tp_mode": refuse(MM, accepts=(None, "weights")),
-    "interleave_mm_strings": refuse(MM),
-    "skip_mm_profiling": refuse(MM),
-    "video_pruning_rate": refuse(MM),
-    "disable_chunked_mm_input": ignore("no request carries multimodal "
-                                       "inputs to chunk"),
+    "media_io_kwargs": refuse("media decoding options",
+                              accepts=(None, "{}", {})),
+    "mm_processor_kwargs": refuse(
+        "image processor overrides", "edit the model's "
+        "preprocessor_config.json", accepts=(None, "{}", {})),
+    "mm_processor_cache_gb": ignore(
+        "jaxinfer keeps no cache of preprocessed images between requests "
+        "(a repeated image reuses its KV pages through the prefix cache); "
+        "its size changes nothing"),
+    "disable_mm_preprocessor_cache": ignore(
+        "jaxinfer keeps no preprocessed-image cache to turn off"),
+    "mm_processor_cache_type": refuse("a shared-memory image cache",
+                                      accepts=(None, "lru")),
+    "mm_shm_cache_max_object_size_mb": refuse("a shared-memory image cache",
+                                              accepts=(None, 128)),
+    "mm_encoder_tp_mode": refuse(
+        "a data-parallel vision encoder (mm_encoder_tp_mode=data)",
+        "the encoder's weights are split like the model's",
+        (None, "weights")),
+    "interleave_mm_strings": refuse(
+        "image placeholders interleaved in string content",
+        "each image's placeholder goes before its message's text, as "
+        "vLLM's default"),
+    "skip_mm_profiling": ignore(
+        "jaxinfer runs no encoder profiling at start: the encoder cache is "
+        "sized from max_num_batched_tokens"),
+    "video_pruning_rate": refuse("video inputs"),
+    "disable_chunked_mm_input": refuse(
+        "keeping an image's tokens in one step",
+        "an image's placeholders may be split over steps; its encoder "
+        "output stays cached until the last"),
     # -- LoRA ---------------------------------------------------------------
     "enable_lora": refuse(LORA, "serve a checkpoint with the adapter merged"),
     "enable_lora_bias": refuse(LORA),
@@ -247,9 +270,6 @@ SERVE_FLAGS = {
                               "put a reverse proxy in front to add CORS",
                               (None, "['*']", "*")),
     "lora_modules": refuse(LORA),
-    "chat_template_content_format": refuse(
-        "the openai content format for chat templates",
-        "message content is rendered as a string", (None, "auto", "string")),
     "trust_request_chat_template": refuse("chat templates sent in requests"),
     "response_role": refuse("another response role",
                             "replies carry role 'assistant'",

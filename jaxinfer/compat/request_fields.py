@@ -50,7 +50,8 @@ REQUEST_FIELDS = {
     "reasoning_effort": refuse("reasoning models' effort setting"),
     "include_reasoning": ignore("no served model emits separate reasoning"),
     "documents": refuse("documents for RAG chat templates", accepts=EMPTY),
-    "mm_processor_kwargs": refuse(MM, accepts=EMPTY),
+    "mm_processor_kwargs": refuse("per-request image processor overrides",
+                                  accepts=EMPTY),
     "user": ignore("an end-user id for abuse monitoring; nothing here "
                    "monitors"),
     # Keys qualified by endpoint apply to that endpoint only.
@@ -77,8 +78,9 @@ def request_field_status(kind: str, name: str):
     return (REQUEST_FIELDS.get(f"{qualifier}.{name}")
             or (None if kind == "stream_options" else REQUEST_FIELDS.get(name)))
 
-# Keys of a chat message content part jaxinfer cannot render.
-CONTENT_PART_FEATURES = {"image_url": MM, "input_audio": MM, "video_url": MM,
-                         "audio_url": MM}
+# Keys of a chat message content part jaxinfer cannot render (images are
+# served by models that take them: jaxinfer/multimodal/chat.py).
+CONTENT_PART_FEATURES = {"input_audio": MM, "video_url": MM, "audio_url": MM,
+                         "image_embeds": "image embeddings as input"}
 
 __all__ = ["SAMPLING_FIELDS", "REQUEST_FIELDS", "CONTENT_PART_FEATURES", "LORA"]

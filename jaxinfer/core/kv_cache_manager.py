@@ -89,7 +89,8 @@ class KVCacheManager:
             for i in range(len(hashes), n_full):
                 hashes.append(hash_block(hashes[-1] if hashes else None,
                                          tokens[i * B:(i + 1) * B],
-                                         req.extra_keys))
+                                         req.block_extra_keys(i * B,
+                                                              (i + 1) * B)))
         return hashes
 
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:

@@ -19,6 +19,7 @@ import time
 
 from ..config import CacheConfig, SchedulerConfig
 from ..request import Request, RequestStatus, banned_ids
+from .encoder_cache_manager import EncoderCacheManager
 from .kv_cache_manager import KVCacheManager
 from .policy import Policy
 from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
@@ -27,12 +28,15 @@ from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, num_blocks: int,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, num_encoder_slots: int = 0):
         self.config = scheduler_config
         self.cache_config = cache_config
         self.kv = KVCacheManager(num_blocks, cache_config.block_size,
                                  cache_config.enable_prefix_caching,
                                  num_host_blocks)
+        # Slots of the encoder-output cache (models that take images).
+        self.encoder = (EncoderCacheManager(num_encoder_slots)
+                        if num_encoder_slots else None)
         self.policy = Policy(scheduler_config.policy)
         self.requests: dict[str, Request] = {}
         self.waiting = self.policy.make_queue()  # new, preempted and swapped
@@ -82,11 +86,15 @@ class Scheduler:
     def _free(self, req: Request) -> None:
         req.finished_time = time.time()
         self.kv.free(req)
+        if self.encoder is not None:
+            self.encoder.free(req.request_id)
         self.requests.pop(req.request_id, None)
         self._finished_ids.append(req.request_id)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
+        if self.encoder is not None:  # the runner drops its encoder outputs
+            self.encoder.free(req.request_id)
         pairs = None
         if self.config.preemption_mode == "swap":
             pairs = self.kv.swap_out(req)
@@ -119,12 +127,18 @@ class Scheduler:
             if num_new <= 0 or req.out_of_budget_with_pending():
                 i += 1
                 continue
+            num_new, images = self._plan_images(req, req.num_computed_tokens,
+                                                num_new)
+            if num_new <= 0:  # its next image has no encoder slot yet
+                i += 1
+                continue
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running[-1]  # ranked last by the policy
                 self._preempt(victim, out)
                 if victim is req:
                     break
             else:
+                self._commit_images(req, images, out)
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
@@ -137,6 +151,10 @@ class Scheduler:
             req = self.waiting.peek()
             if req.status == RequestStatus.SWAPPED:
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                num_new, images = self._plan_images(
+                    req, req.num_computed_tokens, num_new)
+                if num_new <= 0:
+                    break
                 pairs = self.kv.swap_in(req, num_new)
                 if pairs is None:
                     break
@@ -147,6 +165,11 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill and num_new > budget:
                     break
                 num_new = min(num_new, budget)
+                fit, images = self._plan_images(req, num_hit, num_new)
+                if fit < num_new and (
+                        fit <= 0 or not self.config.enable_chunked_prefill):
+                    break  # an image without an encoder slot: next step
+                num_new = fit
                 if not self.kv.allocate_slots(req, num_new, pages):
                     break
                 self.kv.record_query(req.num_tokens, num_hit)
@@ -154,9 +177,10 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.num_cached_tokens = num_hit
             self.waiting.pop()
+            self._commit_images(req, images, out)
             out.new_requests.append(NewRequestData(
                 req.request_id, req.all_token_ids, req.num_prompt_tokens,
-                req.sampling_params))
+                req.sampling_params, req.mm_inputs))
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.time()
@@ -183,9 +207,24 @@ class Scheduler:
             # is pending until update_from_output reads it.
             req.num_computed_tokens += n
             req.num_pending_tokens += sample
+            if self.encoder is not None and req.mm_inputs:
+                self.encoder.free_consumed(req)
         out.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_ids, self._finished_ids = self._finished_ids, []
         return out
+
+    def _plan_images(self, req: Request, start: int, num_new: int
+                     ) -> tuple[int, list[int]]:
+        """The tokens of ``req`` that can run from ``start`` given the free
+        encoder slots, and its images to encode among them."""
+        if self.encoder is None or not req.mm_inputs:
+            return num_new, []
+        return self.encoder.plan(req, start, num_new)
+
+    def _commit_images(self, req: Request, images: list[int],
+                       out: SchedulerOutput) -> None:
+        if images:
+            out.encoder_inputs.extend(self.encoder.commit(req, images))
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:

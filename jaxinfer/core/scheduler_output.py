@@ -18,6 +18,7 @@ class NewRequestData:
     token_ids: list[int]  # prompt + outputs known at admission
     num_prompt_tokens: int
     sampling_params: SamplingParams
+    mm_inputs: tuple = ()  # images (MultiModalInput) over their placeholders
 
 
 @dataclasses.dataclass
@@ -42,6 +43,11 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]]  # (device_page, host_slot): host -> device
     # Requests entering the running batch this step (before their rows run).
     new_requests: list[NewRequestData] = dataclasses.field(default_factory=list)
+    # Images to encode before the step, as (request_id, index into its
+    # mm_inputs, encoder-cache slot); a slot stays the image's until its
+    # last placeholder is scheduled or the request leaves the batch.
+    encoder_inputs: list[tuple[str, int, int]] = dataclasses.field(
+        default_factory=list)
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":

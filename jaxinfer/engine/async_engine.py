@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import queue
@@ -221,9 +222,8 @@ class AsyncLLMEngine:
                 self._check_admission(count_queue=False)  # it counts us now
                 if self._closed:
                     raise ServerShuttingDownError("the engine loop has stopped")
-                self._commands.put(("add", stream, ProcessedInput(
-                    prompt.prompt, prompt.prompt_token_ids, params), arrival,
-                    priority))
+                self._commands.put(("add", stream, dataclasses.replace(
+                    prompt, params=params), arrival, priority))
                 queued = True
         finally:
             if not queued:

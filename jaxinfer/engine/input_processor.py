@@ -26,6 +26,9 @@ class ProcessedInput:
     prompt: str | None  # the prompt text, when one was given
     prompt_token_ids: list[int]  # in [0, vocab_size), 1 <= len < max_model_len
     params: SamplingParams  # verified for the model, bad_words tokenized
+    # Images, preprocessed, each over its (expanded) placeholder tokens in
+    # prompt_token_ids; in prompt order.
+    mm_inputs: tuple = ()
 
 
 def check_text(field: str, value: Any) -> str:
@@ -87,12 +90,23 @@ class InputProcessor:
     """Checks and tokenizes requests for one served model."""
 
     def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int,
-                 max_logprobs: int, max_num_seqs: int):
+                 max_logprobs: int, max_num_seqs: int, images=None,
+                 architecture: str = "the model"):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
         self.max_num_seqs = max_num_seqs
+        # jaxinfer.multimodal.processor.ImageProcessor; None: text only.
+        self.images = images
+        self.architecture = architecture
+
+    def check_takes_images(self, what: str) -> None:
+        """Raises for a text-only model, naming what carried the image."""
+        if self.images is None:
+            raise InvalidRequestError(
+                f"{what} needs a multimodal model: {self.architecture} takes "
+                "text only")
 
     def encode(self, field: str, text: Any, add_special_tokens: bool = True) -> list[int]:
         """Tokenizes text; anything the tokenizer refuses is bad input."""
@@ -109,6 +123,10 @@ class InputProcessor:
         """(text, ids) of any prompt form `LLM.generate` accepts: a string,
         a list of token ids, or a dict with ``prompt`` or ``prompt_token_ids``."""
         if isinstance(prompt, dict):
+            if "multi_modal_data" in prompt:
+                raise InvalidRequestError(
+                    "multi_modal_data (images) cannot go through beam search: "
+                    "run the request without use_beam_search")
             unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
             if unknown:
                 raise InvalidRequestError(
@@ -168,6 +186,12 @@ class InputProcessor:
     def process(self, prompt: Any, params: SamplingParams | None = None,
                 add_special_tokens: bool = True) -> ProcessedInput:
         """The whole check of one request; raises InvalidRequestError."""
+        mm_data = None
+        if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+            prompt = dict(prompt)
+            mm_data = prompt.pop("multi_modal_data")
+            if mm_data is not None:
+                self.check_takes_images("multi_modal_data")
         text, ids = self.tokenize_prompt(prompt, add_special_tokens)
         if params is not None and getattr(params, "use_beam_search", False):
             raise InvalidRequestError(
@@ -175,12 +199,21 @@ class InputProcessor:
                 "LLM.beam_search or the server), not as one engine request")
         truncate = getattr(params, "truncate_prompt_tokens", None)
         if truncate is not None:
+            if mm_data:
+                raise InvalidRequestError(
+                    "truncate_prompt_tokens cannot be combined with images "
+                    "(it could cut an image's placeholders): drop one")
             ids = ids[-truncate:]  # vLLM: keep the last k tokens
         if not ids:
             raise InvalidRequestError("the prompt is empty: give at least one token")
+        mm_inputs: tuple = ()
+        if self.images is not None:
+            ids, mm_inputs = self.images.process(ids, mm_data)
         if len(ids) >= self.max_model_len:
+            images = (f" ({sum(m.length for m in mm_inputs)} of them for "
+                      f"{len(mm_inputs)} image(s))" if mm_inputs else "")
             raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens, but max_model_len is "
-                f"{self.max_model_len}: shorten the prompt to at most "
+                f"the prompt has {len(ids)} tokens{images}, but max_model_len "
+                f"is {self.max_model_len}: shorten the prompt to at most "
                 f"{self.max_model_len - 1} tokens or raise max_model_len")
-        return ProcessedInput(text, ids, self.check_params(params))
+        return ProcessedInput(text, ids, self.check_params(params), mm_inputs)

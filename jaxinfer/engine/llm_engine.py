@@ -15,6 +15,7 @@ from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
 from ..errors import InvalidConfigError, InvalidRequestError
+from ..multimodal.processor import make_image_processor
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
@@ -77,7 +78,10 @@ class LLMEngine:
                 f"gpu_memory_utilization or lower max_model_len")
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
                                    self.runner.num_blocks,
-                                   self.runner.num_host_blocks)
+                                   self.runner.num_host_blocks,
+                                   self.runner.num_encoder_slots)
+        self.image_processor = make_image_processor(
+            self.files, args, self.tokenizer)  # None: the model takes text only
         self.warmup_programs, self.warmup_seconds = (
             warm_up(self.runner) if args.warmup else (0, 0.0))
         self.num_prompt_tokens = self.num_generation_tokens = 0
@@ -118,7 +122,9 @@ class LLMEngine:
             self.tokenizer, vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
             max_logprobs=self.max_logprobs,
-            max_num_seqs=self.scheduler_config.max_num_seqs)
+            max_num_seqs=self.scheduler_config.max_num_seqs,
+            images=self.image_processor,
+            architecture=self.model_config.architecture)
 
     def add_request(self, request_id: str | None, prompt: Any,
                     params: SamplingParams | None = None,
@@ -145,7 +151,8 @@ class LLMEngine:
         self._counter += 1
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
-                      max_model_len=self.max_model_len)
+                      max_model_len=self.max_model_len,
+                      mm_inputs=prompt.mm_inputs)
         for r in self.parallel.add(req):  # n > 1: n ordinary requests
             self.scheduler.add_request(r)
             self.output_processor.add_request(r)

@@ -45,7 +45,8 @@ def make_child(req: Request, index: int, params: SamplingParams) -> Request:
     child = Request(f"{index}_{req.request_id}", req.prompt_token_ids,
                     child_params(params, index), req.eos_token_ids,
                     arrival_time=req.arrival_time, priority=req.priority,
-                    prompt=req.prompt, extra_keys=req.extra_keys)
+                    prompt=req.prompt, extra_keys=req.extra_keys,
+                    mm_inputs=req.mm_inputs)
     child.max_tokens = req.max_tokens
     return child
 

@@ -39,7 +39,10 @@ class LLM:
         """Runs every prompt to completion; outputs come back in input order.
 
         ``prompts``: a string, a list of strings, a list of token-id lists, or
-        ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts.
+        ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts; a dict may
+        carry ``"multi_modal_data": {"image": PIL.Image | [PIL.Image, ...]}``
+        for a model that takes images (one ``<image>`` placeholder per
+        image in the prompt).
         """
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -107,15 +110,36 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+             add_generation_prompt: bool = True,
+             chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of
-        them, rendered through the tokenizer's chat template."""
+        them, rendered through the tokenizer's chat template. Content may
+        be a list of parts: text, and for a model that takes images
+        ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,
+        ..."}}`` or ``{"type": "image_pil", "image_pil": PIL.Image}``."""
+        from ..multimodal.chat import detect_content_format, parse_chat_messages
         if messages and isinstance(messages[0], dict):
             messages = [messages]
-        tok = self.llm_engine.tokenizer
-        prompts = [{"prompt_token_ids": _as_ids(tok.apply_chat_template(
-            conv, chat_template=chat_template, tokenize=True,
-            add_generation_prompt=add_generation_prompt))} for conv in messages]
+        engine = self.llm_engine
+        tok, inputs = engine.tokenizer, engine.input_processor
+        fmt = chat_template_content_format
+        if fmt == "auto":
+            fmt = detect_content_format(chat_template or getattr(
+                tok, "chat_template", None))
+        prompts = []
+        for conv in messages:
+            conv, images = parse_chat_messages(
+                conv, content_format=fmt,
+                placeholder=inputs.images.placeholder if inputs.images else "",
+                allowed_local_media_path=engine.args.allowed_local_media_path,
+                on_first_image=lambda: inputs.check_takes_images(
+                    "an image content part"))
+            prompt: dict = {"prompt_token_ids": _as_ids(tok.apply_chat_template(
+                conv, chat_template=chat_template, tokenize=True,
+                add_generation_prompt=add_generation_prompt))}
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -19,16 +19,19 @@ import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
                              model_class, resolve_backend)
-from jaxinfer.models.runtime import model_constants, run_model
+from jaxinfer.models.runtime import (merge_encoder_outputs,
+                                     model_constants, run_model)
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
 from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
                       host_available_bytes)
+from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..request import PENDING_TOKEN
 from .buckets import Buckets
+from .encoder_runner import EncoderRunner
 from .packing import pack_step, unpack_step
 from .logprob_ops import gather_logprobs
 from .page_ops import PageMover
@@ -47,13 +50,15 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           prev_tokens, packed, logits_indices, smd: SamplingMetadata,
-          prompt_lp_targets):
+          prompt_lp_targets, mm=None):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
     logprobs). ``num_logprobs`` (static): None, or the top-K to return.
     prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
     the device; an input id -1 - r stands for its row r (a token the host
-    has not read yet). Returns this step's tokens padded the same way."""
+    has not read yet). Returns this step's tokens padded the same way.
+    mm: None, or (encoder cache, mm_index [T]) when image placeholders are
+    among the tokens (their embeddings come from the cache)."""
     # packed: token ids, positions and attention metadata in one int32
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
@@ -61,8 +66,10 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
                           input_ids)
+    inputs_embeds = None if mm is None else merge_encoder_outputs(
+        model, params, input_ids, *mm)
     logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
-                                 positions, md, logits_indices)
+                                 positions, md, logits_indices, inputs_embeds)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -108,6 +115,7 @@ class ModelRunner:
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
         self.constants = model_constants(self.model,
                                          scheduler_config.max_model_len)
+        self.encoder = self._encoder_runner()  # None: the model takes text only
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
@@ -144,6 +152,21 @@ class ModelRunner:
         # the scheduler when it joins (SchedulerOutput.new_requests).
         self.requests: dict[str, NewRequestData] = {}
         self._last_ready = 0.0  # when the last collected step was done
+
+    def _encoder_runner(self) -> EncoderRunner | None:
+        image = self.cfg.image_input
+        if image is None:
+            return None
+        slots = encoder_cache_slots(
+            self.scheduler_config.max_num_batched_tokens, image.tokens_per_image)
+        return EncoderRunner(self.model, image, slots, self.cfg.hidden_size,
+                             image.num_channels, self.dtype,
+                             self.placement.replicated)
+
+    @property
+    def num_encoder_slots(self) -> int:
+        """Slots of the encoder-output cache (0: no encoder)."""
+        return 0 if self.encoder is None else self.encoder.num_slots
 
     # -- sizing -----------------------------------------------------------
 
@@ -232,10 +255,11 @@ class ModelRunner:
         smd = self.sampling_inputs.build(sched, self.requests, S)
         return input_ids, positions, md, logits_idx, smd
 
-    def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
+    def step_args(self, state, packed, logits_idx, smd, targets,
+                  mm=None) -> tuple:
         """The step's dynamic arguments, in order."""
         return (self.params, self.kv_pages, state, self.constants,
-                self.prev_tokens, packed, logits_idx, smd, targets)
+                self.prev_tokens, packed, logits_idx, smd, targets, mm)
 
     @staticmethod
     def program_key(num_lp, dims, dyn_args) -> tuple:
@@ -247,10 +271,11 @@ class ModelRunner:
         return (num_lp, dims, tree,
                 tuple((x.shape, str(x.dtype)) for x in leaves))
 
-    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets):
+    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
+                 mm=None):
         """One step through its program: compiled ahead by warm-up when
         there is one, else jit's own cache (compiling on first use)."""
-        dyn = self.step_args(state, packed, logits_idx, smd, targets)
+        dyn = self.step_args(state, packed, logits_idx, smd, targets, mm)
         program = self.programs.get(self.program_key(num_lp, dims, dyn))
         if program is not None:
             return program(*dyn)
@@ -264,6 +289,8 @@ class ModelRunner:
         self.sampling_inputs.release(gone)
         for rid in gone:
             self.requests.pop(rid, None)
+        if self.encoder is not None:
+            self.encoder.release(gone)
         for new in out.new_requests:
             self.requests[new.request_id] = new
         if out.has_copies:  # swaps, before the step
@@ -271,6 +298,12 @@ class ModelRunner:
         if not out.scheduled:
             return InFlightStep(out, [], None, None, None, None)
         input_ids, positions, md, logits_idx, smd = self.prepare(out)
+        mm = None
+        if self.encoder is not None:  # images first, then the step reads them
+            if out.encoder_inputs:
+                self.encoder.encode(self.params, out, self.requests)
+            mm = self.encoder.step_inputs(out.scheduled, self.requests,
+                                          md.cu_q_lens, len(input_ids))
         plan = self.sampling_inputs.plan_prompt_logprobs(out.scheduled,
                                                          self.requests)
         wants_lp = [s.sample and self.requests[s.request_id]
@@ -292,7 +325,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
             num_lp, dims, state, pack_step(input_ids, positions, md),
-            logits_idx, smd, targets)
+            logits_idx, smd, targets, mm)
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}
         if state is not None:

@@ -10,6 +10,7 @@ programs from disk instead of compiling them.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import os
 import time
@@ -86,10 +87,15 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
         packed = pack_step(input_ids, positions, md)
         dims = (T, S, P, decode_only)
-        for sp in variants:
+        # A model that takes images also gets each prefill bucket's variant
+        # that reads the encoder cache (steps holding image placeholders).
+        mms = [None]
+        if runner.encoder is not None and not decode_only:
+            mms.append((runner.encoder.cache, np.full(T, -1, np.int32)))
+        for sp, mm in itertools.product(variants, mms):
             smd = runner.sampling_inputs.build(
                 sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
-            dyn = runner.step_args(None, packed, logits_idx, smd, None)
+            dyn = runner.step_args(None, packed, logits_idx, smd, None, mm)
             key = runner.program_key(None, dims, dyn)
             if key not in runner.programs and key not in lowered:
                 lowered[key] = runner._step.lower(None, dims, *dyn)
@@ -100,10 +106,12 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         runner.programs.update(zip(lowered, compiled))
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap")
+    if runner.encoder is not None:  # one program per image batch size
+        n_copy += runner.encoder.warm_up(runner.params)
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
     logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
                 "sampling variants; lowering %.1fs, %d compile threads) and "
-                "%d swap programs in %.1fs", len(lowered), len(shapes),
+                "%d swap and encoder programs in %.1fs", len(lowered), len(shapes),
                 len(variants), t_lower, workers, n_copy, seconds)
     return len(lowered) + n_copy, seconds

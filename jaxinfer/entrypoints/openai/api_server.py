@@ -52,14 +52,16 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               return_tokens_as_token_ids: bool = False,
               enable_tokenizer_info_endpoint: bool = False,
-              enable_server_load_tracking: bool = False) -> FastAPI:
+              enable_server_load_tracking: bool = False,
+              chat_template_content_format: str = "auto") -> FastAPI:
     """The server over a running (or startable) engine. With ``owns_engine``
-    the app stops the engine loop when it shuts down. The last three are
+    the app stops the engine loop when it shuts down. The last four are
     vLLM's flags of the same names."""
     names = list(served_model_names or [str(engine.engine.args.model)])
     template = load_chat_template(chat_template)
     completion = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names, template)
+    chat = OpenAIServingChat(engine, names, template,
+                             chat_template_content_format)
     for serving in (completion, chat):
         serving.return_tokens_as_token_ids = return_tokens_as_token_ids
 
@@ -165,10 +167,12 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                 raise APIError("a per-request chat_template is not accepted; "
                                "start the server with --chat-template",
                                param="chat_template")
-            _, ids = await engine.run_blocking(
+            _, ids, images = await engine.run_blocking(
                 chat.render, req.messages, req.add_generation_prompt,
                 req.continue_final_message, req.chat_template_kwargs,
                 req.add_special_tokens)
+            if images:  # counted as the engine counts them
+                ids = engine.input_processor.images.expand(ids, len(images))[0]
         else:
             ids = await engine.run_blocking(
                 engine.input_processor.encode, "prompt", req.prompt,

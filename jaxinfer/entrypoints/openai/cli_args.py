@@ -40,6 +40,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="model name(s) the API accepts; the first is reported")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
+    p.add_argument("--chat-template-content-format", default="auto",
+                   choices=["auto", "string", "openai"],
+                   help="how message content reaches the template: a string "
+                   "(images as placeholders before the text) or OpenAI's list "
+                   "of parts; auto: the list if the template loops over it")
     from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING
     from ..http_guards import DEFAULT_MAX_BODY_BYTES
     from ..server_runner import DEFAULT_GRACE_PERIOD_S
@@ -117,5 +122,6 @@ def run_serve(ns: argparse.Namespace) -> int:
                  max_body_bytes=ns.max_request_body_bytes,
                  grace_period=ns.shutdown_grace_period,
                  log_level=ns.uvicorn_log_level,
+                 chat_template_content_format=ns.chat_template_content_format,
                  **{f[2:].replace("-", "_"): getattr(ns, f[2:].replace("-", "_"))
                     for f in _APP_SWITCHES})

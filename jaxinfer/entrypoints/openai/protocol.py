@@ -243,10 +243,26 @@ class ChatContentPart(StrictModel):
     text: str
 
 
+class ImageURL(StrictModel):
+    # A base64 data URL, or a file:// URL under --allowed-local-media-path
+    # (remote URLs are refused: jaxinfer/multimodal/media.py).
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's; one resolution here
+
+
+class ChatImagePart(StrictModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[ChatContentPart | ChatImagePart,
+                        Field(discriminator="type")]
+
+
 class ChatMessage(StrictModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
     role: str
-    content: str | list[ChatContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
 

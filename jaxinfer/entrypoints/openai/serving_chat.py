@@ -1,5 +1,7 @@
 """`/v1/chat/completions`: messages -> the chat template -> one engine
-request with n samples; streaming sends the role first, then content deltas."""
+request with n samples; streaming sends the role first, then content deltas.
+Image parts (``image_url``) become the prompt's images
+(``jaxinfer/multimodal/chat.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...errors import http_status
+from ...multimodal.chat import detect_content_format, parse_chat_messages
 from .errors import APIError, sse_error
 from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
                        ChatCompletionResponse, ChatCompletionResponseChoice,
@@ -35,9 +38,11 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A message's text (its text parts joined; images left out)."""
     d = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):  # text parts -> one string
-        d["content"] = "\n".join(part.text for part in m.content)
+        d["content"] = "\n".join(part.text for part in m.content
+                                 if part.type == "text")
     elif m.content is None:  # e.g. an assistant turn that only called tools
         d["content"] = ""
     return d
@@ -57,19 +62,34 @@ def _echoed(req: ChatCompletionRequest) -> str:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine, served_model_names, chat_template: str | None = None):
+    def __init__(self, engine, served_model_names, chat_template: str | None = None,
+                 content_format: str = "auto"):
         super().__init__(engine, served_model_names)
         self.chat_template = chat_template
+        # vLLM's --chat-template-content-format; auto: read from the template.
+        self.content_format = (detect_content_format(
+            chat_template or getattr(self.tokenizer, "chat_template", None))
+            if content_format == "auto" else content_format)
+        self.allowed_local_media_path = engine.engine.args.allowed_local_media_path
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool,
                continue_final_message: bool,
                kwargs: dict[str, Any] | None,
-               add_special_tokens: bool = False) -> tuple[str, list[int]]:
-        """The prompt text and ids, tokenized as `LLM.chat` tokenizes."""
+               add_special_tokens: bool = False
+               ) -> tuple[str, list[int], list]:
+        """The prompt text and ids, tokenized as `LLM.chat` tokenizes, and
+        the messages' images (decoded) in placeholder order."""
         if add_generation_prompt and continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message "
                            "cannot both be true", param="continue_final_message")
-        conv = [_message_dict(m) for m in messages]
+        inputs = self.engine.input_processor
+        conv, images = parse_chat_messages(
+            [m.model_dump(exclude_none=True) for m in messages],
+            content_format=self.content_format,
+            placeholder=inputs.images.placeholder if inputs.images else "",
+            allowed_local_media_path=self.allowed_local_media_path,
+            on_first_image=lambda: inputs.check_takes_images(
+                "an image_url content part"))
         try:
             text = self.tokenizer.apply_chat_template(
                 conv, chat_template=self.chat_template, tokenize=False,
@@ -82,8 +102,8 @@ class OpenAIServingChat(OpenAIServing):
         if not isinstance(text, str):
             raise APIError("the chat template did not render to text",
                            param="chat_template_kwargs")
-        return text, self.engine.input_processor.encode(
-            "the rendered chat", text, add_special_tokens=add_special_tokens)
+        return text, inputs.encode("the rendered chat", text,
+                                   add_special_tokens=add_special_tokens), images
 
     def _logprobs(self, token_ids, lps, k: int,
                   as_id: bool = False) -> ChatChoiceLogprobs:
@@ -118,11 +138,22 @@ class OpenAIServingChat(OpenAIServing):
                            param="top_logprobs")
         top_k = (self.num_logprobs("top_logprobs", req.top_logprobs or 0)
                  if req.logprobs else None)
-        text, ids = await self.engine.run_blocking(
+        text, ids, images = await self.engine.run_blocking(
             self.render, req.messages, req.add_generation_prompt,
             req.continue_final_message, req.chat_template_kwargs,
             req.add_special_tokens)
+        if images and req.use_beam_search:
+            raise APIError("use_beam_search does not take images: send the "
+                           "request without it", param="use_beam_search")
+        mm_data = None
+        if images:  # the prompt as the engine counts it: placeholders expanded
+            mm_data = {"image": images}
+            ids = self.engine.input_processor.images.expand(ids, len(images))[0]
         if req.truncate_prompt_tokens and len(ids) > req.truncate_prompt_tokens:
+            if images:
+                raise APIError("truncate_prompt_tokens cannot be combined with "
+                               "images (it could cut an image's placeholders)",
+                               param="truncate_prompt_tokens")
             text, ids = None, ids[-req.truncate_prompt_tokens:]
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens
                       is not None else req.max_tokens)
@@ -142,7 +173,8 @@ class OpenAIServingChat(OpenAIServing):
             choices = {j: ch for (_, j), ch in beams.items()}
         else:
             gens = await add_all(self.engine, engine_id, [(text, ids)], [params],
-                                 priority=req.priority)
+                                 priority=req.priority,
+                                 multi_modal_data=[mm_data])
             choices = {j: Choice() for j in range(req.n)}
 
         usage = usage_counter(choices, len(ids))

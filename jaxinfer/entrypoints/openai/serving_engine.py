@@ -176,15 +176,19 @@ class OpenAIServing:
 async def add_all(engine: AsyncLLMEngine, request_id: str,
                   prompts: list[tuple[str | None, list[int]]],
                   params: list[SamplingParams],
-                  priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
+                  priority: int = 0, multi_modal_data: list | None = None
+                  ) -> list[AsyncIterator[RequestOutput]]:
     """Adds one engine request per prompt (ids ``{request_id}-{i}``); if one
-    is refused, the ones already added are aborted and the error raised."""
+    is refused, the ones already added are aborted and the error raised.
+    ``multi_modal_data``: per prompt, its images ({"image": [...]}) or None."""
     streams = []
     try:
         for i, ((text, ids), sp) in enumerate(zip(prompts, params)):
+            prompt: dict = {"prompt": text, "prompt_token_ids": ids}
+            if multi_modal_data and multi_modal_data[i] is not None:
+                prompt["multi_modal_data"] = multi_modal_data[i]
             streams.append(await engine.add_request(
-                f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, sp,
-                priority=priority))
+                f"{request_id}-{i}", prompt, sp, priority=priority))
     except BaseException:
         for s in streams:
             engine.abort(s.request_id)

@@ -75,7 +75,7 @@ def test_swap_space_sizes_a_pool_only_under_swap():
     (["--speculative-config", "{}"], "speculative decoding"),
     (["-pp", "2"], "pipeline parallelism"),
     (["--guided-decoding-backend", "xgrammar"], "structured output"),
-    (["--limit-mm-per-prompt", '{"image": 1}'], "multimodal"),
+    (["--limit-mm-per-prompt", '{"video": 1}'], "multimodal"),
     (["--ssl-keyfile", "k.pem"], "TLS"),
 ])
 def test_refused_flags_name_the_missing_feature(argv, feature):
