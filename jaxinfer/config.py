@@ -190,6 +190,14 @@ class EngineArgs:
         True, "host/device overlap: the next step is scheduled and enqueued "
         "while the device runs this one (vLLM's async scheduling; on by "
         "default here)")
+    enable_lora: bool = _arg(False, "serve LoRA adapters (a LoRARequest per "
+                             "request; the server's --lora-modules)")
+    max_loras: int = _arg(1, "LoRA adapters in one step (device slots)")
+    max_lora_rank: int = _arg(16, "the largest LoRA rank served; every slot "
+                              "is this wide")
+    max_cpu_loras: int | None = _arg(
+        None, "LoRA adapters kept in host memory (default: max_loras); "
+        "adapters of running requests are always kept")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
@@ -219,6 +227,7 @@ class EngineArgs:
         if self.preemption_mode == "swap" and self.swap_space is not None:
             _check(self.swap_space > 0, "swap_space",
                    "> 0 GiB with preemption_mode='swap'", self.swap_space)
+        self.lora_config()  # validates the LoRA fields
 
     def resolved_preemption(self) -> tuple[str, float]:
         """(preemption_mode, swap GiB): giving swap_space alone turns swap
@@ -229,6 +238,23 @@ class EngineArgs:
         if mode == "recompute":
             return mode, 0.0
         return mode, float(4.0 if self.swap_space is None else self.swap_space)
+
+    def lora_config(self):
+        """The LoRAConfig, or None without enable_lora (then the LoRA
+        limits must keep vLLM's defaults: nothing would use them)."""
+        from .lora.config import LoRAConfig
+        if not self.enable_lora:
+            changed = [f for f, default in (("max_loras", 1),
+                                            ("max_lora_rank", 16),
+                                            ("max_cpu_loras", None))
+                       if getattr(self, f) != default]
+            if changed:
+                raise InvalidConfigError(
+                    f"{', '.join(changed)} set without enable_lora: add "
+                    "enable_lora=True (--enable-lora)")
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank,
+                          self.max_cpu_loras)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(

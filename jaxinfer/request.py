@@ -34,7 +34,7 @@ class Request:
                  sampling_params: SamplingParams, eos_token_ids: tuple[int, ...] = (),
                  arrival_time: float | None = None, priority: int = 0,
                  prompt: str | None = None, max_model_len: int | None = None,
-                 extra_keys: tuple | None = None):
+                 extra_keys: tuple | None = None, lora_request=None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -57,6 +57,7 @@ class Request:
         # multimodal input hashes); requests differing here share no pages.
         self.block_hashes: list = []
         self.extra_keys = extra_keys
+        self.lora_request = lora_request  # LoRARequest, None: the base model
         self.stop_reason: int | str | None = None
         max_tokens = sampling_params.max_tokens
         if max_model_len is not None:

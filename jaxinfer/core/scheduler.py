@@ -20,6 +20,7 @@ import time
 from ..config import CacheConfig, SchedulerConfig
 from ..request import Request, RequestStatus, banned_ids
 from .kv_cache_manager import KVCacheManager
+from .lora_budget import AdapterBudget
 from .policy import Policy
 from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
@@ -27,13 +28,14 @@ from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, num_blocks: int,
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, max_loras: int | None = None):
         self.config = scheduler_config
         self.cache_config = cache_config
         self.kv = KVCacheManager(num_blocks, cache_config.block_size,
                                  cache_config.enable_prefix_caching,
                                  num_host_blocks)
         self.policy = Policy(scheduler_config.policy)
+        self.adapters = AdapterBudget(max_loras)  # None: LoRA off
         self.requests: dict[str, Request] = {}
         self.waiting = self.policy.make_queue()  # new, preempted and swapped
         self.running: list[Request] = []  # ordered: last = first to preempt
@@ -131,10 +133,16 @@ class Scheduler:
             # When req preempted itself, i already points past it.
 
         # 2. Waiting requests, in policy order, while budget, seats and pages
-        # last. Nothing is admitted in a step that had to preempt.
+        # last. Nothing is admitted in a step that had to preempt. A request
+        # whose LoRA adapter would exceed max_loras is passed over.
+        self.adapters.start(self.running)
+        passed_over: list[Request] = []
         while (len(self.waiting) and budget > 0 and not out.preempted_ids
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting.peek()
+            if not self.adapters.admits(req):
+                passed_over.append(self.waiting.pop())
+                continue
             if req.status == RequestStatus.SWAPPED:
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 pairs = self.kv.swap_in(req, num_new)
@@ -156,13 +164,16 @@ class Scheduler:
             self.waiting.pop()
             out.new_requests.append(NewRequestData(
                 req.request_id, req.all_token_ids, req.num_prompt_tokens,
-                req.sampling_params))
+                req.sampling_params, req.lora_request))
+            self.adapters.admit(req)
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.time()
             self.policy.admit(self.running, req)
             scheduled.append((req, num_new))
             budget -= num_new
+        for req in reversed(passed_over):  # back in their places
+            self.waiting.prepend(req)
 
         for req, n in scheduled:
             start = req.num_computed_tokens

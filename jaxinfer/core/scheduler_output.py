@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..lora.request import LoRARequest
 from ..sampling_params import SamplingParams
 
 
@@ -18,6 +19,7 @@ class NewRequestData:
     token_ids: list[int]  # prompt + outputs known at admission
     num_prompt_tokens: int
     sampling_params: SamplingParams
+    lora_request: LoRARequest | None = None  # its LoRA adapter; None: the base model
 
 
 @dataclasses.dataclass

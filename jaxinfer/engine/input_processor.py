@@ -17,6 +17,10 @@ import numbers
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..lora.errors import LoRANotEnabledError
+from ..lora.peft_format import LoRAAdapter
+from ..lora.request import LoRARequest
+from ..lora.store import AdapterStore
 from ..sampling_params import SamplingParams
 
 
@@ -26,6 +30,7 @@ class ProcessedInput:
     prompt: str | None  # the prompt text, when one was given
     prompt_token_ids: list[int]  # in [0, vocab_size), 1 <= len < max_model_len
     params: SamplingParams  # verified for the model, bad_words tokenized
+    lora: LoRAAdapter | None = None  # its LoRA adapter, read and checked
 
 
 def check_text(field: str, value: Any) -> str:
@@ -87,8 +92,10 @@ class InputProcessor:
     """Checks and tokenizes requests for one served model."""
 
     def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int,
-                 max_logprobs: int, max_num_seqs: int):
+                 max_logprobs: int, max_num_seqs: int,
+                 lora_store: AdapterStore | None = None):
         self.tokenizer = tokenizer
+        self.lora_store = lora_store  # None: the engine runs without LoRA
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
@@ -165,8 +172,25 @@ class InputProcessor:
                 f"bad_words could not be tokenized: {e}") from None
         return params
 
+    def load_lora(self, lora_request: Any) -> LoRAAdapter | None:
+        """The request's adapter, read from disk unless cached (this is
+        where a server reads adapters: on a worker thread)."""
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidRequestError(
+                f"lora_request must be a LoRARequest (from "
+                f"jaxinfer.lora.request), got {type(lora_request).__name__}")
+        if self.lora_store is None:
+            raise LoRANotEnabledError(
+                f"lora_request {lora_request.lora_name!r} was given, but the "
+                "engine runs without LoRA: start it with enable_lora=True "
+                "(--enable-lora)")
+        return self.lora_store.load(lora_request)
+
     def process(self, prompt: Any, params: SamplingParams | None = None,
-                add_special_tokens: bool = True) -> ProcessedInput:
+                add_special_tokens: bool = True,
+                lora_request: LoRARequest | None = None) -> ProcessedInput:
         """The whole check of one request; raises InvalidRequestError."""
         text, ids = self.tokenize_prompt(prompt, add_special_tokens)
         if params is not None and getattr(params, "use_beam_search", False):
@@ -183,4 +207,5 @@ class InputProcessor:
                 f"the prompt has {len(ids)} tokens, but max_model_len is "
                 f"{self.max_model_len}: shorten the prompt to at most "
                 f"{self.max_model_len - 1} tokens or raise max_model_len")
-        return ProcessedInput(text, ids, self.check_params(params))
+        return ProcessedInput(text, ids, self.check_params(params),
+                              self.load_lora(lora_request))

@@ -39,7 +39,8 @@ def make_child(req: Request, index: int, params: SamplingParams) -> Request:
     child = Request(f"{index}_{req.request_id}", req.prompt_token_ids,
                     child_params(params, index), req.eos_token_ids,
                     arrival_time=req.arrival_time, priority=req.priority,
-                    prompt=req.prompt, extra_keys=req.extra_keys)
+                    prompt=req.prompt, extra_keys=req.extra_keys,
+                    lora_request=req.lora_request)
     child.max_tokens = req.max_tokens
     return child
 

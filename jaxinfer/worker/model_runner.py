@@ -29,7 +29,8 @@ from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..request import PENDING_TOKEN
 from .buckets import Buckets
-from .packing import pack_step, unpack_step
+from .lora_inputs import LoRAInputs
+from .packing import pack_step, unpack_lora_slots, unpack_step
 from .logprob_ops import gather_logprobs
 from .page_ops import PageMover
 from .penalties import PenaltyState, update_penalty_state
@@ -47,13 +48,15 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           prev_tokens, packed, logits_indices, smd: SamplingMetadata,
-          prompt_lp_targets):
+          prompt_lp_targets, lora_pool=None):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
     logprobs). ``num_logprobs`` (static): None, or the top-K to return.
     prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
     the device; an input id -1 - r stands for its row r (a token the host
-    has not read yet). Returns this step's tokens padded the same way."""
+    has not read yet). ``lora_pool``: the LoRA adapter slots, given only
+    when a row uses an adapter (then ``packed`` ends with each token's
+    slot). Returns this step's tokens padded the same way."""
     # packed: token ids, positions and attention metadata in one int32
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
@@ -61,8 +64,11 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
                           input_ids)
+    lora = None
+    if lora_pool is not None:
+        lora = (lora_pool, unpack_lora_slots(packed, dims))
     logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
-                                 positions, md, logits_indices)
+                                 positions, md, logits_indices, lora=lora)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -80,7 +86,7 @@ class ModelRunner:
                  cache_config: CacheConfig, seed: int = 0,
                  attention_backend: str | None = None,
                  tensor_parallel_size: int = 1, max_logprobs: int = 20,
-                 load_format: str = "auto"):
+                 load_format: str = "auto", lora_config=None):
         self.cfg = files.config
         self.dtype = dtype
         self.scheduler_config = scheduler_config
@@ -106,6 +112,9 @@ class ModelRunner:
                                       place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
+        # LoRA adapter slots, allocated before the KV pool is sized.
+        self.lora = (LoRAInputs(self.model, self.cfg, lora_config, dtype,
+                                self.placement.mesh) if lora_config else None)
         self.constants = model_constants(self.model,
                                          scheduler_config.max_model_len)
         self.num_blocks = self._num_blocks()
@@ -232,25 +241,28 @@ class ModelRunner:
         smd = self.sampling_inputs.build(sched, self.requests, S)
         return input_ids, positions, md, logits_idx, smd
 
-    def step_args(self, state, packed, logits_idx, smd, targets) -> tuple:
+    def step_args(self, state, packed, logits_idx, smd, targets,
+                  lora_pool=None) -> tuple:
         """The step's dynamic arguments, in order."""
         return (self.params, self.kv_pages, state, self.constants,
-                self.prev_tokens, packed, logits_idx, smd, targets)
+                self.prev_tokens, packed, logits_idx, smd, targets, lora_pool)
 
     @staticmethod
     def program_key(num_lp, dims, dyn_args) -> tuple:
         """What selects one compiled program: the static arguments and the
-        structure and shapes of the per-step inputs (params and pages never
-        change shape)."""
-        per_step = dyn_args[2:3] + dyn_args[5:]
+        structure and shapes of the per-step inputs (params, pages and the
+        LoRA pool never change shape: only whether the pool is there)."""
+        per_step = dyn_args[2:3] + dyn_args[5:9]
         leaves, tree = jax.tree_util.tree_flatten(per_step)
         return (num_lp, dims, tree,
-                tuple((x.shape, str(x.dtype)) for x in leaves))
+                tuple((x.shape, str(x.dtype)) for x in leaves),
+                dyn_args[9] is not None)
 
-    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets):
+    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
+                 lora_pool=None):
         """One step through its program: compiled ahead by warm-up when
         there is one, else jit's own cache (compiling on first use)."""
-        dyn = self.step_args(state, packed, logits_idx, smd, targets)
+        dyn = self.step_args(state, packed, logits_idx, smd, targets, lora_pool)
         program = self.programs.get(self.program_key(num_lp, dims, dyn))
         if program is not None:
             return program(*dyn)
@@ -290,9 +302,17 @@ class ModelRunner:
             targets = plan.targets
         dims = (len(input_ids), *md.block_tables.shape, md.decode_only)
         t0 = time.perf_counter()
+        # Adapters the rows need go into device slots first (queued before
+        # the step); a step of base-model rows keeps the program without LoRA.
+        lora_slots = (None if self.lora is None else self.lora.token_slots(
+            out.scheduled, self.requests, len(input_ids)))
+        inputs = (num_lp, dims, state,
+                  pack_step(input_ids, positions, md, lora_slots), logits_idx,
+                  smd, targets)
+        if lora_slots is not None:
+            inputs += (self.lora.pool.arrays,)
         res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
-            num_lp, dims, state, pack_step(input_ids, positions, md),
-            logits_idx, smd, targets)
+            *inputs)
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}
         if state is not None:
