@@ -97,7 +97,7 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
 
     with nn.intercept_methods(record):
         abstract_variables(model, cfg)
-    by_path = {}
+    by_path: dict[tuple[str, ...], str] = {}
     for w in spec.weights(cfg):
         module = w.path[:-1]
         if w.hf_name.endswith(".weight") and module in found:
@@ -130,9 +130,9 @@ def has_lora(module: nn.Module) -> bool:
 def lora_delta(module: nn.Module, x: jax.Array) -> jax.Array:
     """x [T, *in_shape] -> [T, *out_shape]: each token's adapter product
     ``x A_s B_s`` for its slot s (zero for slot 0)."""
-    a = module.get_variable(COLLECTION, LORA_A)
-    b = module.get_variable(COLLECTION, LORA_B)
-    slots = module.get_variable(COLLECTION, TOKEN_SLOTS)
+    a: jax.Array = module.get_variable(COLLECTION, LORA_A)
+    b: jax.Array = module.get_variable(COLLECTION, LORA_B)
+    slots: jax.Array = module.get_variable(COLLECTION, TOKEN_SLOTS)
     return lora_product(x, a, b, slots)
 
 

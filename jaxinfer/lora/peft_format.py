@@ -77,6 +77,18 @@ class LoRAAdapter:
         return self.request.lora_int_id
 
 
+def adapter_key(request: LoRARequest) -> tuple | None:
+    """What identifies an adapter's weights: its id and name, its folder,
+    and its weights file's mtime and size (None: the file is unreadable)."""
+    path = request.lora_path
+    try:
+        stat = os.stat(os.path.join(path, WEIGHTS_FILE))
+    except OSError:
+        return None
+    return (request.lora_int_id, request.lora_name, os.path.realpath(path),
+            stat.st_mtime_ns, stat.st_size)
+
+
 def _fail_if_missing(path: str, request: LoRARequest) -> None:
     if not os.path.isdir(path):
         raise LoRAAdapterNotFoundError(
@@ -154,7 +166,7 @@ def _check_target_modules(config: dict, layout: SlotLayout,
                 f"{', '.join(sorted(known))}")
 
 
-def _pattern_value(patterns: dict, module: str, default):
+def _pattern_value(patterns: dict | None, module: str, default):
     """PEFT's rank_pattern / alpha_pattern lookup: the first key matching
     the module name's end (a regex over dotted components)."""
     for key, value in (patterns or {}).items():
@@ -270,9 +282,11 @@ def load_peft_adapter(request: LoRARequest, layout: SlotLayout,
         b_slot[:r] = (b.T * scaling).reshape((r,) + t.out_shape)
         flat[span.a_offset:span.a_offset + a_slot.size] = a_slot.reshape(-1)
         flat[span.b_offset:span.b_offset + b_slot.size] = b_slot.reshape(-1)
-    stat = os.stat(os.path.join(path, WEIGHTS_FILE))
-    key = (request.lora_int_id, request.lora_name, os.path.realpath(path),
-           stat.st_mtime_ns, stat.st_size)
+    key = adapter_key(request)
+    if key is None:  # the folder changed while it was read
+        raise LoRAAdapterNotFoundError(
+            f"No adapter found for LoRA adapter {name!r}: {WEIGHTS_FILE} "
+            f"vanished from {path} while it was read")
     return LoRAAdapter(request=request, key=key, rank=top_rank,
                        modules=tuple(sorted(pairs)),
                        flat=flat.astype(np.dtype(dtype)))

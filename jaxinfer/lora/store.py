@@ -19,26 +19,14 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 
 from .errors import LoRAError
 from .layout import SlotLayout
-from .peft_format import WEIGHTS_FILE, LoRAAdapter, load_peft_adapter
+from .peft_format import LoRAAdapter, adapter_key, load_peft_adapter
 from .request import LoRARequest
 
 logger = logging.getLogger(__name__)
-
-
-def _file_key(request: LoRARequest) -> tuple | None:
-    """What identifies the adapter's weights on disk now (None: unreadable)."""
-    path = request.lora_path
-    try:
-        stat = os.stat(os.path.join(path, WEIGHTS_FILE))
-    except OSError:
-        return None
-    return (request.lora_int_id, request.lora_name, os.path.realpath(path),
-            stat.st_mtime_ns, stat.st_size)
 
 
 class AdapterStore:
@@ -52,6 +40,7 @@ class AdapterStore:
         self._users: dict[int, set[str]] = {}  # id -> request ids in flight
         self._held_by: dict[str, int] = {}  # request id -> adapter id
         self._pinned: set[int] = set()  # pin_lora: never evicted
+        self._removed: set[int] = set()  # remove_lora while held: drop when free
         self.num_loads = 0  # adapters read from disk since start
 
     # -- loading (any thread) -----------------------------------------------
@@ -62,11 +51,12 @@ class AdapterStore:
         if not isinstance(request, LoRARequest):
             raise LoRAError(f"lora_request must be a LoRARequest, got "
                             f"{type(request).__name__}")
-        key = _file_key(request)
+        key = adapter_key(request)
         with self._lock:
             cached = self._cache.get(request.lora_int_id)
             if cached is not None and cached.key == key:
                 self._cache.move_to_end(request.lora_int_id)
+                self._removed.discard(request.lora_int_id)  # wanted again
                 return cached
             self._check_free(request, cached)
         adapter = load_peft_adapter(request, self.layout, self.dtype)
@@ -74,6 +64,7 @@ class AdapterStore:
             self._check_free(request, self._cache.get(request.lora_int_id))
             self._cache[request.lora_int_id] = adapter
             self._cache.move_to_end(request.lora_int_id)
+            self._removed.discard(request.lora_int_id)
             self.num_loads += 1
             self._evict(keep=request.lora_int_id)
         logger.info("loaded LoRA adapter %r (id %d, rank %d, %d layers) from "
@@ -138,7 +129,9 @@ class AdapterStore:
             self._pinned.discard(lora_int_id)
             if lora_int_id not in self._cache:
                 return False
-            if not self._users.get(lora_int_id):
+            if self._users.get(lora_int_id):
+                self._removed.add(lora_int_id)
+            else:
                 del self._cache[lora_int_id]
             return True
 
@@ -157,6 +150,9 @@ class AdapterStore:
         """Least recently used first, skipping held and pinned adapters and
         ``keep`` (just loaded for a request about to hold it); held ones may
         keep the cache above capacity until released."""
+        for rid in [r for r in self._removed if not self._users.get(r)]:
+            self._removed.discard(rid)
+            self._cache.pop(rid, None)
         excess = len(self._cache) - self.capacity
         for rid in list(self._cache):
             if excess <= 0:

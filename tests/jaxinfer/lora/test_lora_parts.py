@@ -91,7 +91,13 @@ def test_store_lru_keeps_adapters_in_flight(store, adapters):
     with pytest.raises(LoRAError, match="lora_int_id 2 belongs to"):
         store.load(LoRARequest("other", 2, adapters["all-r8"]))
     store.release(["req-2"])
-    assert store.load(LoRARequest("other", 2, adapters["all-r8"])).request.lora_name == "other"
+    other = store.load(LoRARequest("other", 2, adapters["all-r8"]))
+    assert other.request.lora_name == "other"
+    # remove_lora: a held adapter stays until its request ends.
+    store.acquire("req-3", other)
+    assert store.remove(2) and store.get(2) is other
+    store.release(["req-3"])
+    assert store.get(2) is None and not store.remove(2)
 
 
 def test_store_reads_a_changed_folder_again(store, adapters, tmp_path):

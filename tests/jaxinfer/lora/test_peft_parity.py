@@ -83,6 +83,36 @@ def test_prefix_pages_belong_to_one_adapter(lora_llm, adapters):
     assert cached(b) == 32 and cached(None) == 32
 
 
+def test_samples_beams_and_chat_run_their_adapter(lora_llm, adapters):
+    """n > 1 samples, beam search and chat carry the request's adapter."""
+    from jaxinfer import BeamSearchParams
+    lora = _lora_requests(adapters)["all-r8"]
+    prompt = {"prompt_token_ids": [21, 22, 23, 24, 25, 26]}
+    greedy = SamplingParams(temperature=0.0, max_tokens=5)
+    one = lora_llm.generate([prompt], greedy, lora_request=lora,
+                            use_tqdm=False)[0].outputs[0].token_ids
+    base = lora_llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert one != base
+    # Seeded samples: child i of n=2 draws as a lone request with seed + i.
+    def sampled(seed, lora_request=lora, n=1):
+        out = lora_llm.generate([prompt], SamplingParams(
+            n=n, temperature=1.0, seed=seed, max_tokens=5),
+            lora_request=lora_request, use_tqdm=False)[0]
+        return [c.token_ids for c in out.outputs]
+    two = sampled(7, n=2)
+    assert two == sampled(7) + sampled(8)
+    assert two[0] != sampled(7, None)[0]
+    beams = lora_llm.beam_search([prompt], BeamSearchParams(
+        beam_width=1, max_tokens=5, ignore_eos=True), lora_request=lora)
+    assert beams[0].sequences[0].tokens[len(prompt["prompt_token_ids"]):] == one
+    chat = [{"role": "user", "content": "Name a colour."}]
+    with_lora = lora_llm.chat(chat, greedy, use_tqdm=False, lora_request=lora)
+    ids = with_lora[0].prompt_token_ids
+    want = lora_llm.generate([{"prompt_token_ids": ids}], greedy,
+                             lora_request=lora, use_tqdm=False)
+    assert with_lora[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+
+
 def test_slot_loads_compile_nothing(lora_llm, adapters):
     """Once a LoRA step of a shape has run, any adapter in any slot runs
     the same program (the pool's shape is fixed)."""
