@@ -95,7 +95,7 @@ def make_runner(model_dir, dtype, S, L, lora: LoRAConfig | None, backend):
     pages_per_seq = -(-L // BLOCK)
     sc = SchedulerConfig(max_model_len=L + BLOCK, max_num_seqs=S,
                          max_num_batched_tokens=max(S, 16))
-    cc = CacheConfig(block_size=BLOCK,
+    cc = CacheConfig(block_size=BLOCK, swap_space=0,
                      num_gpu_blocks_override=S * pages_per_seq + 1)
     runner = runner_module.ModelRunner(files, dtype, sc, cc, seed=0,
                                        attention_backend=backend,
