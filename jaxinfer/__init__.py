@@ -21,6 +21,7 @@ _EXPORTS = {
     "RequestOutput": ("jaxinfer.outputs", "RequestOutput"),
     "CompletionOutput": ("jaxinfer.outputs", "CompletionOutput"),
     "InvalidRequestError": ("jaxinfer.errors", "InvalidRequestError"),
+    "LoRARequest": ("jaxinfer.lora.request", "LoRARequest"),
 }
 
 __all__ = list(_EXPORTS) + ["__version__"]

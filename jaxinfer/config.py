@@ -196,6 +196,14 @@ class EngineArgs:
     allowed_local_media_path: str = _arg(
         "", "a folder whose files requests may name as file:// image URLs "
         "(default: none; remote URLs are never fetched)")
+    enable_lora: bool = _arg(False, "serve LoRA adapters (a LoRARequest per "
+                             "request; the server's --lora-modules)")
+    max_loras: int = _arg(1, "LoRA adapters in one step (device slots)")
+    max_lora_rank: int = _arg(16, "the largest LoRA rank served; every slot "
+                              "is this wide")
+    max_cpu_loras: int | None = _arg(
+        None, "LoRA adapters kept in host memory (default: max_loras); "
+        "adapters of running requests are always kept")
 
     def __post_init__(self):
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
@@ -232,6 +240,7 @@ class EngineArgs:
                or os.path.isdir(self.allowed_local_media_path),
                "allowed_local_media_path", "an existing folder (or empty)",
                self.allowed_local_media_path)
+        self.lora_config()  # validates the LoRA fields
 
     def resolved_preemption(self) -> tuple[str, float]:
         """(preemption_mode, swap GiB): giving swap_space alone turns swap
@@ -242,6 +251,23 @@ class EngineArgs:
         if mode == "recompute":
             return mode, 0.0
         return mode, float(4.0 if self.swap_space is None else self.swap_space)
+
+    def lora_config(self):
+        """The LoRAConfig, or None without enable_lora (then the LoRA
+        limits must keep vLLM's defaults: nothing would use them)."""
+        from .lora.config import LoRAConfig
+        if not self.enable_lora:
+            changed = [f for f, default in (("max_loras", 1),
+                                            ("max_lora_rank", 16),
+                                            ("max_cpu_loras", None))
+                       if getattr(self, f) != default]
+            if changed:
+                raise InvalidConfigError(
+                    f"{', '.join(changed)} set without enable_lora: add "
+                    "enable_lora=True (--enable-lora)")
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank,
+                          self.max_cpu_loras)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(

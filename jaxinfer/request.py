@@ -34,7 +34,8 @@ class Request:
                  sampling_params: SamplingParams, eos_token_ids: tuple[int, ...] = (),
                  arrival_time: float | None = None, priority: int = 0,
                  prompt: str | None = None, max_model_len: int | None = None,
-                 extra_keys: tuple | None = None, mm_inputs: tuple = ()):
+                 extra_keys: tuple | None = None, mm_inputs: tuple = (),
+                 lora_request=None):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -60,6 +61,7 @@ class Request:
         # Images (jaxinfer.multimodal.inputs.MultiModalInput), in prompt
         # order, each over its placeholder tokens.
         self.mm_inputs = tuple(mm_inputs)
+        self.lora_request = lora_request  # LoRARequest, None: the base model
         self.stop_reason: int | str | None = None
         max_tokens = sampling_params.max_tokens
         if max_model_len is not None:

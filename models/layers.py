@@ -3,8 +3,8 @@
 ``Linear`` is the one place where a weight matrix is created and multiplied,
 through a ``LinearMethod`` (vLLM's seam): today the plain product; a
 quantized method would create packed integer weights plus scales and apply
-its own product, and a LoRA method would add the per-row adapter delta,
-without any layer changing.
+its own product, without any layer changing. LoRA adapters are added
+around whatever method a Linear has (``lora.py``), not in place of it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+from .lora import has_lora, lora_delta
 
 
 def param(module, name, shape, axes, dtype, init=nn.initializers.normal(0.02)):
@@ -83,6 +85,8 @@ class Linear(nn.Module):
     @nn.compact
     def __call__(self, x):
         y = self.method.apply(self, self.method.create_weights(self), x)
+        if has_lora(self):  # adapters for this layer in the step (lora.py)
+            y = y + lora_delta(self, x).astype(y.dtype)
         if self.use_bias:
             y = y + param(self, "bias", self.out_shape,
                           self.axes[len(self.in_shape):], self.dtype,

@@ -6,7 +6,7 @@ once per engine, and ``run_model`` hands them to the model beside its
 params. ``inputs_embeds`` lets an encoder's outputs stand in for token
 embeddings (``embed_tokens`` gives the embeddings to merge them into;
 ``encode_images`` and ``merge_encoder_outputs`` are that path for a model
-that takes images).
+that takes images); ``lora`` adds each token's LoRA adapter (``lora.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .attention import AttentionMetadata
+from .lora import COLLECTION, lora_collection
 
 
 def model_constants(model, max_model_len: int) -> dict:
@@ -33,11 +34,15 @@ def run_model(
     md: AttentionMetadata,
     logits_indices: jax.Array,  # [S] int32
     inputs_embeds: jax.Array | None = None,  # [T, D]
+    lora: tuple[dict, jax.Array] | None = None,  # (adapter pool, [T] slot ids)
 ):
-    """-> (logits [S, V] float32, updated kv_pages)."""
-    return model.apply({"params": params, "constants": constants}, input_ids,
-                       positions, kv_pages, md, logits_indices,
-                       inputs_embeds=inputs_embeds)
+    """-> (logits [S, V] float32, updated kv_pages). ``lora``: the device
+    pool of LoRA adapters (``lora.py``'s layout) and each token's slot."""
+    variables = {"params": params, "constants": constants}
+    if lora is not None:
+        variables[COLLECTION] = lora_collection(*lora)
+    return model.apply(variables, input_ids, positions, kv_pages, md,
+                       logits_indices, inputs_embeds=inputs_embeds)
 
 
 def embed_tokens(model, params, input_ids: jax.Array) -> jax.Array:

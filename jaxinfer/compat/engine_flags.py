@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from .status import ignore, refuse
 
-LORA = "LoRA adapters"
 MM = "multimodal inputs other than images (audio, video)"
 IMAGES_HINT = ("send images inline as base64 data URLs, or as file:// URLs "
                "under --allowed-local-media-path")
+LORA = "LoRA adapters"
+LORA_BIAS = "LoRA adapters with bias terms"
 TOOLS = "tool calling"
 STRUCTURED = "structured output (guided decoding)"
 SPEC = "speculative decoding"
@@ -200,16 +201,20 @@ ENGINE_FLAGS = {
         "keeping an image's tokens in one step",
         "an image's placeholders may be split over steps; its encoder "
         "output stays cached until the last"),
-    # -- LoRA ---------------------------------------------------------------
-    "enable_lora": refuse(LORA, "serve a checkpoint with the adapter merged"),
-    "enable_lora_bias": refuse(LORA),
-    "max_loras": refuse(LORA, accepts=(None, 1)),
-    "max_lora_rank": refuse(LORA, accepts=(None, 16)),
-    "lora_extra_vocab_size": refuse(LORA, accepts=(None, 256)),
-    "lora_dtype": refuse(LORA, accepts=(None, "auto")),
-    "max_cpu_loras": refuse(LORA),
-    "fully_sharded_loras": refuse(LORA),
-    "default_mm_loras": refuse(LORA),
+    # -- LoRA (enable_lora, max_loras, max_lora_rank, max_cpu_loras are
+    # supported) ---------------------------------------------------------
+    "enable_lora_bias": refuse(LORA_BIAS, "use adapters trained with "
+                               "bias='none'"),
+    "lora_extra_vocab_size": refuse(
+        "LoRA adapters that add vocabulary (deprecated in vLLM)",
+        accepts=(None, 256)),
+    "lora_dtype": refuse("a LoRA dtype other than the model's",
+                         "adapters run in --dtype", (None, "auto")),
+    "fully_sharded_loras": ignore(
+        "adapters are split like the base layers they change (column- or "
+        "row-parallel), which gives the same results as vLLM's fully "
+        "sharded layout; only speed differs"),
+    "default_mm_loras": refuse("LoRA adapters chosen per input modality"),
     # -- observability ------------------------------------------------------
     "show_hidden_metrics_for_version": refuse("hidden (deprecated) metrics"),
     "otlp_traces_endpoint": refuse("OpenTelemetry tracing",
@@ -269,7 +274,7 @@ SERVE_FLAGS = {
     "allowed_headers": refuse("CORS settings",
                               "put a reverse proxy in front to add CORS",
                               (None, "['*']", "*")),
-    "lora_modules": refuse(LORA),
+
     "trust_request_chat_template": refuse("chat templates sent in requests"),
     "response_role": refuse("another response role",
                             "replies carry role 'assistant'",

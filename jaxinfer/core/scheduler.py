@@ -21,6 +21,7 @@ from ..config import CacheConfig, SchedulerConfig
 from ..request import Request, RequestStatus, banned_ids
 from .encoder_cache_manager import EncoderCacheManager
 from .kv_cache_manager import KVCacheManager
+from .lora_budget import AdapterBudget
 from .policy import Policy
 from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
@@ -28,7 +29,8 @@ from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, num_blocks: int,
-                 num_host_blocks: int = 0, num_encoder_slots: int = 0):
+                 num_host_blocks: int = 0, num_encoder_slots: int = 0,
+                 max_loras: int | None = None):
         self.config = scheduler_config
         self.cache_config = cache_config
         self.kv = KVCacheManager(num_blocks, cache_config.block_size,
@@ -38,6 +40,7 @@ class Scheduler:
         self.encoder = (EncoderCacheManager(num_encoder_slots)
                         if num_encoder_slots else None)
         self.policy = Policy(scheduler_config.policy)
+        self.adapters = AdapterBudget(max_loras)  # None: LoRA off
         self.requests: dict[str, Request] = {}
         self.waiting = self.policy.make_queue()  # new, preempted and swapped
         self.running: list[Request] = []  # ordered: last = first to preempt
@@ -145,10 +148,16 @@ class Scheduler:
             # When req preempted itself, i already points past it.
 
         # 2. Waiting requests, in policy order, while budget, seats and pages
-        # last. Nothing is admitted in a step that had to preempt.
+        # last. Nothing is admitted in a step that had to preempt. A request
+        # whose LoRA adapter would exceed max_loras is passed over.
+        self.adapters.start(self.running)
+        passed_over: list[Request] = []
         while (len(self.waiting) and budget > 0 and not out.preempted_ids
                and len(self.running) < self.config.max_num_seqs):
             req = self.waiting.peek()
+            if not self.adapters.admits(req):
+                passed_over.append(self.waiting.pop())
+                continue
             if req.status == RequestStatus.SWAPPED:
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 num_new, images = self._plan_images(
@@ -180,13 +189,17 @@ class Scheduler:
             self._commit_images(req, images, out)
             out.new_requests.append(NewRequestData(
                 req.request_id, req.all_token_ids, req.num_prompt_tokens,
-                req.sampling_params, req.mm_inputs))
+                req.sampling_params, mm_inputs=req.mm_inputs,
+                lora_request=req.lora_request))
+            self.adapters.admit(req)
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.time()
             self.policy.admit(self.running, req)
             scheduled.append((req, num_new))
             budget -= num_new
+        for req in reversed(passed_over):  # back in their places
+            self.waiting.prepend(req)
 
         for req, n in scheduled:
             start = req.num_computed_tokens

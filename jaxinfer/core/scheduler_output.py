@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..lora.request import LoRARequest
 from ..sampling_params import SamplingParams
 
 
@@ -19,6 +20,7 @@ class NewRequestData:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     mm_inputs: tuple = ()  # images (MultiModalInput) over their placeholders
+    lora_request: LoRARequest | None = None  # its LoRA adapter; None: the base model
 
 
 @dataclasses.dataclass

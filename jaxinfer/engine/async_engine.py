@@ -36,6 +36,7 @@ from typing import Any, AsyncIterator, Callable
 
 from ..errors import (EngineDeadError, InvalidRequestError, QueueFullError,
                       RequestFailedError, ServerShuttingDownError)
+from ..lora.request import LoRARequest
 from ..metrics import EngineMetrics
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
@@ -200,10 +201,12 @@ class AsyncLLMEngine:
     async def add_request(self, request_id: str, prompt: Any,
                           params: SamplingParams | None = None,
                           arrival_time: float | None = None,
+                          lora_request: LoRARequest | None = None,
                           priority: int = 0) -> RequestStream:
         """Checks and queues a request; returns its stream once the engine
-        accepted it. ``prompt`` is anything `LLMEngine.add_request` takes.
-        Raises InvalidRequestError (400), QueueFullError or
+        accepted it. ``prompt`` is anything `LLMEngine.add_request` takes;
+        its LoRA adapter, if any, is read on a worker thread. Raises
+        InvalidRequestError (400), QueueFullError or
         ServerShuttingDownError (503), or EngineDeadError (500)."""
         self.start()
         self._check_admission()
@@ -213,7 +216,8 @@ class AsyncLLMEngine:
         try:
             if not isinstance(prompt, ProcessedInput):
                 prompt = await self.run_blocking(
-                    self.input_processor.process, prompt, params)
+                    self.input_processor.process, prompt, params,
+                    lora_request=lora_request)
             params = prompt.params.clone()
             params.output_kind = RequestOutputKind.DELTA
             stream = RequestStream(request_id, asyncio.get_running_loop())
@@ -251,12 +255,14 @@ class AsyncLLMEngine:
 
     async def generate(self, prompt: Any, params: SamplingParams,
                        request_id: str,
-                       arrival_time: float | None = None, priority: int = 0
+                       arrival_time: float | None = None, priority: int = 0,
+                       lora_request: LoRARequest | None = None
                        ) -> AsyncIterator[RequestOutput]:
         """Yields the request's DELTA outputs; the last one has
         ``finished=True``. Leaving early (cancel, close) aborts the request."""
         stream = await self.add_request(request_id, prompt, params, arrival_time,
-                                        priority)
+                                        lora_request=lora_request,
+                                        priority=priority)
         async for out in self.iterate(stream):
             yield out
 
@@ -275,6 +281,19 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; a finished request is left alone."""
         self._commands.put(("abort", request_id))
+
+    # -- LoRA adapters (the store is thread-safe: no trip through the loop) --
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Reads and checks an adapter on a worker thread; raises the typed
+        LoRA errors (400, or 404 for a missing folder)."""
+        return await self.run_blocking(self.engine.add_lora, lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine.list_loras()
 
     # -- the loop thread --------------------------------------------------------
 

@@ -17,6 +17,10 @@ import numbers
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..lora.errors import LoRANotEnabledError
+from ..lora.peft_format import LoRAAdapter
+from ..lora.request import LoRARequest
+from ..lora.store import AdapterStore
 from ..sampling_params import SamplingParams
 
 
@@ -29,6 +33,7 @@ class ProcessedInput:
     # Images, preprocessed, each over its (expanded) placeholder tokens in
     # prompt_token_ids; in prompt order.
     mm_inputs: tuple = ()
+    lora: LoRAAdapter | None = None  # its LoRA adapter, read and checked
 
 
 def check_text(field: str, value: Any) -> str:
@@ -91,8 +96,10 @@ class InputProcessor:
 
     def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int,
                  max_logprobs: int, max_num_seqs: int, images=None,
-                 architecture: str = "the model"):
+                 architecture: str = "the model",
+                 lora_store: AdapterStore | None = None):
         self.tokenizer = tokenizer
+        self.lora_store = lora_store  # None: the engine runs without LoRA
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
@@ -183,8 +190,25 @@ class InputProcessor:
                 f"bad_words could not be tokenized: {e}") from None
         return params
 
+    def load_lora(self, lora_request: Any) -> LoRAAdapter | None:
+        """The request's adapter, read from disk unless cached (this is
+        where a server reads adapters: on a worker thread)."""
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidRequestError(
+                f"lora_request must be a LoRARequest (from "
+                f"jaxinfer.lora.request), got {type(lora_request).__name__}")
+        if self.lora_store is None:
+            raise LoRANotEnabledError(
+                f"lora_request {lora_request.lora_name!r} was given, but the "
+                "engine runs without LoRA: start it with enable_lora=True "
+                "(--enable-lora)")
+        return self.lora_store.load(lora_request)
+
     def process(self, prompt: Any, params: SamplingParams | None = None,
-                add_special_tokens: bool = True) -> ProcessedInput:
+                add_special_tokens: bool = True,
+                lora_request: LoRARequest | None = None) -> ProcessedInput:
         """The whole check of one request; raises InvalidRequestError."""
         mm_data = None
         if isinstance(prompt, dict) and "multi_modal_data" in prompt:
@@ -216,4 +240,5 @@ class InputProcessor:
                 f"the prompt has {len(ids)} tokens{images}, but max_model_len "
                 f"is {self.max_model_len}: shorten the prompt to at most "
                 f"{self.max_model_len - 1} tokens or raise max_model_len")
-        return ProcessedInput(text, ids, self.check_params(params), mm_inputs)
+        return ProcessedInput(text, ids, self.check_params(params), mm_inputs,
+                              self.load_lora(lora_request))

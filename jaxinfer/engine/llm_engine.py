@@ -15,6 +15,8 @@ from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
 from ..errors import InvalidConfigError, InvalidRequestError
+from ..lora.errors import LoRANotEnabledError
+from ..lora.request import LoRARequest
 from ..multimodal.processor import make_image_processor
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
@@ -62,12 +64,16 @@ class LLMEngine:
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
+        self.lora_config = args.lora_config()  # None: LoRA off
         self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
                                   self.cache_config, seed=args.seed,
                                   attention_backend=args.attention_backend,
                                   tensor_parallel_size=args.tensor_parallel_size,
                                   max_logprobs=self.max_logprobs,
-                                  load_format=args.load_format)
+                                  load_format=args.load_format,
+                                  lora_config=self.lora_config)
+        # Loaded adapters in host memory (jaxinfer/lora/store.py).
+        self.lora_store = self.runner.lora.store if self.runner.lora else None
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
         if capacity < self.max_model_len:
             raise InvalidConfigError(
@@ -76,10 +82,10 @@ class LLMEngine:
                 f"{self.cache_config.block_size}), fewer than max_model_len="
                 f"{self.max_model_len}: raise num_gpu_blocks_override / "
                 f"gpu_memory_utilization or lower max_model_len")
-        self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
-                                   self.runner.num_blocks,
-                                   self.runner.num_host_blocks,
-                                   self.runner.num_encoder_slots)
+        self.scheduler = Scheduler(
+            self.scheduler_config, self.cache_config, self.runner.num_blocks,
+            self.runner.num_host_blocks, self.runner.num_encoder_slots,
+            max_loras=self.lora_config.max_loras if self.lora_config else None)
         self.image_processor = make_image_processor(
             self.files, args, self.tokenizer)  # None: the model takes text only
         self.warmup_programs, self.warmup_seconds = (
@@ -124,19 +130,23 @@ class LLMEngine:
             max_logprobs=self.max_logprobs,
             max_num_seqs=self.scheduler_config.max_num_seqs,
             images=self.image_processor,
-            architecture=self.model_config.architecture)
+            architecture=self.model_config.architecture,
+            lora_store=self.lora_store)
 
     def add_request(self, request_id: str | None, prompt: Any,
                     params: SamplingParams | None = None,
                     arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None,
                     priority: int = 0) -> str:
         """Validates and queues a request; raises InvalidRequestError (a
         ValueError) without touching the requests in flight. ``prompt`` may
-        be a `ProcessedInput` (then ``params`` is ignored: it carries its
-        own), which skips the checks already made."""
+        be a `ProcessedInput` (then ``params`` and ``lora_request`` are
+        ignored: it carries its own), which skips the checks already made."""
         if not isinstance(prompt, ProcessedInput):
-            prompt = self.input_processor.process(prompt, params)
+            prompt = self.input_processor.process(prompt, params,
+                                                  lora_request=lora_request)
         text, ids, params = prompt.prompt, prompt.prompt_token_ids, prompt.params
+        adapter = prompt.lora
         if priority != 0 and self.scheduler_config.policy != "priority":
             # As vLLM: a priority an fcfs engine would not honour is refused.
             raise InvalidRequestError(
@@ -152,8 +162,13 @@ class LLMEngine:
         req = Request(request_id, ids, params, self.eos_token_ids,
                       arrival_time=arrival_time, priority=priority, prompt=text,
                       max_model_len=self.max_model_len,
-                      mm_inputs=prompt.mm_inputs)
+                      mm_inputs=prompt.mm_inputs,
+                      # Pages computed under an adapter are its own.
+                      extra_keys=None if adapter is None else ("lora", adapter.key),
+                      lora_request=None if adapter is None else adapter.request)
         for r in self.parallel.add(req):  # n > 1: n ordinary requests
+            if adapter is not None:  # held in host memory until it finishes
+                self.lora_store.acquire(r.request_id, adapter)
             self.scheduler.add_request(r)
             self.output_processor.add_request(r)
         self.num_prompt_tokens += len(ids)
@@ -193,6 +208,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         preempted_before = self.scheduler.num_preemptions
         sched_out = self.scheduler.schedule()
+        if self.lora_store is not None:  # their adapters may be evicted now
+            self.lora_store.release(sched_out.finished_ids)
         inflight = None
         if not sched_out.is_empty:
             self.num_steps += 1
@@ -267,6 +284,33 @@ class LLMEngine:
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
             num_steps=self.num_steps, last_step_tokens=self.last_step_tokens)
+
+    # -- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ----------
+
+    def _lora(self, what: str):
+        if self.lora_store is None:
+            raise LoRANotEnabledError(
+                f"{what} needs LoRA: start the engine with enable_lora=True "
+                "(--enable-lora)")
+        return self.lora_store
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Reads and checks an adapter and keeps it in host memory for the
+        requests that will name it; raises the typed LoRA errors. Safe to
+        call from any thread."""
+        self._lora("add_lora").load(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forgets an adapter; requests in flight finish with it."""
+        return self._lora("remove_lora").remove(lora_int_id)
+
+    def pin_lora(self, lora_int_id: int) -> bool:
+        """Keeps an adapter in host memory whatever the LRU says."""
+        return self._lora("pin_lora").pin(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora("list_loras").ids()
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached prefix block that no request holds."""

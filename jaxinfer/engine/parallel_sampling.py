@@ -46,7 +46,8 @@ def make_child(req: Request, index: int, params: SamplingParams) -> Request:
                     child_params(params, index), req.eos_token_ids,
                     arrival_time=req.arrival_time, priority=req.priority,
                     prompt=req.prompt, extra_keys=req.extra_keys,
-                    mm_inputs=req.mm_inputs)
+                    mm_inputs=req.mm_inputs,
+                    lora_request=req.lora_request)
     child.max_tokens = req.max_tokens
     return child
 

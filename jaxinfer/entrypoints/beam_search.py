@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..logprobs import Logprob
+from ..lora.request import per_prompt
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import BeamSearchParams, SamplingParams
 
@@ -69,6 +70,10 @@ class BeamSearchState:
     def live(self) -> list[BeamSearchSequence]:
         return [b for inst in self.running for b in inst]
 
+    def live_owner(self) -> list[int]:
+        """The prompt of each beam ``live()`` lists."""
+        return [i for i, inst in enumerate(self.running) for _ in inst]
+
     def advance(self, step_logprobs: list) -> None:
         """``step_logprobs[k]``: the ``{token: Logprob}`` of live beam k's
         next position (None or empty: that beam got nothing)."""
@@ -105,10 +110,14 @@ class BeamSearchState:
 
 
 def beam_search(llm, prompts, params: BeamSearchParams,
-                use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                use_tqdm: bool = False,
+                lora_request=None) -> list[BeamSearchOutput]:
+    """``lora_request``: one LoRARequest for all prompts or one per prompt;
+    every beam of a prompt runs with its prompt's adapter."""
     engine = llm.llm_engine
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
+    loras = per_prompt(lora_request, len(prompts))
     state = BeamSearchState([engine.input_processor.tokenize_prompt(p)[1]
                              for p in prompts], params,
                             engine.eos_token_ids)
@@ -121,14 +130,15 @@ def beam_search(llm, prompts, params: BeamSearchParams,
         if not beams:
             break
         outs = llm.generate([{"prompt_token_ids": b.tokens} for b in beams],
-                            state.step_params, use_tqdm=False)
+                            state.step_params, use_tqdm=False,
+                            lora_request=[loras[i] for i in state.live_owner()])
         state.advance([(o.outputs[0].logprobs or [None])[0] for o in outs])
     return state.results(engine.tokenizer)
 
 
 async def beam_search_async(engine, prompt_ids: list[int],
-                            params: BeamSearchParams,
-                            request_id: str) -> BeamSearchOutput:
+                            params: BeamSearchParams, request_id: str,
+                            lora_request=None) -> BeamSearchOutput:
     """The same search over an ``AsyncLLMEngine`` (the server's
     ``use_beam_search``): each step's beams run as concurrent requests."""
     import asyncio
@@ -138,7 +148,8 @@ async def beam_search_async(engine, prompt_ids: list[int],
         last = None
         async for out in engine.generate({"prompt_token_ids": beam.tokens},
                                          state.step_params,
-                                         f"{request_id}-beam{i}"):
+                                         f"{request_id}-beam{i}",
+                                         lora_request=lora_request):
             last = out.outputs[0].logprobs or last
         return last[0] if last else None
 
@@ -152,7 +163,8 @@ async def beam_search_async(engine, prompt_ids: list[int],
 
 
 def beam_search_as_outputs(llm, prompts, params: SamplingParams,
-                           request_ids: list[str]) -> list[RequestOutput]:
+                           request_ids: list[str],
+                           lora_request=None) -> list[RequestOutput]:
     """``SamplingParams(use_beam_search=True)`` through ``generate``: a beam
     search of width ``best_of`` (else ``n``) whose ``n`` best beams become
     the CompletionOutputs of one RequestOutput per prompt."""
@@ -161,7 +173,8 @@ def beam_search_as_outputs(llm, prompts, params: SamplingParams,
         beam_width=width, max_tokens=params.max_tokens or llm.llm_engine.max_model_len,
         ignore_eos=params.ignore_eos, temperature=params.temperature,
         length_penalty=params.length_penalty,
-        include_stop_str_in_output=params.include_stop_str_in_output))
+        include_stop_str_in_output=params.include_stop_str_in_output),
+        lora_request=lora_request)
     tok = llm.llm_engine.tokenizer
     outputs = []
     for rid, prompt, result in zip(request_ids, prompts, beams):

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from ..config import EngineArgs
 from ..engine.llm_engine import LLMEngine
+from ..lora.request import LoRARequest, per_prompt
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 
@@ -35,7 +36,9 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Runs every prompt to completion; outputs come back in input order.
 
         ``prompts``: a string, a list of strings, a list of token-id lists, or
@@ -43,6 +46,8 @@ class LLM:
         carry ``"multi_modal_data": {"image": PIL.Image | [PIL.Image, ...]}``
         for a model that takes images (one ``<image>`` placeholder per
         image in the prompt).
+        ``lora_request``: one `LoRARequest` for every prompt, or a list with
+        one per prompt (None: the base model); needs ``enable_lora=True``.
         """
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -57,8 +62,10 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for "
                                  f"{len(prompts)} prompts")
+        loras = per_prompt(lora_request, len(prompts))
         if any(sp.use_beam_search for sp in params):
-            return self._generate_mixed(prompts, params, use_tqdm, priority)
+            return self._generate_mixed(prompts, params, use_tqdm, priority,
+                                        loras)
         # Offline runs only read final outputs: like vLLM, ask for nothing
         # else, so no per-step RequestOutput copies the growing token lists.
         params = [_final_only(sp) for sp in params]
@@ -69,8 +76,9 @@ class LLM:
         # Atomic: every prompt is checked before any is queued, and whatever
         # goes wrong while queueing removes the ones already added, so a bad
         # prompt never leaves others to run inside the next call.
-        processed = [engine.input_processor.process(prompt, sp)
-                     for prompt, sp in zip(prompts, params)]
+        processed = [engine.input_processor.process(prompt, sp,
+                                                    lora_request=lora)
+                     for prompt, sp, lora in zip(prompts, params, loras)]
         ids: list[str] = []
         try:
             for i, request in enumerate(processed):
@@ -82,7 +90,7 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def _generate_mixed(self, prompts, params, use_tqdm, priority):
+    def _generate_mixed(self, prompts, params, use_tqdm, priority, loras):
         """Prompts whose params ask for use_beam_search run as beam
         searches, the rest as usual; outputs stay in input order."""
         from .beam_search import beam_search_as_outputs
@@ -94,29 +102,35 @@ class LLM:
         if rest:
             got = self.generate([prompts[i] for i in rest],
                                 [params[i] for i in rest], use_tqdm=use_tqdm,
+                                lora_request=[loras[i] for i in rest],
                                 priority=None if priority is None else
                                 [priority[i] for i in rest])
             out.update(zip(rest, got))
         for i in beam:
             out[i] = beam_search_as_outputs(self, [prompts[i]], params[i],
-                                            [f"beam-{i}"])[0]
+                                            [f"beam-{i}"], loras[i])[0]
         return [out[i] for i in range(len(prompts))]
 
-    def beam_search(self, prompts, params, use_tqdm: bool = False):
+    def beam_search(self, prompts, params, lora_request=None,
+                    use_tqdm: bool = False):
         """vLLM's beam search: ``params`` is a ``BeamSearchParams``; returns
-        one ``BeamSearchOutput`` (best sequences first) per prompt."""
+        one ``BeamSearchOutput`` (best sequences first) per prompt.
+        ``lora_request``: one adapter for all prompts or one per prompt."""
         from .beam_search import beam_search
-        return beam_search(self, prompts, params, use_tqdm)
+        return beam_search(self, prompts, params, use_tqdm, lora_request)
 
     def chat(self, messages, sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = True, chat_template: str | None = None,
+             use_tqdm: bool = True,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             chat_template: str | None = None,
              add_generation_prompt: bool = True,
              chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of
-        them, rendered through the tokenizer's chat template. Content may
-        be a list of parts: text, and for a model that takes images
-        ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,
-        ..."}}`` or ``{"type": "image_pil", "image_pil": PIL.Image}``."""
+        them, rendered through the tokenizer's chat template; ``lora_request``
+        as in `generate`. Content may be a list of parts: text, and for a
+        model that takes images ``{"type": "image_url", "image_url": {"url":
+        "data:image/...;base64,..."}}`` or ``{"type": "image_pil",
+        "image_pil": PIL.Image}``."""
         from ..multimodal.chat import detect_content_format, parse_chat_messages
         if messages and isinstance(messages[0], dict):
             messages = [messages]
@@ -140,7 +154,8 @@ class LLM:
             if images:
                 prompt["multi_modal_data"] = {"image": images}
             prompts.append(prompt)
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

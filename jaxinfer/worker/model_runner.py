@@ -32,7 +32,8 @@ from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..request import PENDING_TOKEN
 from .buckets import Buckets
 from .encoder_runner import EncoderRunner
-from .packing import pack_step, unpack_step
+from .lora_inputs import LoRAInputs
+from .packing import pack_step, unpack_lora_slots, unpack_step
 from .logprob_ops import gather_logprobs
 from .page_ops import PageMover
 from .penalties import PenaltyState, update_penalty_state
@@ -50,7 +51,7 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
           prev_tokens, packed, logits_indices, smd: SamplingMetadata,
-          prompt_lp_targets, mm=None):
+          prompt_lp_targets, mm=None, lora_pool=None):
     """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
     logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
     logprobs). ``num_logprobs`` (static): None, or the top-K to return.
@@ -58,7 +59,9 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     the device; an input id -1 - r stands for its row r (a token the host
     has not read yet). Returns this step's tokens padded the same way.
     mm: None, or (encoder cache, mm_index [T]) when image placeholders are
-    among the tokens (their embeddings come from the cache)."""
+    among the tokens (their embeddings come from the cache). ``lora_pool``:
+    the LoRA adapter slots, given only when a row uses an adapter (then
+    ``packed`` ends with each token's slot)."""
     # packed: token ids, positions and attention metadata in one int32
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
@@ -68,8 +71,12 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
                           input_ids)
     inputs_embeds = None if mm is None else merge_encoder_outputs(
         model, params, input_ids, *mm)
+    lora = None
+    if lora_pool is not None:
+        lora = (lora_pool, unpack_lora_slots(packed, dims))
     logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
-                                 positions, md, logits_indices, inputs_embeds)
+                                 positions, md, logits_indices, inputs_embeds,
+                                 lora=lora)
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -87,7 +94,7 @@ class ModelRunner:
                  cache_config: CacheConfig, seed: int = 0,
                  attention_backend: str | None = None,
                  tensor_parallel_size: int = 1, max_logprobs: int = 20,
-                 load_format: str = "auto"):
+                 load_format: str = "auto", lora_config=None):
         self.cfg = files.config
         self.dtype = dtype
         self.scheduler_config = scheduler_config
@@ -113,6 +120,9 @@ class ModelRunner:
                                       place=self.placement.place_param)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
+        # LoRA adapter slots, allocated before the KV pool is sized.
+        self.lora = (LoRAInputs(self.model, self.cfg, lora_config, dtype,
+                                self.placement.mesh) if lora_config else None)
         self.constants = model_constants(self.model,
                                          scheduler_config.max_model_len)
         self.encoder = self._encoder_runner()  # None: the model takes text only
@@ -256,26 +266,30 @@ class ModelRunner:
         return input_ids, positions, md, logits_idx, smd
 
     def step_args(self, state, packed, logits_idx, smd, targets,
-                  mm=None) -> tuple:
+                  mm=None, lora_pool=None) -> tuple:
         """The step's dynamic arguments, in order."""
         return (self.params, self.kv_pages, state, self.constants,
-                self.prev_tokens, packed, logits_idx, smd, targets, mm)
+                self.prev_tokens, packed, logits_idx, smd, targets, mm,
+                lora_pool)
 
     @staticmethod
     def program_key(num_lp, dims, dyn_args) -> tuple:
         """What selects one compiled program: the static arguments and the
-        structure and shapes of the per-step inputs (params and pages never
-        change shape)."""
-        per_step = dyn_args[2:3] + dyn_args[5:]
+        structure and shapes of the per-step inputs, the encoder cache's
+        among them (params, pages and the LoRA pool never change shape: only
+        whether the pool is there)."""
+        per_step = dyn_args[2:3] + dyn_args[5:10]
         leaves, tree = jax.tree_util.tree_flatten(per_step)
         return (num_lp, dims, tree,
-                tuple((x.shape, str(x.dtype)) for x in leaves))
+                tuple((x.shape, str(x.dtype)) for x in leaves),
+                dyn_args[10] is not None)
 
     def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
-                 mm=None):
+                 mm=None, lora_pool=None):
         """One step through its program: compiled ahead by warm-up when
         there is one, else jit's own cache (compiling on first use)."""
-        dyn = self.step_args(state, packed, logits_idx, smd, targets, mm)
+        dyn = self.step_args(state, packed, logits_idx, smd, targets, mm,
+                             lora_pool)
         program = self.programs.get(self.program_key(num_lp, dims, dyn))
         if program is not None:
             return program(*dyn)
@@ -323,9 +337,16 @@ class ModelRunner:
             targets = plan.targets
         dims = (len(input_ids), *md.block_tables.shape, md.decode_only)
         t0 = time.perf_counter()
+        # Adapters the rows need go into device slots first (queued before
+        # the step); a step of base-model rows keeps the program without LoRA.
+        lora_slots = (None if self.lora is None else self.lora.token_slots(
+            out.scheduled, self.requests, len(input_ids)))
+        inputs = (num_lp, dims, state,
+                  pack_step(input_ids, positions, md, lora_slots), logits_idx,
+                  smd, targets, mm,
+                  None if lora_slots is None else self.lora.pool.arrays)
         res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
-            num_lp, dims, state, pack_step(input_ids, positions, md),
-            logits_idx, smd, targets, mm)
+            *inputs)
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}
         if state is not None:

@@ -32,15 +32,21 @@ def _layout(dims: tuple[int, int, int]):
     return tuple(spans), at
 
 
-def pack_step(input_ids, positions, md: AttentionMetadata) -> np.ndarray:
-    """[T], [T], metadata of bucket (T, S, P) -> one flat int32 buffer."""
+def pack_step(input_ids, positions, md: AttentionMetadata,
+              lora_slots=None) -> np.ndarray:
+    """[T], [T], metadata of bucket (T, S, P) -> one flat int32 buffer.
+    ``lora_slots`` [T] (each token's LoRA slot), when given, follows the
+    rest (`unpack_lora_slots`)."""
     S, P = md.block_tables.shape
-    spans, total = _layout((len(input_ids), S, P))
-    out = np.zeros(total, np.int32)
+    T = len(input_ids)
+    spans, total = _layout((T, S, P))
+    out = np.zeros(total + (0 if lora_slots is None else T), np.int32)
     fields = (input_ids, positions, md.slot_mapping, md.block_tables.reshape(-1),
               md.kv_lens, md.cu_q_lens, md.num_seqs)
     for (at, size), field in zip(spans, fields):
         out[at:at + size] = field
+    if lora_slots is not None:
+        out[total:] = lora_slots
     return out
 
 
@@ -54,3 +60,10 @@ def unpack_step(packed, dims: tuple[int, int, int, bool]):
     return input_ids, positions, AttentionMetadata(
         slots, tables.reshape(S, P), kv_lens, cu, num_seqs,
         decode_only=decode_only)
+
+
+def unpack_lora_slots(packed, dims: tuple[int, int, int, bool]):
+    """The [T] LoRA slot ids `pack_step` appended."""
+    T, S, P, _ = dims
+    _, total = _layout((T, S, P))
+    return packed[total:total + T]

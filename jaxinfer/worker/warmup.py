@@ -70,7 +70,8 @@ def _dummy_batch(T: int, S: int, P: int):
 
 def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     """Compiles the step for every bucket (`Buckets.all_shapes`) in its
-    greedy, sampled and filtered variants, and the swap programs.
+    greedy, sampled and filtered variants (each also with LoRA adapters
+    when LoRA is on), and the swap programs (and the adapter slot writer).
     Tracing and lowering run one program at a time (they hold the GIL); the
     XLA compiles, most of the time, run in a thread pool, and the
     executables go to ``runner.programs``, where `ModelRunner.run_step`
@@ -82,20 +83,24 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
                 SamplingParams(temperature=1.0, top_p=0.9)]
     sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
+    # With LoRA, each program also in its variant for steps with adapters.
+    lora_pools = [None] if runner.lora is None else [None, runner.lora.pool]
     lowered = {}
     for T, S, P, decode_only in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
-        packed = pack_step(input_ids, positions, md)
         dims = (T, S, P, decode_only)
         # A model that takes images also gets each prefill bucket's variant
         # that reads the encoder cache (steps holding image placeholders).
         mms = [None]
         if runner.encoder is not None and not decode_only:
             mms.append((runner.encoder.cache, np.full(T, -1, np.int32)))
-        for sp, mm in itertools.product(variants, mms):
+        for sp, mm, pool in itertools.product(variants, mms, lora_pools):
+            packed = pack_step(input_ids, positions, md,
+                               None if pool is None else np.zeros(T, np.int32))
             smd = runner.sampling_inputs.build(
                 sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
-            dyn = runner.step_args(None, packed, logits_idx, smd, None, mm)
+            dyn = runner.step_args(None, packed, logits_idx, smd, None, mm,
+                                   None if pool is None else pool.arrays)
             key = runner.program_key(None, dims, dyn)
             if key not in runner.programs and key not in lowered:
                 lowered[key] = runner._step.lower(None, dims, *dyn)
@@ -108,10 +113,14 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap")
     if runner.encoder is not None:  # one program per image batch size
         n_copy += runner.encoder.warm_up(runner.params)
+    if runner.lora is not None:  # the adapter slot writer
+        runner.lora.pool.warm_up()
+        n_copy += 1
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
     logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
-                "sampling variants; lowering %.1fs, %d compile threads) and "
-                "%d swap and encoder programs in %.1fs", len(lowered), len(shapes),
-                len(variants), t_lower, workers, n_copy, seconds)
+                "sampling variants x %d LoRA variants; lowering %.1fs, %d "
+                "compile threads) and %d copy and encoder programs in %.1fs",
+                len(lowered), len(shapes), len(variants), len(lora_pools),
+                t_lower, workers, n_copy, seconds)
     return len(lowered) + n_copy, seconds

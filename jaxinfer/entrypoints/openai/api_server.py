@@ -25,11 +25,14 @@ from .errors import APIError, error_response, install_error_handlers
 from .model_limits import apply_limits, model_limits
 from .protocol import (ChatCompletionRequest, CompletionRequest,
                        DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                       ModelCard, ModelList, TokenizeChatRequest,
-                       TokenizeCompletionRequest, TokenizeResponse)
+                       LoadLoRAAdapterRequest, ModelList, TokenizeChatRequest,
+                       TokenizeCompletionRequest, TokenizeResponse,
+                       UnloadLoRAAdapterRequest)
 from .serving_chat import OpenAIServingChat, load_chat_template
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import engine_lifespan
+from .serving_models import (LoRAModulePath, ServingModels,
+                             runtime_lora_updating_allowed)
 from .server_extras import (install_load_tracking, read_json_body,
                             tokenizer_description)
 
@@ -53,14 +56,18 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
               return_tokens_as_token_ids: bool = False,
               enable_tokenizer_info_endpoint: bool = False,
               enable_server_load_tracking: bool = False,
-              chat_template_content_format: str = "auto") -> FastAPI:
+              chat_template_content_format: str = "auto",
+              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
     """The server over a running (or startable) engine. With ``owns_engine``
-    the app stops the engine loop when it shuts down. The last four are
-    vLLM's flags of the same names."""
+    the app stops the engine loop when it shuts down. The rest are vLLM's
+    flags of the same names (``lora_modules``: adapters read now, served
+    under their names)."""
     names = list(served_model_names or [str(engine.engine.args.model)])
     template = load_chat_template(chat_template)
-    completion = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names, template,
+    models = ServingModels(engine, names)
+    models.load_static(lora_modules or [])
+    completion = OpenAIServingCompletion(engine, names, models)
+    chat = OpenAIServingChat(engine, names, template, models,
                              chat_template_content_format)
     for serving in (completion, chat):
         serving.return_tokens_as_token_ids = return_tokens_as_token_ids
@@ -115,11 +122,22 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
-    async def models() -> ModelList:
-        root = str(engine.engine.args.model)
-        return ModelList(data=[ModelCard(id=n, root=root,
-                                         max_model_len=engine.max_model_len)
-                               for n in names])
+    async def list_models() -> ModelList:
+        return ModelList(data=models.cards(engine.max_model_len))
+
+    if runtime_lora_updating_allowed():
+        logger.warning("LoRA adapters may be loaded and unloaded at run time "
+                       "(/v1/load_lora_adapter): only for trusted clients")
+
+        @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse,
+                  responses=_ERRORS)
+        async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> str:
+            return await models.load(req.lora_name, req.lora_path)
+
+        @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse,
+                  responses=_ERRORS)
+        async def unload_lora_adapter(req: UnloadLoRAAdapterRequest) -> str:
+            return await models.unload(req.lora_name, req.lora_int_id)
 
     @app.post("/v1/completions", responses=_GENERATION_RESPONSES)
     async def create_completion(req: CompletionRequest, raw_request: Request):

@@ -45,6 +45,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="how message content reaches the template: a string "
                    "(images as placeholders before the text) or OpenAI's list "
                    "of parts; auto: the list if the template loops over it")
+    p.add_argument("--lora-modules", nargs="+", default=None,
+                   metavar="NAME=PATH",
+                   help="LoRA adapters served under their names (needs "
+                   "--enable-lora): name=path, or a JSON object with name, "
+                   "path and base_model_name")
     from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING
     from ..http_guards import DEFAULT_MAX_BODY_BYTES
     from ..server_runner import DEFAULT_GRACE_PERIOD_S
@@ -102,12 +107,17 @@ def serve_engine_args(ns: argparse.Namespace):
     check_vllm_flags(ns)
     if ns.model_tag is not None:
         ns.model = ns.model_tag
-    return engine_args_from(ns)
+    args = engine_args_from(ns)
+    if getattr(ns, "lora_modules", None) and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+    return args
 
 
 def run_serve(ns: argparse.Namespace) -> int:
     from .api_server import serve
+    from .serving_models import parse_lora_modules
     args = serve_engine_args(ns)
+    lora_modules = parse_lora_modules(ns.lora_modules)
     if ns.max_num_waiting is not None and ns.max_num_waiting < 0:
         raise ValueError(f"--max-num-waiting must be >= 0, got {ns.max_num_waiting}")
     if ns.max_request_body_bytes < 1:
@@ -121,7 +131,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                  chat_template=ns.chat_template, max_num_waiting=ns.max_num_waiting,
                  max_body_bytes=ns.max_request_body_bytes,
                  grace_period=ns.shutdown_grace_period,
-                 log_level=ns.uvicorn_log_level,
+                 log_level=ns.uvicorn_log_level, lora_modules=lora_modules,
                  chat_template_content_format=ns.chat_template_content_format,
                  **{f[2:].replace("-", "_"): getattr(ns, f[2:].replace("-", "_"))
                     for f in _APP_SWITCHES})

@@ -361,6 +361,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "jaxinfer"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 
@@ -404,3 +405,17 @@ class DetokenizeRequest(RequestModel):
 
 class DetokenizeResponse(OpenAIBaseModel):
     prompt: str
+
+
+class LoadLoRAAdapterRequest(StrictModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's body)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    lora_name: str | None = None
+    lora_path: str | None = None
+
+
+class UnloadLoRAAdapterRequest(StrictModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM's body)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    lora_name: str | None = None
+    lora_int_id: int | None = None

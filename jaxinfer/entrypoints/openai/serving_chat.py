@@ -63,8 +63,8 @@ def _echoed(req: ChatCompletionRequest) -> str:
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine, served_model_names, chat_template: str | None = None,
-                 content_format: str = "auto"):
-        super().__init__(engine, served_model_names)
+                 models=None, content_format: str = "auto"):
+        super().__init__(engine, served_model_names, models)
         self.chat_template = chat_template
         # vLLM's --chat-template-content-format; auto: read from the template.
         self.content_format = (detect_content_format(
@@ -122,7 +122,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, req: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
-        model = self.check_model(req.model)
+        model, lora = self.resolve_model(req.model)
         if req.chat_template is not None:
             raise APIError("a per-request chat_template is not accepted; start "
                            "the server with --chat-template", param="chat_template")
@@ -167,14 +167,15 @@ class OpenAIServingChat(OpenAIServing):
             gens = None
             beams = await beam_choices(self.engine, engine_id, [(text, ids)],
                                        [params], req.n, req.length_penalty,
-                                       req.temperature or 0.0, raw_request)
+                                       req.temperature or 0.0, raw_request,
+                                       lora_request=lora)
             if beams is None:
                 return Response(status_code=499)
             choices = {j: ch for (_, j), ch in beams.items()}
         else:
             gens = await add_all(self.engine, engine_id, [(text, ids)], [params],
                                  priority=req.priority,
-                                 multi_modal_data=[mm_data])
+                                 multi_modal_data=[mm_data], lora_request=lora)
             choices = {j: Choice() for j in range(req.n)}
 
         usage = usage_counter(choices, len(ids))

@@ -77,7 +77,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, req: CompletionRequest,
                                 raw_request: Request) -> Response:
-        model = self.check_model(req.model)
+        model, lora = self.resolve_model(req.model)
         if req.stream and req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs does not stream: set stream to "
                            "false", param="echo")
@@ -91,12 +91,13 @@ class OpenAIServingCompletion(OpenAIServing):
             gens = None
             choices = await beam_choices(self.engine, engine_id, prompts,
                                          params, req.n, req.length_penalty,
-                                         req.temperature or 0.0, raw_request)
+                                         req.temperature or 0.0, raw_request,
+                                         lora_request=lora)
             if choices is None:
                 return Response(status_code=499)
         else:
             gens = await add_all(self.engine, engine_id, prompts, params,
-                                 priority=req.priority)
+                                 priority=req.priority, lora_request=lora)
             choices = {(i, j): Choice() for i in range(len(prompts))
                        for j in range(req.n)}
         prompt_texts = await self.engine.run_blocking(

@@ -17,8 +17,10 @@ from ...engine.input_processor import check_context_length, check_token_ids
 from ...errors import InvalidRequestError
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
-from .errors import APIError, ModelNotFoundError
+from ...lora.request import LoRARequest
+from .errors import APIError
 from .protocol import SamplingFields, UsageInfo
+from .serving_models import ServingModels
 
 # Logprobs are JSON numbers; -inf (a masked token) is sent as vLLM sends it.
 MIN_LOGPROB = -9999.0
@@ -66,9 +68,12 @@ def ranked(entries: dict, k: int) -> list[tuple[int, Any]]:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]):
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str],
+                 models: ServingModels | None = None):
         self.engine = engine
         self.served_model_names = served_model_names
+        # The names requests may give: base model and LoRA adapters.
+        self.models = models or ServingModels(engine, served_model_names)
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         sched = engine.engine.scheduler_config
@@ -79,9 +84,14 @@ class OpenAIServing:
     return_tokens_as_token_ids = False
 
     def check_model(self, name: str | None) -> str:
-        if not name or name in self.served_model_names:  # "" as vLLM: the default
-            return self.served_model_names[0]
-        raise ModelNotFoundError(name, self.served_model_names)
+        return self.resolve_model(name)[0]
+
+    def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
+        """(the model name to report, the LoRA adapter it names or None);
+        404 for a name the server does not serve ("" as vLLM: the default)."""
+        if not name:
+            return self.served_model_names[0], None
+        return self.models.resolve(name)
 
     def token_text(self, token_id: int, entry=None, as_id: bool = False) -> str:
         """A token as logprobs show it: its text, or ``token_id:{id}`` with
@@ -175,8 +185,9 @@ class OpenAIServing:
 
 async def add_all(engine: AsyncLLMEngine, request_id: str,
                   prompts: list[tuple[str | None, list[int]]],
-                  params: list[SamplingParams],
-                  priority: int = 0, multi_modal_data: list | None = None
+                  params: list[SamplingParams], priority: int = 0,
+                  multi_modal_data: list | None = None,
+                  lora_request: LoRARequest | None = None
                   ) -> list[AsyncIterator[RequestOutput]]:
     """Adds one engine request per prompt (ids ``{request_id}-{i}``); if one
     is refused, the ones already added are aborted and the error raised.
@@ -188,7 +199,8 @@ async def add_all(engine: AsyncLLMEngine, request_id: str,
             if multi_modal_data and multi_modal_data[i] is not None:
                 prompt["multi_modal_data"] = multi_modal_data[i]
             streams.append(await engine.add_request(
-                f"{request_id}-{i}", prompt, sp, priority=priority))
+                f"{request_id}-{i}", prompt, sp, lora_request=lora_request,
+                priority=priority))
     except BaseException:
         for s in streams:
             engine.abort(s.request_id)
@@ -304,7 +316,8 @@ async def beam_choices(engine: AsyncLLMEngine, request_id: str,
                        prompts: list[tuple[str | None, list[int]]],
                        params: list[SamplingParams], n: int,
                        length_penalty: float, temperature: float,
-                       raw_request: Request) -> dict | None:
+                       raw_request: Request,
+                       lora_request: LoRARequest | None = None) -> dict | None:
     """``use_beam_search``: per prompt i a beam search of width best_of (else
     n); its n best beams become ``choices[(i, j)]``. None if the client hung
     up first (the beams' requests are then aborted)."""
@@ -316,7 +329,8 @@ async def beam_choices(engine: AsyncLLMEngine, request_id: str,
         result = await beam_search_async(engine, ids, BeamSearchParams(
             beam_width=sp.best_of or sp.n, max_tokens=sp.max_tokens,
             ignore_eos=sp.ignore_eos, temperature=temperature,
-            length_penalty=length_penalty), f"{request_id}-{i}")
+            length_penalty=length_penalty), f"{request_id}-{i}",
+            lora_request=lora_request)
         for j, beam in enumerate(result.sequences[:n]):
             gen = beam.tokens[len(ids):]
             choices[(i, j)] = Choice(

@@ -67,7 +67,7 @@ def test_swap_space_sizes_a_pool_only_under_swap():
 
 
 @pytest.mark.parametrize("argv, feature", [
-    (["--enable-lora"], "LoRA"),
+    (["--enable-lora-bias"], "LoRA adapters with bias terms"),
     (["--tool-call-parser", "hermes"], "tool calling"),
     (["--enable-auto-tool-choice"], "tool calling"),
     (["--kv-cache-dtype", "fp8"], "fp8 KV cache"),
@@ -109,8 +109,8 @@ def test_ignored_flags_are_accepted_with_a_logged_reason(flag, caplog):
 
 
 def test_cli_exits_2_naming_the_feature(capsys):
-    assert main(["serve", "m", "--enable-lora"]) == 2
-    assert "LoRA adapters" in capsys.readouterr().err
+    assert main(["serve", "m", "--enable-lora-bias"]) == 2
+    assert "LoRA adapters with bias terms" in capsys.readouterr().err
 
 
 def test_api_server_module_takes_serve_flags(capsys):
@@ -129,8 +129,8 @@ def test_host_default_and_its_help_say_localhost_only():
 def test_llm_kwargs_of_vllm_are_refused_or_ignored(caplog):
     from jaxinfer import LLM
     from jaxinfer.compat.surface import split_engine_kwargs
-    with pytest.raises(UnsupportedFeatureError, match="LoRA"):
-        LLM("m", enable_lora=True)  # refused before anything loads
+    with pytest.raises(UnsupportedFeatureError, match="LoRA adapters with bias"):
+        LLM("m", enable_lora_bias=True)  # refused before anything loads
     with pytest.raises(TypeError, match="no_such_arg"):
         LLM("m", no_such_arg=1)
     known = {f.name for f in dataclasses.fields(EngineArgs)}

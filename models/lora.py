@@ -1,0 +1,170 @@
+"""LoRA in the model: which linear layers take an adapter, and the batched
+adapter product a `Linear` adds to its output.
+
+The engine keeps a device pool of ``num_slots`` adapters per target layer
+and hands it to ``run_model`` beside the params; this module turns it into
+the ``lora`` variable collection (``lora_collection``), one entry per target
+`Linear` at the Linear's own scope path, each holding its pool pair and the
+step's per-token slot ids. A `Linear` whose scope has that entry adds the
+delta of every token's adapter (``lora_delta``) to whatever its weight
+method computed, so LoRA composes with any `LinearMethod` (quantized or
+not) and no layer or model family names it.
+
+Pool layout per target layer, ``in_shape + out_shape`` being its kernel's:
+
+    lora_a: in_shape + (num_slots, rank)     x @ A for every slot at once
+    lora_b: (num_slots, rank) + out_shape    scaling already folded in
+
+Slot ids count from 1: a token with slot 0 runs the base model alone. The
+rank axis is padded with zeros to the pool's rank, which adds nothing.
+
+Logical axes: A keeps the kernel's input axes and B its output axes, so
+under tensor parallelism A of a column-parallel layer is replicated and B
+split like the kernel's output (its delta lands already split), while a
+row-parallel layer splits A on its input and its partial shrinks are summed
+with the base product's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+COLLECTION = "lora"
+LORA_A = "lora_a"
+LORA_B = "lora_b"
+TOKEN_SLOTS = "token_slots"  # [T] int32 per token, 0 = no adapter
+SLOT_AXES = ("lora_slots", "lora_rank")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRATarget:
+    """A linear layer an adapter may change."""
+    hf_module: str  # the module's name in HF checkpoints (and PEFT adapters)
+    path: tuple[str, ...]  # the Linear's scope path in our params
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    in_axes: tuple[str, ...]  # logical axis names of in_shape
+    out_axes: tuple[str, ...]
+
+    @property
+    def short_name(self) -> str:  # what PEFT's target_modules name (q_proj)
+        return self.hf_module.rsplit(".", 1)[-1]
+
+    @property
+    def in_features(self) -> int:
+        return math.prod(self.in_shape)
+
+    @property
+    def out_features(self) -> int:
+        return math.prod(self.out_shape)
+
+    def a_shape(self, num_slots: int, rank: int) -> tuple[int, ...]:
+        return self.in_shape + (num_slots, rank)
+
+    def b_shape(self, num_slots: int, rank: int) -> tuple[int, ...]:
+        return (num_slots, rank) + self.out_shape
+
+    @property
+    def a_axes(self) -> tuple[str, ...]:
+        return self.in_axes + SLOT_AXES
+
+    @property
+    def b_axes(self) -> tuple[str, ...]:
+        return SLOT_AXES + self.out_axes
+
+
+def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
+    """Every `Linear` of ``model`` that has a checkpoint weight, by its HF
+    module name (``model.layers.0.self_attn.q_proj``), in forward order.
+
+    The Linears are found by tracing an abstract init with flax's method
+    interception (nothing is allocated), and named through the family's
+    own weight list (``spec.weights``: the param path of each HF tensor),
+    so a family gets LoRA without listing anything for it."""
+    from .abstract import abstract_variables
+    from .layers import Linear
+    found: dict[tuple[str, ...], Linear] = {}
+
+    def record(next_fun, args, kwargs, context):
+        if isinstance(context.module, Linear) and context.method_name == "__call__":
+            found.setdefault(tuple(context.module.path), context.module)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        abstract_variables(model, cfg)
+    by_path: dict[tuple[str, ...], str] = {}
+    for w in spec.weights(cfg):
+        module = w.path[:-1]
+        if w.hf_name.endswith(".weight") and module in found:
+            by_path.setdefault(module, w.hf_name[:-len(".weight")])
+    targets = {}
+    for path, linear in found.items():
+        if path not in by_path:
+            continue
+        n_in = len(linear.in_shape)
+        targets[by_path[path]] = LoRATarget(
+            hf_module=by_path[path], path=path, in_shape=tuple(linear.in_shape),
+            out_shape=tuple(linear.out_shape),
+            in_axes=tuple(linear.axes[:n_in]), out_axes=tuple(linear.axes[n_in:]))
+    return targets
+
+
+def lora_collection(pool: dict, token_slots: jax.Array) -> dict:
+    """The ``lora`` variables of one step: the pool tree (nested by scope
+    path, ``{LORA_A, LORA_B}`` at each target) with the step's per-token
+    slot ids added beside every pair."""
+    if LORA_A in pool:
+        return {**pool, TOKEN_SLOTS: token_slots}
+    return {k: lora_collection(v, token_slots) for k, v in pool.items()}
+
+
+def has_lora(module: nn.Module) -> bool:
+    return module.has_variable(COLLECTION, LORA_A)
+
+
+def lora_delta(module: nn.Module, x: jax.Array) -> jax.Array:
+    """x [T, *in_shape] -> [T, *out_shape]: each token's adapter product
+    ``x A_s B_s`` for its slot s (zero for slot 0)."""
+    a: jax.Array = module.get_variable(COLLECTION, LORA_A)
+    b: jax.Array = module.get_variable(COLLECTION, LORA_B)
+    slots: jax.Array = module.get_variable(COLLECTION, TOKEN_SLOTS)
+    return lora_product(x, a, b, slots)
+
+
+def lora_product(x, a, b, slots, method: str | None = None):
+    """The batched adapter product for all tokens at once.
+
+    ``dense``: every token through every slot's A (one matmul against the
+    whole pool, [T, num_slots * rank]), the slots a token does not use
+    masked to zero, then one matmul against every slot's B. It reads each
+    slot's weights once, whatever the token count, which is what a decode
+    step (memory-bound) wants.
+    ``gather``: each token's own A and B gathered, then per-token products;
+    it reads T copies of an adapter, less than the pool only when there
+    are fewer tokens than slots.
+    None picks the one that reads fewer bytes for these (static) shapes."""
+    num_slots = b.shape[0]
+    if method is None:
+        method = "gather" if x.shape[0] < num_slots else "dense"
+    n_in = a.ndim - 2
+    in_axes = tuple(range(1, 1 + n_in))
+    if method == "dense":
+        xa = jax.lax.dot_general(x, a, ((in_axes, tuple(range(n_in))), ((), ())))
+        mask = slots[:, None] == jnp.arange(1, num_slots + 1, dtype=slots.dtype)
+        xa = xa * mask[:, :, None].astype(xa.dtype)  # [T, num_slots, rank]
+        return jax.lax.dot_general(xa, b, (((1, 2), (0, 1)), ((), ())))
+    if method != "gather":
+        raise ValueError(f"lora_product method must be 'dense' or 'gather', "
+                         f"got {method!r}")
+    index = jnp.maximum(slots - 1, 0)
+    a_rows = jnp.take(a, index, axis=n_in)  # in_shape + (T, rank)
+    xa = jax.lax.dot_general(x, a_rows, ((in_axes, tuple(range(n_in))),
+                                         ((0,), (n_in,))))  # [T, rank]
+    xa = xa * (slots > 0)[:, None].astype(xa.dtype)
+    b_rows = jnp.take(b, index, axis=0)  # [T, rank, *out_shape]
+    return jax.lax.dot_general(xa, b_rows, (((1,), (1,)), ((0,), (0,))))
