@@ -14,7 +14,7 @@ from .attention import AttentionMetadata
 from .config import ModelConfig
 
 
-def abstract_variables(model, cfg: ModelConfig):
+def abstract_variables(model, cfg: ModelConfig, every_layer: bool = False):
     """``jax.eval_shape(model.init, ...)`` on a one-token dummy batch: every
     param as a ShapeDtypeStruct, wrapped in ``nn.LogicallyPartitioned`` with
     its logical axis names. (The ``constants`` collection it also holds is
@@ -23,9 +23,10 @@ def abstract_variables(model, cfg: ModelConfig):
     A model whose layers are all alike (``uniform_layers``, their params
     under ``layers_0`` ... ``layers_{L-1}``) is initialized with one layer
     and that layer's params repeated: the same tree, without tracing L
-    layers' initialization at every engine start."""
+    layers' initialization at every engine start. ``every_layer`` traces
+    all of them anyway (for a caller that intercepts each module's call)."""
     L = cfg.num_layers
-    if getattr(type(model), "uniform_layers", False) and L > 1:
+    if getattr(type(model), "uniform_layers", False) and L > 1 and not every_layer:
         one = _abstract_init(model.clone(cfg=dataclasses.replace(cfg, num_layers=1)),
                              dataclasses.replace(cfg, num_layers=1))
         params = dict(one["params"])

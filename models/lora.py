@@ -96,7 +96,7 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(record):
-        abstract_variables(model, cfg)
+        abstract_variables(model, cfg, every_layer=True)
     by_path: dict[tuple[str, ...], str] = {}
     for w in spec.weights(cfg):
         module = w.path[:-1]

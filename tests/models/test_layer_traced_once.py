@@ -103,11 +103,12 @@ def test_abstract_params_of_one_layer_repeated_equal_the_full_init():
                         attention_bias=True)
     fast = abstract_variables(model, cfg)["params"]
     full = _abstract_init(model, cfg)["params"]
+    every = abstract_variables(model, cfg, every_layer=True)["params"]
 
     def describe(tree):
         leaves = jax.tree_util.tree_flatten_with_path(
             tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
         return [(jax.tree_util.keystr(p), x.value.shape, x.value.dtype, x.names)
                 for p, x in leaves]
-    assert describe(fast) == describe(full)
+    assert describe(fast) == describe(full) == describe(every)
     assert len(describe(full)) > 4 * 9  # every layer's tensors are there
