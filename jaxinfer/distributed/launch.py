@@ -46,14 +46,24 @@ def initialize(parallel: ParallelConfig) -> None:
                 jax.local_device_count(), jax.device_count())
 
 
+# Whether this process compared its configuration with the others already
+# (one multi-process engine per process, as jax.distributed is per process).
+_checked = False
+
+
 def bring_up(args) -> ParallelConfig:
     """Initializes jax.distributed when the args ask for several processes
-    and checks that every process was given the same configuration."""
+    and checks that every process was given the same configuration (once:
+    the check is a collective every process joins the same number of
+    times)."""
+    global _checked
     parallel = args.parallel_config()
     if parallel.multi_process:
         initialize(parallel)
-        from .agreement import check_same_config
-        check_same_config(args)
+        if not _checked:
+            from .agreement import check_same_config
+            check_same_config(args)
+            _checked = True
     return parallel
 
 
