@@ -14,7 +14,9 @@ B, H]``). Embedding and lm_head are vocab-parallel over both axes
 Loading. Each layer's params are first placed on their stage's devices
 alone (``stage_mesh``), by whichever loader runs, then ``stack_slots``
 assembles the slot arrays from those very device buffers
-(``make_array_from_single_device_arrays``), one param at a time.
+(``make_array_from_single_device_arrays``), one param at a time. Over
+several processes, a process never reads the layers of stages it does not
+hold (they come as stand-ins, ``Placement.elsewhere``).
 
 Schedule. ``PipelinedModel.apply`` runs the stages under ``shard_map``,
 manual over "stage" only (tensor parallelism inside a stage stays with
@@ -116,13 +118,16 @@ def stack_slots(params: dict, mesh: Mesh) -> dict:
 
 
 def _stack(mesh: Mesh, leaves) -> jax.Array:
-    first = leaves[0]
-    sharding = slot_sharding(mesh, first.sharding)
-    pieces = [jnp.expand_dims(shard.data, 0) for leaf in leaves
+    # A stage on another process's devices comes as a stand-in (a
+    # ShapeDtypeStruct: its tensor was never read here); this process's
+    # own stage gives the shape and dtype.
+    held = [leaf for leaf in leaves if isinstance(leaf, jax.Array)]
+    sharding = slot_sharding(mesh, leaves[0].sharding)
+    pieces = [jnp.expand_dims(shard.data, 0) for leaf in held
               for shard in leaf.addressable_shards]
     out = jax.make_array_from_single_device_arrays(
-        (len(leaves), *first.shape), sharding, pieces)
-    for leaf in leaves:
+        (len(leaves), *held[0].shape), sharding, pieces)
+    for leaf in held:
         leaf.delete()
     return out
 

@@ -105,7 +105,8 @@ class ModelRunner:
                                          dtype, self.placement.param_shardings)
         else:
             self.params = load_params(files, dtype,
-                                      place=self.placement.place_param)
+                                      place=self.placement.place_param,
+                                      elsewhere=self.placement.elsewhere)
         self.params = self.placement.finish_params(self.params)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)

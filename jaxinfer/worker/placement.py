@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.pallas_kernels import kv_pages_shape
@@ -41,6 +42,7 @@ class Placement:
             raise InvalidConfigError(str(e)) from None
         self.pipeline_stages = pp
         abstract = abstract_variables(model, cfg)["params"]
+        self._abstract = nn.unbox(abstract)
         if pp > 1:
             if not hasattr(model, "decoder_layer"):
                 raise InvalidConfigError(
@@ -71,6 +73,20 @@ class Placement:
             node = node[key]
         host = np.asarray(array).astype(jnp.dtype(dtype), copy=False)
         return jax.device_put(host, node)
+
+    def elsewhere(self, path):
+        """A stand-in for a param held by no device of this process (a
+        pipeline stage on another host), so its tensor is never read;
+        None for a param this process holds."""
+        node = self.param_shardings
+        for key in path:
+            node = node[key]
+        if node.addressable_devices:
+            return None
+        shape = self._abstract
+        for key in path:
+            shape = shape[key]
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=node)
 
     def finish_params(self, params):
         """Loaded params -> the layout the step takes (slot arrays under
