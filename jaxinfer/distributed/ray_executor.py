@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 DEVICES_PER_WORKER_ENV = "JAXINFER_RAY_DEVICES_PER_WORKER"
 # How long the cluster may take to find room for the workers.
 PLACEMENT_TIMEOUT_S = 120.0
+# After a failed step: how long to wait for Ray to report a worker's death
+# (the likely cause) before reporting the step's own error.
+DEATH_NOTICE_S = 10.0
 # Environment variables the workers inherit from the driver.
 _PASSED_ENV = ("PYTHONPATH", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR",
                "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -235,6 +238,11 @@ class RayEngine:
                     self.worker_pids)
         del ray
 
+    def describe(self) -> str:
+        return (f"ray engine: {self.num_workers} worker processes, pids "
+                f"{', '.join(map(str, self.worker_pids))} (worker 0 "
+                "schedules; the others follow its steps)")
+
     # -- supervision -----------------------------------------------------------
 
     def _get(self, ref) -> Any:
@@ -250,6 +258,17 @@ class RayEngine:
             return ray.get(ref)
         except ray.exceptions.RayActorError as e:
             raise self._died(None, e) from None
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ValueError):  # a bad request: answered as such
+                raise cause from None
+            # A collective that failed because a peer died (gloo notices at
+            # once) is reported as that worker's death, its root cause.
+            ended, _ = ray.wait(list(self._lifetimes), num_returns=1,
+                                timeout=DEATH_NOTICE_S)
+            if ended:
+                raise self._died(ended[0]) from e
+            raise
 
     def _died(self, lifetime_ref, error: BaseException | None = None
               ) -> BaseException:

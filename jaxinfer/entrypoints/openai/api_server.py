@@ -217,6 +217,9 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
         engine = AsyncLLMEngine.from_engine_args(
             engine_args, max_num_waiting=max_num_waiting,
             metrics=EngineMetrics(names[0]))
+    describe = getattr(engine.engine, "describe", None)
+    if describe is not None:  # where a multi-process engine's workers run
+        print(describe(), flush=True)
     if engine_args.warmup:  # compiled before the port opens
         print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
               f"{engine.engine.warmup_seconds:.1f} s", flush=True)
