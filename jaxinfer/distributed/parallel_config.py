@@ -75,8 +75,9 @@ class ParallelConfig:
                 raise InvalidConfigError(
                     f"distributed_coordinator must be HOST:PORT (process 0's "
                     f"address), got {self.coordinator!r}")
-        if self.data_parallel_size > 1 and (self.multi_process
-                                            or self.backend == "ray"):
+        several = ((self.num_processes or 1) > 1
+                   or self.backend in ("external_launcher", "ray"))
+        if self.data_parallel_size > 1 and several:
             raise InvalidConfigError(
                 f"data_parallel_size={self.data_parallel_size} with several "
                 "processes: replicas run in one process over its devices; "
@@ -85,11 +86,11 @@ class ParallelConfig:
 
     @property
     def multi_process(self) -> bool:
-        """Whether this engine is one JAX program over several processes
-        started by the user (Ray's are counted by the Ray executor)."""
-        if self.backend == "external_launcher":
-            return True
-        return self.num_processes is not None and self.num_processes > 1
+        """Whether this process joins a JAX program over processes started
+        by the user (``jax.distributed``; Ray's workers are the Ray
+        executor's business)."""
+        return (self.backend == "external_launcher"
+                or self.num_processes is not None)
 
     @property
     def replica_size(self) -> int:
