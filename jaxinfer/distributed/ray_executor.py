@@ -25,12 +25,12 @@ import dataclasses
 import itertools
 import logging
 import os
-import socket
 import threading
 from typing import Any, Callable
 
 from ..errors import InvalidConfigError
 from ..sampling_params import SamplingParams
+from .ray_worker import EngineWorker
 
 logger = logging.getLogger(__name__)
 
@@ -59,80 +59,6 @@ def _import_ray():
             "distributed_executor_backend='ray' needs Ray: pip install "
             "'jaxinfer[ray]'") from e
     return ray
-
-
-class EngineWorker:
-    """One process of the engine (a Ray actor; `RayEngine` makes the class
-    remote). Worker 0 runs the engine; the others follow its steps."""
-
-    def __init__(self):
-        self.engine = None
-        self._done = threading.Event()
-
-    def coordinator_address(self) -> str:
-        """This node's address and a free port for the JAX coordinator."""
-        import ray
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
-
-    def start(self, args, coordinator: str, num_processes: int,
-              process_id: int) -> dict:
-        from ..engine.llm_engine import LLMEngine
-        from .launch import bring_up
-        args = dataclasses.replace(
-            args, distributed_executor_backend=None, worker_use_ray=False,
-            distributed_coordinator=coordinator if num_processes > 1 else None,
-            num_processes=num_processes if num_processes > 1 else None,
-            process_id=process_id if num_processes > 1 else None)
-        bring_up(args)
-        self.engine = LLMEngine(args)
-        e = self.engine
-        return {"scheduler_config": e.scheduler_config,
-                "cache_config": e.cache_config,
-                "num_blocks": e.runner.num_blocks,
-                "kv_cache_dtype": str(e.runner.kv_pages[0][0].dtype),
-                "max_logprobs": e.max_logprobs,
-                "eos_token_ids": e.eos_token_ids,
-                "warmup": (e.warmup_programs, e.warmup_seconds),
-                "pid": os.getpid()}
-
-    def follow(self) -> int:
-        try:
-            return self.engine.runner.follow()
-        finally:
-            self._done.set()
-
-    def add_request(self, request_id, prompt, arrival_time, priority) -> str:
-        return self.engine.add_request(request_id, prompt,
-                                       arrival_time=arrival_time,
-                                       priority=priority)
-
-    def abort_request(self, request_ids) -> None:
-        self.engine.abort_request(request_ids)
-
-    def step(self):
-        outputs = self.engine.step()
-        return (outputs, self.engine.has_unfinished_requests(),
-                self.engine.get_stats())
-
-    def reset_prefix_cache(self) -> None:
-        self.engine.reset_prefix_cache()
-
-    def stats(self):
-        return self.engine.get_stats()
-
-    def shutdown(self) -> None:
-        stop = getattr(self.engine.runner, "shutdown", None)
-        if stop is not None:
-            stop()
-        self._done.set()
-
-    def lifetime(self) -> None:
-        """Returns when the worker is done; fails when its process dies
-        (in a concurrency group of its own, beside the engine calls)."""
-        self._done.wait()
 
 
 class RayEngine:
@@ -212,7 +138,6 @@ class RayEngine:
             for i in range(self.num_workers)]
 
     def _start(self, args) -> None:
-        ray = self._ray
         self._lifetimes = {w.lifetime.options(concurrency_group="lifetime")
                            .remote(): i for i, w in enumerate(self.workers)}
         coordinator = self._get(self.workers[0].coordinator_address.remote())
@@ -236,7 +161,6 @@ class RayEngine:
         self.runner = _RemoteRunner(info["num_blocks"], info["kv_cache_dtype"])
         logger.info("ray engine: %d workers up (pids %s)", self.num_workers,
                     self.worker_pids)
-        del ray
 
     def describe(self) -> str:
         return (f"ray engine: {self.num_workers} worker processes, pids "
