@@ -15,12 +15,12 @@ from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
 from ..distributed.parallel_config import check_fits
+from ..distributed.step_broadcast import runner_class
 from ..errors import InvalidConfigError, InvalidRequestError
 from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
 from ..tokenizer import load_tokenizer
-from ..distributed.step_broadcast import runner_class
 from ..worker.warmup import enable_compilation_cache, warm_up
 from .input_processor import InputProcessor, ProcessedInput
 from .output_processor import OutputProcessor
@@ -70,14 +70,14 @@ class LLMEngine:
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
-        self.runner = runner_class()(self.files, self.dtype, self.scheduler_config,
-                                  self.cache_config, seed=args.seed,
-                                  attention_backend=args.attention_backend,
-                                  tensor_parallel_size=args.tensor_parallel_size,
-                                  max_logprobs=self.max_logprobs,
-                                  load_format=args.load_format,
-                                  pipeline_parallel_size=args.pipeline_parallel_size,
-                                  devices=devices)
+        # A DistributedRunner when the program spans several processes.
+        self.runner = runner_class()(
+            self.files, self.dtype, self.scheduler_config, self.cache_config,
+            seed=args.seed, attention_backend=args.attention_backend,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_logprobs=self.max_logprobs, load_format=args.load_format,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            devices=devices)
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
         if capacity < self.max_model_len:
             raise InvalidConfigError(
