@@ -166,6 +166,34 @@ class EngineArgs:
         "else recompute)", choices=("recompute", "swap"))
     tensor_parallel_size: int = _arg(1, "devices the model is split over",
                                      aliases=("-tp",))
+    # Past one device group (jaxinfer/distributed/parallel_config.py).
+    pipeline_parallel_size: int = _arg(
+        1, "stages the layers are split into (consecutive layers per stage, "
+        "each stage over --tensor-parallel-size devices)", aliases=("-pp",))
+    data_parallel_size: int = _arg(
+        1, "engine replicas on disjoint devices behind one front, which "
+        "sends each request to the replica holding its prefix, else the "
+        "least loaded", aliases=("-dp",))
+    distributed_executor_backend: str | None = _arg(
+        None, "how the processes start: uni/mp (default): one process "
+        "drives this host's devices, several hosts launched by you with "
+        "--distributed-coordinator, --num-processes, --process-id; "
+        "external_launcher: the same with JAX's cluster auto-detection "
+        "(SLURM, Open MPI, Kubernetes); ray: Ray places one worker process "
+        "per host or GPU", choices=("uni", "mp", "ray", "external_launcher"))
+    worker_use_ray: bool = _arg(
+        False, "the same as --distributed-executor-backend ray (vLLM's "
+        "older flag)")
+    distributed_coordinator: str | None = _arg(
+        None, "process 0's address for jax.distributed (several processes "
+        "form one engine; process 0 schedules and serves)",
+        metavar="HOST:PORT")
+    num_processes: int | None = _arg(
+        None, "processes of one multi-process engine (with "
+        "--distributed-coordinator and --process-id)")
+    process_id: int | None = _arg(
+        None, "this process's index, 0 .. num_processes - 1; processes "
+        "other than 0 run process 0's steps and serve no HTTP")
     max_logprobs: int = _arg(20, "the most logprobs a request may ask for "
                              "(-1: the whole vocabulary)")
     # None: Pallas kernels on GPU (Triton lowering, models/attention.py says
@@ -241,6 +269,12 @@ class EngineArgs:
                "allowed_local_media_path", "an existing folder (or empty)",
                self.allowed_local_media_path)
         self.lora_config()  # validates the LoRA fields
+        self.parallel_config()  # typed errors for the parallel flags
+
+    def parallel_config(self):
+        """The validated ParallelConfig (raises InvalidConfigError)."""
+        from .distributed.parallel_config import parallel_config_from
+        return parallel_config_from(self)
 
     def resolved_preemption(self) -> tuple[str, float]:
         """(preemption_mode, swap GiB): giving swap_space alone turns swap

@@ -136,6 +136,12 @@ def _per_shard(fn, mesh):
     specs = dict(mesh=mesh, in_specs=(heads, pages, pages, rep, rep, rep, rep),
                  out_specs=heads)
     if hasattr(jax, "shard_map"):  # jax >= 0.7
+        context = jax.sharding.get_abstract_mesh()
+        if not context.empty and context.manual_axes:
+            # Inside another shard_map (pipeline stages, manual over
+            # "stage"): nest on the context's mesh, manual over "model" too.
+            return jax.shard_map(fn, check_vma=False, axis_names={"model"},
+                                 **{**specs, "mesh": context})
         return jax.shard_map(fn, check_vma=False, **specs)
     from jax.experimental.shard_map import shard_map  # pragma: no cover
     return shard_map(fn, check_rep=False, **specs)

@@ -159,6 +159,34 @@ class LlamaForCausalLM(nn.Module):
             logits = x @ lm_head
         return logits.astype(jnp.float32), new_pages
 
+    # -- pipeline stages --------------------------------------------------
+    # Pipeline parallelism (jaxinfer.sharding.pipeline) runs __call__ as its
+    # three parts on different devices: the layer inputs, every decoder
+    # layer (one module, applied with params["layers_{i}"]), the head.
+
+    def layer_inputs(self, input_ids, positions, inputs_embeds=None):
+        """-> (x [T, D], the per-layer inputs every layer gets: cos_sin)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        table = self.get_variable("constants", ROPE_TABLE)
+        return x, jnp.take(table, positions, axis=0)
+
+    @nn.nowrap
+    def decoder_layer(self) -> nn.Module:
+        """Any layer of __call__, unbound: (x, cos_sin, kv, md) -> (x, kv)."""
+        return DecoderLayer(self.cfg, self.backend, self.dtype, self.mlp_cls,
+                            self.mesh)
+
+    def head(self, x, logits_indices):
+        """Final norm and lm_head at ``logits_indices`` -> [S, V] float32."""
+        c = self.cfg
+        x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, parent=None).apply(
+            {"params": self.get_variable("params", "norm")}, x)
+        x = jnp.take(x, logits_indices, axis=0)
+        weight = (self.get_variable("params", "embedding").T
+                  if c.tie_word_embeddings
+                  else self.get_variable("params", "lm_head"))
+        return (x @ weight).astype(jnp.float32)
+
 
 # -- checkpoint names -------------------------------------------------------
 

@@ -153,6 +153,6 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
     return DTYPES[dtype]
 
 
-def load_params(files: ModelFiles, dtype, place=None) -> dict:
+def load_params(files: ModelFiles, dtype, place=None, elsewhere=None) -> dict:
     return build_params(files.config, files.reader.get, dtype, files.source,
-                        place=place)
+                        place=place, elsewhere=elsewhere)

@@ -41,18 +41,28 @@ def param_dtype(spec: WeightSpec, array, dtype):
 
 
 def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
-                 place: Callable | None = None) -> dict:
+                 place: Callable | None = None,
+                 elsewhere: Callable | None = None) -> dict:
     """Fetches, checks, converts and places every tensor, one at a time (so
     peak host memory is one tensor, not the checkpoint).
 
     ``place(path, array, dtype)`` puts a converted array on device in
     ``dtype`` (e.g. into its final sharding); by default ``jnp.asarray``.
     The dtype is ``param_dtype``'s: floating tensors in the model's, others
-    as stored.
+    as stored. ``elsewhere(path)``: a stand-in for a param none of this
+    process's devices hold (a pipeline stage on another host), which is
+    then never read; None to load it.
     """
     params: dict = {}
     for spec in weight_specs(cfg):
         hf_name, path, shape = spec.hf_name, spec.path, spec.hf_shape
+        stand_in = elsewhere(path) if elsewhere is not None else None
+        if stand_in is not None:
+            node = params
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = stand_in
+            continue
         w = get(hf_name)
         for alias in spec.aliases:
             if w is not None:

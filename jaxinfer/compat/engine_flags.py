@@ -23,6 +23,10 @@ HUB_HINT = ("jaxinfer never downloads: fetch the revision yourself and pass "
             "its local folder as the model")
 TLS_HINT = "terminate TLS in a reverse proxy in front of jaxinfer"
 ONE = (None, 1)  # vLLM's default of 1 means "off"
+DP_RANKS = "data-parallel ranks in separate engine processes"
+DP_HINT = ("--data-parallel-size N runs N replicas behind one front in one "
+           "process; across hosts, run a server per replica behind a load "
+           "balancer")
 
 ENGINE_FLAGS = {
     # -- model and tokenizer ------------------------------------------------
@@ -110,25 +114,22 @@ ENGINE_FLAGS = {
     "guided_decoding_disable_additional_properties": refuse(STRUCTURED),
     "structured_outputs_config": refuse(STRUCTURED),
     # -- parallelism --------------------------------------------------------
-    "distributed_executor_backend": refuse(
-        "multi-process executors (ray, mp)",
-        "one process drives every local device through one JAX mesh",
-        (None, "uni")),
-    "pipeline_parallel_size": refuse("pipeline parallelism",
-                                     "use --tensor-parallel-size", ONE),
     "decode_context_parallel_size": refuse("decode context parallelism",
                                            accepts=ONE),
-    "data_parallel_size": refuse(
-        "data parallelism",
-        "run one server per device group behind a load balancer", ONE),
-    "data_parallel_rank": refuse("data parallelism"),
-    "data_parallel_start_rank": refuse("data parallelism"),
-    "data_parallel_size_local": refuse("data parallelism"),
-    "data_parallel_address": refuse("data parallelism"),
-    "data_parallel_rpc_port": refuse("data parallelism"),
-    "data_parallel_backend": refuse("data parallelism", accepts=(None, "mp")),
-    "data_parallel_hybrid_lb": refuse("data parallelism"),
-    "headless": refuse("headless (engine-only) data-parallel ranks"),
+    "data_parallel_rank": refuse(DP_RANKS, DP_HINT),
+    "data_parallel_start_rank": refuse(DP_RANKS, DP_HINT),
+    "data_parallel_size_local": refuse(DP_RANKS, DP_HINT),
+    "data_parallel_address": refuse(DP_RANKS, DP_HINT),
+    "data_parallel_rpc_port": refuse(DP_RANKS, DP_HINT),
+    "data_parallel_backend": refuse(
+        "data-parallel replicas placed by Ray",
+        "--data-parallel-size runs the replicas in one process over its "
+        "devices", (None, "mp")),
+    "data_parallel_hybrid_lb": refuse(DP_RANKS, DP_HINT),
+    "headless": refuse(
+        "headless (engine-only) data-parallel ranks",
+        "a multi-process engine's processes other than 0 serve no HTTP: "
+        "start them with --process-id N"),
     "api_server_count": refuse("several API server processes",
                                "one process serves the API", ONE),
     "enable_expert_parallel": refuse(MOE),
@@ -143,9 +144,9 @@ ENGINE_FLAGS = {
     "eplb_step_interval": refuse(MOE),
     "eplb_log_balancedness": refuse(MOE),
     "max_parallel_loading_workers": ignore(
-        "the one process loads every shard; the count changes nothing but "
-        "load speed"),
-    "ray_workers_use_nsight": refuse("ray workers"),
+        "each process loads its own devices' shards; the count changes "
+        "nothing but load speed"),
+    "ray_workers_use_nsight": refuse("Nsight profiling of Ray workers"),
     "disable_custom_all_reduce": ignore(
         "collectives are XLA's own; there is no custom all-reduce to turn off"),
     "worker_cls": refuse("custom worker classes", accepts=(None, "auto")),

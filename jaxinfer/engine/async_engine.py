@@ -100,7 +100,7 @@ class AsyncLLMEngine:
                                                 max_model_len=engine.max_model_len)
         self.metrics.record_cache_config(engine.cache_config,
                                          engine.runner.num_blocks,
-                                         str(engine.runner.kv_pages[0][0].dtype))
+                                         _kv_cache_dtype(engine))
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # loop thread only
         self._trackers: dict[str, _Tracker] = {}  # loop thread only
@@ -112,6 +112,11 @@ class AsyncLLMEngine:
         self._closed = False  # the loop thread has exited (under _lock)
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # An engine whose workers live elsewhere (the Ray executor) reports
+        # their death even while the loop is idle: the loop then dies too.
+        on_failure = getattr(engine, "on_failure", None)
+        if on_failure is not None:
+            on_failure(lambda error: self._commands.put(("die", error)))
 
     @classmethod
     def from_engine_args(cls, args, **kwargs) -> "AsyncLLMEngine":
@@ -195,6 +200,9 @@ class AsyncLLMEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        stop_engine = getattr(self.engine, "shutdown", None)
+        if stop_engine is not None:  # worker processes (Ray, data parallel)
+            stop_engine()
 
     # -- requests -------------------------------------------------------------
 
@@ -314,6 +322,8 @@ class AsyncLLMEngine:
                         self._close(ServerShuttingDownError(
                             "the server shut down before this request finished"))
                         return
+                    if cmd[0] == "die":
+                        raise cmd[1]
                     if cmd[0] == "add":
                         self._do_add(*cmd[1:])
                     elif cmd[0] == "fail_all":
@@ -459,6 +469,12 @@ class AsyncLLMEngine:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # that event loop is closed: nobody listens
                 pass
+
+
+def _kv_cache_dtype(engine) -> str:
+    """The KV pages' dtype (read from worker 0 when the pages live there)."""
+    remote = getattr(engine.runner, "kv_cache_dtype", None)
+    return remote if remote is not None else str(engine.runner.kv_pages[0][0].dtype)
 
 
 def _put_all(batch) -> None:

@@ -14,6 +14,8 @@ from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 
 from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
+from ..distributed.parallel_config import check_fits
+from ..distributed.step_broadcast import runner_class
 from ..errors import InvalidConfigError, InvalidRequestError
 from ..lora.errors import LoRANotEnabledError
 from ..lora.request import LoRARequest
@@ -22,7 +24,6 @@ from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
 from ..tokenizer import load_tokenizer
-from ..worker.model_runner import ModelRunner
 from ..worker.warmup import enable_compilation_cache, warm_up
 from .input_processor import InputProcessor, ProcessedInput
 from .output_processor import OutputProcessor
@@ -51,7 +52,9 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs):
+    def __init__(self, args: EngineArgs, devices=None):
+        """One replica over ``devices`` (default: every device; a
+        data-parallel front gives each replica its own)."""
         self.args = args
         self.files = resolve_model(args.model, args.load_format)
         self.model_config = self.files.config
@@ -59,19 +62,26 @@ class LLMEngine:
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(
             derived_max_model_len(self.model_config), on_cpu)
+        self.parallel_config = args.parallel_config()
+        check_fits(dataclasses.replace(self.parallel_config,
+                                       data_parallel_size=1),
+                   self.model_config, len(devices or jax.devices()),
+                   jax.default_backend(), self.scheduler_config.preemption_mode,
+                   jax.process_count())
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.tokenizer = load_tokenizer(
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
         self.lora_config = args.lora_config()  # None: LoRA off
-        self.runner = ModelRunner(self.files, self.dtype, self.scheduler_config,
-                                  self.cache_config, seed=args.seed,
-                                  attention_backend=args.attention_backend,
-                                  tensor_parallel_size=args.tensor_parallel_size,
-                                  max_logprobs=self.max_logprobs,
-                                  load_format=args.load_format,
-                                  lora_config=self.lora_config)
+        # A DistributedRunner when the program spans several processes.
+        self.runner = runner_class()(
+            self.files, self.dtype, self.scheduler_config, self.cache_config,
+            seed=args.seed, attention_backend=args.attention_backend,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_logprobs=self.max_logprobs, load_format=args.load_format,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            devices=devices, lora_config=self.lora_config)
         # Loaded adapters in host memory (jaxinfer/lora/store.py).
         self.lora_store = self.runner.lora.store if self.runner.lora else None
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
@@ -106,7 +116,11 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
-        return cls(args)
+        """The engine the args describe: one replica, a data-parallel front
+        over several, or a multi-process / Ray engine
+        (jaxinfer/distributed/launch.py)."""
+        from ..distributed.launch import make_engine
+        return make_engine(cls, args)
 
     @property
     def max_logprobs(self) -> int:

@@ -94,7 +94,8 @@ class ModelRunner:
                  cache_config: CacheConfig, seed: int = 0,
                  attention_backend: str | None = None,
                  tensor_parallel_size: int = 1, max_logprobs: int = 20,
-                 load_format: str = "auto", lora_config=None):
+                 load_format: str = "auto", lora_config=None,
+                 pipeline_parallel_size: int = 1, devices=None):
         self.cfg = files.config
         self.dtype = dtype
         self.scheduler_config = scheduler_config
@@ -106,7 +107,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.model = model_class(self.cfg.architecture)(
             self.cfg, backend=self.backend, dtype=dtype)
-        self.placement = Placement(self.model, self.cfg, tensor_parallel_size)
+        self.placement = Placement(self.model, self.cfg, tensor_parallel_size,
+                                   pipeline_parallel_size, devices)
         self.model = self.model.clone(mesh=self.placement.mesh)
         if load_format == "dummy":  # random weights, drawn in their sharding
             self.params = random_params(self.model, self.cfg, dtype,
@@ -117,7 +119,9 @@ class ModelRunner:
                                          dtype, self.placement.param_shardings)
         else:
             self.params = load_params(files, dtype,
-                                      place=self.placement.place_param)
+                                      place=self.placement.place_param,
+                                      elsewhere=self.placement.elsewhere)
+        self.params = self.placement.finish_params(self.params)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
         # LoRA adapter slots, allocated before the KV pool is sized.
@@ -146,7 +150,8 @@ class ModelRunner:
         # Seconds from launching each step to its tokens being ready: with
         # no host/device overlap, the device's busy time.
         self.device_seconds = 0.0
-        self._step = jax.jit(functools.partial(_step, self.model),
+        self._step = jax.jit(functools.partial(
+            _step, self.placement.step_model(self.model)),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
         # Programs compiled ahead by warm-up, by program_key.
         self.programs: dict[tuple, object] = {}

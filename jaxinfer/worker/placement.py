@@ -2,7 +2,9 @@
 
 Params are streamed from the checkpoint one tensor at a time straight into
 their final sharding (no full copy on one device); the KV pool is created
-already sharded on kv heads.
+already sharded on kv heads. With pipeline stages, each layer is first
+placed on its stage's devices and ``finish_params`` regroups the layers
+into slot arrays sharded on "stage" (``jaxinfer.sharding.pipeline``).
 """
 
 from __future__ import annotations
@@ -10,31 +12,60 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.pallas_kernels import kv_pages_shape
 from jaxinfer.sharding import (kv_pages_sharding, make_mesh, param_shardings,
                                replicated)
+from jaxinfer.sharding import pipeline
+
+from ..errors import InvalidConfigError
 
 
 class Placement:
-    def __init__(self, model, cfg, tensor_parallel_size: int = 1):
+    def __init__(self, model, cfg, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1, devices=None):
         self.cfg = cfg
-        self.mesh = make_mesh(tensor_parallel_size)
-        if tensor_parallel_size > 1 and cfg.num_heads % tensor_parallel_size:
-            raise ValueError(
-                f"tensor_parallel_size={tensor_parallel_size} must divide the "
+        tp, pp = tensor_parallel_size, pipeline_parallel_size
+        if tp > 1 and cfg.num_heads % tp:
+            raise InvalidConfigError(
+                f"tensor_parallel_size={tp} must divide the "
                 f"number of attention heads ({cfg.num_heads})")
-        self.param_shardings = param_shardings(
-            abstract_variables(model, cfg)["params"], self.mesh)
-        self.kv_sharding = kv_pages_sharding(cfg.num_kv_heads, self.mesh)
+        if cfg.num_layers % pp:
+            raise InvalidConfigError(
+                f"pipeline_parallel_size={pp} must divide the number of "
+                f"layers ({cfg.num_layers})")
+        try:
+            self.mesh = make_mesh(tp, devices, pp)
+        except ValueError as e:
+            raise InvalidConfigError(str(e)) from None
+        self.pipeline_stages = pp
+        abstract = abstract_variables(model, cfg)["params"]
+        self._abstract = nn.unbox(abstract)
+        if pp > 1:
+            if not hasattr(model, "decoder_layer"):
+                raise InvalidConfigError(
+                    f"pipeline_parallel_size={pp}: {cfg.architecture} does "
+                    "not declare its pipeline stages (layer_inputs, "
+                    "decoder_layer, head); use tensor_parallel_size")
+            self.param_shardings = pipeline.load_shardings(abstract, self.mesh)
+            self.kv_sharding = pipeline.kv_slot_sharding(cfg.num_kv_heads,
+                                                         self.mesh)
+        else:
+            self.param_shardings = param_shardings(abstract, self.mesh)
+            self.kv_sharding = kv_pages_sharding(cfg.num_kv_heads, self.mesh)
         self.replicated = replicated(self.mesh)
 
     @property
     def kv_shards(self) -> int:
-        """How many ways each page is split across devices."""
-        spec = self.kv_sharding.spec
-        return self.mesh.shape["model"] if spec and spec[0] == "model" else 1
+        """How many devices one page (all layers, all kv heads) is split
+        over: by kv heads on "model", by layers on "stage"."""
+        spec = tuple(self.kv_sharding.spec)
+        if self.pipeline_stages > 1:  # [pp, K, ...]: "stage" comes first
+            spec = spec[1:]
+        heads = self.mesh.shape["model"] if spec and spec[0] == "model" else 1
+        return heads * self.pipeline_stages
 
     def place_param(self, path, array, dtype) -> jax.Array:
         node = self.param_shardings
@@ -43,9 +74,40 @@ class Placement:
         host = np.asarray(array).astype(jnp.dtype(dtype), copy=False)
         return jax.device_put(host, node)
 
+    def elsewhere(self, path):
+        """A stand-in for a param held by no device of this process (a
+        pipeline stage on another host), so its tensor is never read;
+        None for a param this process holds."""
+        node = self.param_shardings
+        for key in path:
+            node = node[key]
+        if node.addressable_devices:
+            return None
+        shape = self._abstract
+        for key in path:
+            shape = shape[key]
+        return jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=node)
+
+    def finish_params(self, params):
+        """Loaded params -> the layout the step takes (slot arrays under
+        pipeline stages; as loaded otherwise)."""
+        if self.pipeline_stages == 1:
+            return params
+        return pipeline.stack_slots(params, self.mesh)
+
+    def step_model(self, model):
+        """What the step applies: the model, or its pipelined form."""
+        if self.pipeline_stages == 1:
+            return model
+        return pipeline.PipelinedModel(model, self.mesh)
+
     def zeros_kv(self, num_layers: int, num_pages: int, block_size: int, dtype):
         shape = kv_pages_shape(num_pages, block_size, self.cfg.num_kv_heads,
                                self.cfg.head_dim)
+        pairs = num_layers
+        if self.pipeline_stages > 1:  # one [pp, ...] pair per slot
+            shape = (self.pipeline_stages, *shape)
+            pairs = num_layers // self.pipeline_stages
         make = jax.jit(lambda: jnp.zeros(shape, dtype),
                        out_shardings=self.kv_sharding)
-        return [(make(), make()) for _ in range(num_layers)]
+        return [(make(), make()) for _ in range(pairs)]

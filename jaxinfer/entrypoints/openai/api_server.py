@@ -232,9 +232,16 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
     from ...metrics import EngineMetrics
     names = served_model_names or [engine_args.model]
     if engine is None:
+        from ...distributed.launch import is_worker, run_worker
+        if is_worker(engine_args):  # --process-id N > 0: process 0 serves
+            run_worker(engine_args)
+            return 0
         engine = AsyncLLMEngine.from_engine_args(
             engine_args, max_num_waiting=max_num_waiting,
             metrics=EngineMetrics(names[0]))
+    describe = getattr(engine.engine, "describe", None)
+    if describe is not None:  # where a multi-process engine's workers run
+        print(describe(), flush=True)
     if engine_args.warmup:  # compiled before the port opens
         print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
               f"{engine.engine.warmup_seconds:.1f} s", flush=True)

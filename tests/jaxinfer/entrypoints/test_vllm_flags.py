@@ -73,7 +73,7 @@ def test_swap_space_sizes_a_pool_only_under_swap():
     (["--kv-cache-dtype", "fp8"], "fp8 KV cache"),
     (["--revision", "main"], "model hub"),
     (["--speculative-config", "{}"], "speculative decoding"),
-    (["-pp", "2"], "pipeline parallelism"),
+    (["-dcp", "2"], "decode context parallelism"),
     (["--guided-decoding-backend", "xgrammar"], "structured output"),
     (["--limit-mm-per-prompt", '{"video": 1}'], "multimodal"),
     (["--ssl-keyfile", "k.pem"], "TLS"),
@@ -92,7 +92,7 @@ def vllm_flag_names(short):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--kv-cache-dtype", "auto"], ["--pipeline-parallel-size", "1"],
+    ["--kv-cache-dtype", "auto"], ["--decode-context-parallel-size", "1"],
     ["--no-enable-lora"], ["--task", "generate"], ["--max-loras", "1"],
 ])
 def test_refused_flags_accept_their_off_value(argv):

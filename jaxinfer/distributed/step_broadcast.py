@@ -1,0 +1,170 @@
+"""Multi-process steps: process 0 schedules, every process runs the step.
+
+One JAX program spans every process (``jax.distributed``), and each process
+must call it with the same inputs in the same order. Process 0 owns the
+scheduler. Before each step it broadcasts that step's inputs, the packed
+int32 metadata buffer (``packing.py``) with the step's other per-step
+arrays (logits indices, sampling arrays, prompt-logprob targets) and its
+program key, through a JAX collective (`StepChannel`); every other process
+runs the same compiled step on its own devices' shards of the params and
+pages. The device state each process keeps (KV pages, penalty counts, the
+previous step's tokens) evolves identically because the programs and their
+inputs are the same. Nothing but JAX carries the bytes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import pickle
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..worker.model_runner import ModelRunner
+from ..worker.penalties import PenaltyState
+
+logger = logging.getLogger(__name__)
+
+# Message kinds: a step's inputs; the end of the engine; a capacity change.
+STEP, STOP, GROW = 1, 2, 3
+_HEADER = 3  # int32 words: kind, payload bytes, new capacity (GROW)
+
+
+def runner_class() -> type[ModelRunner]:
+    """The runner of this process: a `DistributedRunner` when the program
+    spans several processes."""
+    return DistributedRunner if jax.process_count() > 1 else ModelRunner
+
+
+class StepChannel:
+    """Bytes from process 0 to every process, through a sum over one device
+    of each process to which the others add zeros (exact for integers).
+
+    The buffer has a capacity both sides know, so one message is one
+    collective; a larger message is preceded by a GROW message carrying the
+    new capacity. Process 0 never waits for its own sends: they queue on
+    its device behind the step in flight, and the others read them there.
+    """
+
+    def __init__(self, capacity: int = 1 << 16):
+        devices = [jax.local_devices(process_index=p)[0]
+                   for p in range(jax.process_count())]
+        self.mesh = Mesh(np.array(devices), ("processes",))
+        self.words = capacity // 4
+        self._sum = jax.jit(lambda x: x.sum(0),
+                            out_shardings=NamedSharding(self.mesh, PartitionSpec()))
+
+    def _collective(self, words: np.ndarray) -> jax.Array:
+        sharding = NamedSharding(self.mesh, PartitionSpec("processes"))
+        local = jax.make_array_from_process_local_data(
+            sharding, words[None], (len(self.mesh.devices), words.size))
+        return self._sum(local)
+
+    def _message(self, kind: int, payload: bytes, new_words: int = 0):
+        buf = np.zeros(self.words, np.int32)
+        buf[:_HEADER] = (kind, len(payload), new_words)
+        buf.view(np.uint8)[4 * _HEADER:4 * _HEADER + len(payload)] = \
+            np.frombuffer(payload, np.uint8)
+        return self._collective(buf)
+
+    def send(self, kind: int, payload: bytes = b"") -> jax.Array:
+        """Process 0: enqueues one message (and a GROW first if needed);
+        returns the collective's result, which nobody has to wait for."""
+        need = _HEADER + -(-len(payload) // 4)
+        if need > self.words:
+            new_words = 1 << (need - 1).bit_length()
+            self._message(GROW, b"", new_words)
+            self.words = new_words
+        return self._message(kind, payload)
+
+    def recv(self) -> tuple[int, bytes]:
+        """The other processes: blocks until process 0's next message."""
+        while True:
+            out = self._collective(np.zeros(self.words, np.int32))
+            buf = np.asarray(out.addressable_data(0))
+            kind, length, new_words = (int(v) for v in buf[:_HEADER])
+            if kind == GROW:
+                self.words = new_words
+                continue
+            return kind, buf.view(np.uint8)[4 * _HEADER:4 * _HEADER + length].tobytes()
+
+
+class DistributedRunner(ModelRunner):
+    """A `ModelRunner` in one process of a multi-process engine: process 0
+    broadcasts each step's inputs before running it; the others `follow`.
+    Page swaps are refused at start (``check_fits``): swapped pages would
+    have to pass through one process's host memory."""
+
+    def __init__(self, *args, **kwargs):
+        self.channel = StepChannel()
+        self.is_driver = jax.process_index() == 0
+        self._stopped = False
+        super().__init__(*args, **kwargs)
+        if self.is_driver:
+            # The others wait for a STOP; jax.distributed's own shutdown
+            # (registered earlier, so run later) waits for them in turn.
+            atexit.register(self.shutdown)
+
+    def _num_blocks(self) -> int:
+        # Every process must hold the same pool: the smallest one wins.
+        local = np.array([super()._num_blocks()], np.int64)
+        return int(np.min(multihost_utils.process_allgather(local)))
+
+    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets):
+        if self.is_driver:
+            self.channel.send(STEP, pickle.dumps(
+                (num_lp, dims, state is not None, packed, logits_idx, smd,
+                 targets), protocol=pickle.HIGHEST_PROTOCOL))
+        return super().run_step(num_lp, dims, state, packed, logits_idx, smd,
+                                targets)
+
+    def collect(self, step):
+        # The step's outputs are replicated over every process's devices;
+        # process 0 reads its own copy.
+        step.res, step.prompt_lp = _local_copy(step.res), _local_copy(step.prompt_lp)
+        return super().collect(step)
+
+    def shutdown(self) -> None:
+        """Process 0: tells the others the engine is done (idempotent)."""
+        if self.is_driver and not self._stopped:
+            self._stopped = True
+            jax.block_until_ready(self.channel.send(STOP))
+
+    def follow(self) -> int:
+        """The other processes: runs process 0's steps until it stops;
+        returns the number of steps run."""
+        steps = 0
+        while True:
+            kind, payload = self.channel.recv()
+            if kind == STOP:
+                logger.info("process 0 stopped the engine after %d steps", steps)
+                return steps
+            (num_lp, dims, has_state, packed, logits_idx, smd,
+             targets) = pickle.loads(payload)
+            state = None
+            if has_state:  # as dispatch does on process 0
+                if self.penalty_state is None:
+                    self.penalty_state = PenaltyState.zeros(
+                        self.sampling_inputs.slots.rows, self.cfg.vocab_size)
+                state, self.penalty_state = self.penalty_state, None
+            _, _, self.kv_pages, state, self.prev_tokens = self.run_step(
+                num_lp, dims, state, packed, logits_idx, smd, targets)
+            if state is not None:
+                self.penalty_state = state
+            steps += 1
+
+
+def _local_copy(tree):
+    """A replicated global array -> this process's copy of it."""
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if not x.is_fully_replicated:
+            raise RuntimeError(f"a step output of shape {x.shape} is split "
+                               f"over processes ({x.sharding}); it must be "
+                               "replicated to be read on process 0")
+        return x.addressable_data(0)
+    return jax.tree_util.tree_map(one, tree)
