@@ -50,7 +50,8 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         self.args = args
-        self.files = resolve_model(args.model, args.load_format)
+        self.files = resolve_model(args.model, args.load_format,
+                                   quantization=args.quantization)
         self.model_config = self.files.config
         on_cpu = jax.default_backend() == "cpu"
         self.cache_config = args.cache_config()

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.pallas_kernels import kv_pages_shape
+from jaxinfer.pallas_kernels.kv_cache import page_scales_shape
 from jaxinfer.sharding import (kv_pages_sharding, make_mesh, param_shardings,
                                replicated)
 
@@ -44,8 +45,15 @@ class Placement:
         return jax.device_put(host, node)
 
     def zeros_kv(self, num_layers: int, num_pages: int, block_size: int, dtype):
+        """Per layer (k_pages, v_pages), and for one-byte (fp8) pages their
+        per-page scales too: (k, v, k_scales, v_scales)."""
         shape = kv_pages_shape(num_pages, block_size, self.cfg.num_kv_heads,
                                self.cfg.head_dim)
         make = jax.jit(lambda: jnp.zeros(shape, dtype),
                        out_shardings=self.kv_sharding)
-        return [(make(), make()) for _ in range(num_layers)]
+        if jnp.dtype(dtype).itemsize != 1:
+            return [(make(), make()) for _ in range(num_layers)]
+        scales = jax.jit(lambda: jnp.zeros(
+            page_scales_shape(num_pages, self.cfg.num_kv_heads), jnp.float32),
+            out_shardings=self.kv_sharding)
+        return [(make(), make(), scales(), scales()) for _ in range(num_layers)]
