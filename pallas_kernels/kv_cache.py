@@ -141,7 +141,10 @@ def write_kv_scaled(
             :, cidx].max(jnp.max(jnp.abs(new), axis=-1))
         old = jnp.where(fresh[None], 0.0, scales[:, upage])  # [K, U]
         # A page of zeros keeps scale 0 (its codes are 0 whatever divides).
-        scale = jnp.maximum(old, amax / qmax)
+        # (A multiply by the f32 reciprocal, written out: XLA may rewrite a
+        # division by a constant into one, and then the result would
+        # depend on whether it did.)
+        scale = jnp.maximum(old, amax * jnp.float32(1.0 / qmax))
         div = jnp.where(scale > 0, scale, 1.0)
         # Earlier tokens rescaled by old / new; a fresh page's old bytes
         # are dropped.
