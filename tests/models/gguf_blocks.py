@@ -144,11 +144,30 @@ LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm":
          "mlp.down_proj": "ffn_down"}
 
 
-def write_quantized_llama_gguf(hf_dir: str, path: str, types) -> dict:
+def _copy_embedded_tokenizer(w) -> None:
+    """The embedded SmolLM2 GGUF's byte-level BPE vocabulary (the tiny
+    models share its tokenizer)."""
+    from jaxinfer.models.embedded import DEFAULT_MODEL, embedded_model_path
+    from jaxinfer.models.gguf_loader import open_gguf
+    r = open_gguf(embedded_model_path(DEFAULT_MODEL))
+    get = lambda k: r.fields[k].contents()
+    w.add_tokenizer_model(get("tokenizer.ggml.model"))
+    w.add_token_list(get("tokenizer.ggml.tokens"))
+    w.add_token_types(get("tokenizer.ggml.token_type"))
+    w.add_token_merges(get("tokenizer.ggml.merges"))
+    w.add_bos_token_id(get("tokenizer.ggml.bos_token_id"))
+    w.add_eos_token_id(get("tokenizer.ggml.eos_token_id"))
+    if "tokenizer.ggml.pre" in r.fields:
+        w.add_tokenizer_pre(get("tokenizer.ggml.pre"))
+
+
+def write_quantized_llama_gguf(hf_dir: str, path: str, types,
+                               tokenizer: bool = False) -> dict:
     """A Llama GGUF of an HF folder's float weights, each linear layer in
     ``types(hf_name)`` (a block type above, or "F32"); q/k rows permuted as
-    llama.cpp's converter does. Returns the weights each quantized layer
-    decodes to, [out, in] in HF row order, by HF name."""
+    llama.cpp's converter does; with ``tokenizer``, the embedded model's
+    vocabulary too. Returns the weights each quantized layer decodes to,
+    [out, in] in HF row order, by HF name."""
     import gguf
     with open(os.path.join(hf_dir, "config.json")) as f:
         hp = json.load(f)
@@ -166,6 +185,8 @@ def write_quantized_llama_gguf(hf_dir: str, path: str, types) -> dict:
     w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
     w.add_rope_freq_base(hp.get("rope_theta", 10000.0))
     w.add_vocab_size(hp["vocab_size"])
+    if tokenizer:
+        _copy_embedded_tokenizer(w)
 
     def permute(x, heads):  # llama.cpp's LlamaModel.permute
         return (x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:])

@@ -154,3 +154,27 @@ def test_q4_k_stays_within_its_kl_bound(hf_dir, tmp_path):
 
 
 KL_BOUND_Q4_K = 0.25
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("hf_embedded")
+def test_embedded_gguf_kept_quantized_gives_the_recorded_greedy_tokens(
+        tmp_path):
+    """The embedded SmolLM2 (Q4_1 projections) with its blocks kept
+    quantized: test_hf_parity's prompts and engine settings give the very
+    tokens recorded for the dequantized path (golden_tokens.json)."""
+    import json
+    import pathlib
+
+    from tests.models.test_hf_parity import ENGINE, PROMPTS
+    from tests.runners import JaxInferRunner
+    golden = json.loads((pathlib.Path(__file__).with_name(
+        "golden_tokens.json")).read_text())
+    runner = JaxInferRunner("smollm2-135m-instruct", quantization="gguf",
+                            compilation_cache_dir=str(tmp_path), **ENGINE)
+    q_proj = runner.llm.llm_engine.runner.params["layers_0"]["self_attn"][
+        "q_proj"]
+    assert q_proj["qweight"].dtype == jnp.uint8  # Q4_1 kept: 4-bit codes
+    tokens = [ids for ids, _ in runner.generate_greedy(
+        PROMPTS, golden["max_tokens"])]
+    assert tokens == golden["tokens"]["embedded"]
