@@ -251,8 +251,9 @@ def unpack_int4(packed, method: str | None = None):
 
 
 def grouped_codes(scheme: GroupedWeights, qweight, unpack: str | None = None):
-    """The integer codes [*O, In] of ``qweight``."""
-    if scheme.bits == 4:
+    """The integer codes [*O, In] of ``qweight`` (a uint4 array is already
+    its codes, in XLA's own sub-byte storage)."""
+    if scheme.bits == 4 and qweight.dtype != jnp.uint4:
         return unpack_int4(qweight, unpack)
     return qweight
 
