@@ -18,11 +18,13 @@ Sections, correctness first:
 - layers: XLA's own lowering of each method, one MLP's up + down
   projections (4096 -> 14336 -> 4096) chained 8 times in one program, at
   M = 1, 256 and 16384 rows: bf16, int4 (AWQ layout, groups of 128; codes
-  unpacked by shift, by bitcast to uint4, and stored natively as uint4),
-  int8 (weight-only), fp8 (per tensor W8A8; per channel + per token).
+  unpacked by shift, by bitcast to uint4, stored natively as uint4, and
+  the Pallas kernel of pallas_kernels/int4_matmul.py), int8
+  (weight-only), fp8 (per tensor W8A8; per channel + per token).
 - decode: the engine's jitted decode step (embedding, 32 layers with paged
   attention, lm_head), random weights, S=1 and S=256 at L=1024: bf16, int4
-  (AWQ layout), fp8. Targets: int4 >= 2.5x bf16 at S=1 and >= 1.3x at
+  (AWQ layout; XLA's dequantize-then-dot, and the Pallas kernel), fp8.
+  A variant that fails is recorded with its error. Targets: int4 >= 2.5x bf16 at S=1 and >= 1.3x at
   S=256; fp8 >= 1.4x at S=256.
 - prefill: 8 x 2048 tokens through the model, bf16 and fp8 (target 1.6x).
 - kv: pages of 16 tokens counted in the same memory for bf16 and fp8 pages
@@ -39,6 +41,7 @@ and prints a table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -75,6 +78,33 @@ VARIANTS = {
     "fp8-channel-token": QuantizationConfig("fp8", "float", qm.Fp8Weights(
         per_channel=True, activation="per_token")),
 }
+
+
+# Variants that are another one traced with different module switches of
+# models/quantization/methods.py: variant -> (its params' variant, switches).
+TRACED_AS = {
+    "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
+    "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
+    "int4-pallas": ("int4", {"INT4_MATMUL": "pallas"}),
+}
+
+
+@contextlib.contextmanager
+def switches(variant):
+    """The module switches a variant is traced with."""
+    flags = TRACED_AS.get(variant, (variant, {}))[1]
+    old = {k: getattr(qm, k) for k in flags}
+    for k, v in flags.items():
+        setattr(qm, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(qm, k, v)
+
+
+def base_variant(variant):
+    return TRACED_AS.get(variant, (variant, {}))[0]
 
 
 class Layer:
@@ -153,32 +183,33 @@ def check(D, F):
 def layers(D, F, Ms, roof):
     """XLA's lowering of each method: up + down projections chained."""
     rows = []
-    cases = [(n, None if qc is None else qc.scheme) for n, qc in
-             VARIANTS.items()]
-    cases.insert(2, ("int4-bitcast", VARIANTS["int4"].scheme))
-    cases.insert(3, ("int4-native-u4", VARIANTS["int4"].scheme))
+    names = ["bf16", "int4", "int4-bitcast", "int4-native-u4", "int4-pallas",
+             "int8", "fp8", "fp8-channel-token"]
     for M in Ms:
         x = jax.random.normal(jax.random.key(5), (M, D), jnp.bfloat16)
-        for name, scheme in cases:
+        for name in names:
+            qc = VARIANTS[base_variant(name)]
+            scheme = None if qc is None else qc.scheme
             up, _ = _weights(scheme, D, F, jax.random.key(6))
             down, _ = _weights(scheme, F, D, jax.random.key(7))
-            unpack = "bitcast" if name == "int4-bitcast" else "shift"
             if name == "int4-native-u4":  # XLA's own sub-byte storage
                 up, down = ({**p, "qweight": qm.unpack_int4(
                     p["qweight"]).astype(jnp.uint4)} for p in (up, down))
 
-            def chain(x, up, down, scheme=scheme, unpack=unpack):
-                old, qm.INT4_UNPACK = qm.INT4_UNPACK, unpack
-                try:  # the unpacking is chosen while tracing
-                    for _ in range(8):
-                        h = _apply(scheme, Layer(D, F), up, x)
-                        x = _apply(scheme, Layer(F, D), down, h)
-                        x = (x * 0.05).astype(jnp.bfloat16)
-                finally:
-                    qm.INT4_UNPACK = old
+            def chain(x, up, down, scheme=scheme):
+                for _ in range(8):
+                    h = _apply(scheme, Layer(D, F), up, x)
+                    x = _apply(scheme, Layer(F, D), down, h)
+                    x = (x * 0.05).astype(jnp.bfloat16)
                 return x
-            fn = jax.jit(chain)
-            ts = [t / 8 for t in time_fn(fn, x, up, down, repeats=5)]
+            try:
+                with switches(name):  # they act while tracing
+                    ts = [t / 8 for t in time_fn(jax.jit(chain), x, up, down,
+                                                 repeats=5)]
+            except Exception as e:  # record it, time the others
+                rows.append(dict(section="layers", M=M, variant=name,
+                                 error=repr(e)[:800]))
+                continue
             nbytes = _nbytes((up, down))
             med = statistics.median(ts)
             rows.append(dict(section="layers", M=M, variant=name,
@@ -189,13 +220,13 @@ def layers(D, F, Ms, roof):
     for M in Ms:  # ratios against bf16 at the same M
         base = next(r for r in rows if r["M"] == M and r["variant"] == "bf16")
         for r in rows:
-            if r["M"] == M:
+            if r["M"] == M and "us" in r:
                 r["speedup_vs_bf16"] = base["us"] / r["us"]
     return rows
 
 
 def _model(cfg, variant, backend):
-    qc = VARIANTS[variant]
+    qc = VARIANTS[base_variant(variant)]
     cfg = cfg if qc is None else dataclasses.replace(cfg, quantization=qc)
     model = model_class(cfg.architecture)(cfg, backend=backend,
                                           dtype=jnp.bfloat16)
@@ -223,7 +254,13 @@ def decode(cfg, sizes, variants, backend, roof):
                 tok, state["kv"] = step(params, state["kv"], constants, ids,
                                         pos, md)
                 return tok
-            ts = time_fn(run, repeats=7, min_s=0.05)
+            try:
+                with switches(variant):  # they act while tracing
+                    ts = time_fn(run, repeats=7, min_s=0.05)
+            except Exception as e:  # record it, time the others
+                rows.append(dict(section="decode", variant=variant, S=S, L=L,
+                                 error=repr(e)[:800]))
+                continue
             med = statistics.median(ts)
             kv_bytes = S * L * 2 * cfg.num_layers * cfg.num_kv_heads * (
                 cfg.head_dim * 2)
@@ -284,7 +321,8 @@ def _ratios(rows, keys):
     for r in rows:
         base = next(b for b in rows if b["variant"] == "bf16"
                     and all(b[k] == r[k] for k in keys))
-        r["speedup_vs_bf16"] = base["ms"] / r["ms"]
+        if "ms" in r and "ms" in base:
+            r["speedup_vs_bf16"] = base["ms"] / r["ms"]
 
 
 def kv(cfg, roof, S, L):
@@ -359,8 +397,8 @@ def main():
         rows += kv(cfg, roof, *((4, 64) if SMOKE else (64, 2048)))
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
-                       [(1, 1024), (256, 1024)], ("bf16", "int4", "fp8"),
-                       backend, roof)
+                       [(1, 1024), (256, 1024)],
+                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         ("bf16", "fp8"), backend, roof)

@@ -49,6 +49,12 @@ MIN_SCALE = float(jnp.finfo(jnp.float32).tiny)
 # own sub-byte type). Both give the same codes; benchmarks/quant_step.py
 # times them.
 INT4_UNPACK = "shift"
+# How a 4-bit layer with zero points (AWQ, GPTQ) multiplies: "xla" (the
+# codes dequantized by XLA ops feeding an XLA dot) or "pallas" (the Pallas
+# kernel of pallas_kernels/int4_matmul.py, weights dequantized in
+# registers; one device only: XLA cannot split a custom kernel under
+# tensor parallelism). benchmarks/quant_step.py times both.
+INT4_MATMUL = "xla"
 
 # The param names of the methods below: their dtypes are their own (codes,
 # scales), never the model's float dtype.
@@ -235,8 +241,26 @@ class GroupedWeights:
         x2 = _flat_input(module, x)
         if self.act_order:
             x2 = jnp.take(x2, weights["perm"], axis=-1)
+        if INT4_MATMUL == "pallas" and self._kernel_takes(weights):
+            return _int4_kernel(x2, weights, module.out_shape)
         w = dequantize_grouped(self, weights).astype(x.dtype)
         return _dot_minor(x2, w, len(module.out_shape))
+
+    def _kernel_takes(self, weights) -> bool:
+        return (self.bits == 4 and self.zeros and not self.offsets
+                and weights["qweight"].dtype == jnp.uint8)
+
+
+def _int4_kernel(x2, weights, out_shape):
+    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
+    n_out = math.prod(out_shape)
+    lead = x2.shape[:-1]
+    y = int4_matmul(x2.reshape(-1, x2.shape[-1]),
+                    weights["qweight"].reshape(n_out, -1),
+                    weights["scales"].reshape(n_out, -1),
+                    weights["qzeros"].reshape(n_out, -1),
+                    interpret=jax.default_backend() == "cpu")
+    return y.reshape(lead + tuple(out_shape))
 
 
 def unpack_int4(packed, method: str | None = None):
