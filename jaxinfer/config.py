@@ -6,7 +6,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .errors import InvalidConfigError
+from .errors import (InvalidConfigError, UnsupportedFeatureError,
+                     UnsupportedQuantizationError)
+
+# vLLM's kv_cache_dtype values served (worker/kv_dtype.py has the dtypes).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def _check(cond: bool, field: str, allowed: str, value) -> None:
@@ -24,6 +28,9 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None  # fixes the page count (tests)
     enable_prefix_caching: bool = True
     swap_space: float = 4.0  # GiB of host memory for swapped-out pages
+    # vLLM's kv_cache_dtype: "auto" (the model's), "bfloat16", "fp8" /
+    # "fp8_e4m3", "fp8_e5m2" (worker/kv_dtype.py)
+    cache_dtype: str = "auto"
 
     def __post_init__(self):
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size",
@@ -36,6 +43,8 @@ class CacheConfig:
                or self.num_gpu_blocks_override >= 2, "num_gpu_blocks_override",
                ">= 2 (page 0 is reserved) or None", self.num_gpu_blocks_override)
         _check(self.swap_space >= 0, "swap_space", ">= 0 GiB", self.swap_space)
+        _check(self.cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+               f"one of {', '.join(KV_CACHE_DTYPES)}", self.cache_dtype)
 
 
 def host_available_bytes() -> int:
@@ -130,6 +139,19 @@ class EngineArgs:
         "holding only tokenizer files (default: the model's)")
     load_format: str = _arg("auto", "dummy: random weights from the model's "
                             "config.json", choices=("auto", "dummy"))
+    quantization: str | None = _arg(
+        None, "how the linear layers' weights are stored: awq / gptq (int4 "
+        "or int8 group-quantized checkpoints; awq_marlin, gptq_marlin "
+        "alike), fp8 (e4m3 weights with scales from the checkpoint, or "
+        "quantized at load; fp8 matmuls), int8 (weight-only, per channel, "
+        "quantized at load; tpu_int8 alike), gguf (keep a .gguf file's "
+        "Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks quantized), compressed-tensors "
+        "(fp8 ones); default: the checkpoint's own quantization_config",
+        aliases=("-q",))
+    kv_cache_dtype: str = _arg(
+        "auto", "KV page dtype: auto (the model's dtype), bfloat16, fp8 / "
+        "fp8_e4m3 or fp8_e5m2 (one byte per element, one scale per kv head "
+        "and page: twice the pages of bf16 in the same memory)")
     dtype: str = _arg("auto", "weights and activations; auto: the "
                       "checkpoint's", choices=("auto", "float32", "bfloat16",
                                                "float16", "half", "float"))
@@ -237,6 +259,9 @@ class EngineArgs:
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
         _check(self.load_format in ("auto", "dummy"), "load_format",
                "'auto' or 'dummy'", self.load_format)
+        if self.quantization is not None:
+            check_quantization("quantization", self.quantization)
+        check_kv_cache_dtype("kv_cache_dtype", self.kv_cache_dtype)
         _check(self.max_model_len is None or (
             isinstance(self.max_model_len, int) and self.max_model_len >= 1),
             "max_model_len", "a positive integer or None", self.max_model_len)
@@ -309,7 +334,8 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
-            swap_space=self.resolved_preemption()[1])
+            swap_space=self.resolved_preemption()[1],
+            cache_dtype=self.kv_cache_dtype)
 
     def scheduler_config(self, model_max_len: int, on_cpu: bool) -> SchedulerConfig:
         """``model_max_len``: the model's usable context
@@ -339,6 +365,31 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             preemption_mode=self.resolved_preemption()[0])
+
+
+def check_kv_cache_dtype(name: str, value: str) -> None:
+    """A vLLM kv_cache_dtype jaxinfer lacks (fp8_inc, fp8_ds_mla) is an
+    UnsupportedFeatureError naming ``name``."""
+    if value not in KV_CACHE_DTYPES:
+        raise UnsupportedFeatureError(
+            name, f"a {value!r} KV cache",
+            f"use one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def check_quantization(name: str, value: str) -> str:
+    """vLLM's ``quantization`` value -> the method served; one jaxinfer
+    lacks is an UnsupportedQuantizationError naming ``name`` (the flag or
+    argument as the user spelled it)."""
+    from jaxinfer.models.quantization import (UnknownQuantizationError,
+                                              normalize_method)
+    from jaxinfer.models.quantization.config import ALIASES, METHODS
+    try:
+        return normalize_method(value)
+    except UnknownQuantizationError:
+        raise UnsupportedQuantizationError(
+            name, f"quantization {value!r}",
+            f"it serves {', '.join(METHODS + tuple(ALIASES))}, or leave it "
+            "unset (a checkpoint's own quantization_config is used)") from None
 
 
 # RoPE types whose config states the trained length, which the scaling

@@ -25,6 +25,10 @@ class UnsupportedFeatureError(ValueError):
         super().__init__(f"{msg}; {hint}" if hint else msg)
 
 
+class UnsupportedQuantizationError(UnsupportedFeatureError):
+    """``quantization`` names a method this engine does not implement."""
+
+
 class ServingError(RuntimeError):
     """A valid request the server cannot serve now (HTTP ``status``)."""
     status = 500

@@ -89,7 +89,9 @@ def paged_attention(
     q: jax.Array,  # [T, N, H]
     k: jax.Array,  # [T, K, H]
     v: jax.Array,  # [T, K, H]
-    kv: tuple[jax.Array, jax.Array],  # ([K, num_pages, B, H], same)
+    # ([K, num_pages, B, H], same), and for fp8 pages their per-page
+    # scales ([K, num_pages] f32, same)
+    kv: tuple[jax.Array, ...],
     md: AttentionMetadata,
     *,
     backend: str,
@@ -101,18 +103,29 @@ def paged_attention(
     """Writes k/v at ``md.slot_mapping`` then attends; returns (out [T, N, H],
     the updated page pair). ``mesh``: the tensor-parallel mesh, under which
     the Pallas kernels run per shard (the reference is left to XLA's SPMD
-    partitioner)."""
-    k_pages, v_pages = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
-    fn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
-                           sliding_window=sliding_window,
-                           logit_soft_cap=logit_soft_cap,
-                           decode_only=md.decode_only)
+    partitioner). A page quadruple (fp8 pages + scales) is written with
+    per-page scales, which the kernels read beside the pages."""
+    if len(kv) == 4:
+        bound = kv_cache.pages_touched_bound(
+            k.shape[0], md.block_tables.shape[0], kv[0].shape[2])
+        kv = kv_cache.write_kv_scaled(*kv, k, v, md.slot_mapping, bound)
+    else:
+        kv = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
+    attn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
+                             sliding_window=sliding_window,
+                             logit_soft_cap=logit_soft_cap,
+                             decode_only=md.decode_only)
+
+    def fn(q, k_pages, v_pages, kv_lens, tables, cu, num_seqs, *scales):
+        kw = dict(zip(("k_scale", "v_scale"), scales))
+        return attn(q, k_pages, v_pages, kv_lens, tables, cu, num_seqs, **kw)
+
     if backend != "reference":
-        if _splits_heads(mesh, k_pages.shape[0]):
-            fn = _per_shard(fn, mesh)
-    out = fn(q, k_pages, v_pages, md.kv_lens, md.block_tables, md.cu_q_lens,
-             md.num_seqs)
-    return out, (k_pages, v_pages)
+        if _splits_heads(mesh, kv[0].shape[0]):
+            fn = _per_shard(fn, mesh, len(kv) - 2)
+    out = fn(q, kv[0], kv[1], md.kv_lens, md.block_tables, md.cu_q_lens,
+             md.num_seqs, *kv[2:])
+    return out, kv
 
 
 def _splits_heads(mesh, num_kv_heads: int) -> bool:
@@ -122,7 +135,7 @@ def _splits_heads(mesh, num_kv_heads: int) -> bool:
     return num_kv_heads % mesh.shape["model"] == 0
 
 
-def _per_shard(fn, mesh):
+def _per_shard(fn, mesh, num_scales: int = 0):
     """Runs a Pallas kernel once per model-axis shard on its own heads.
 
     XLA cannot partition a custom kernel call, so under tensor parallelism
@@ -133,8 +146,9 @@ def _per_shard(fn, mesh):
     heads = PartitionSpec(None, "model", None)
     pages = PartitionSpec("model")
     rep = PartitionSpec()
-    specs = dict(mesh=mesh, in_specs=(heads, pages, pages, rep, rep, rep, rep),
-                 out_specs=heads)
+    # Per-page scales [K, num_pages] split on kv heads like the pages.
+    specs = dict(mesh=mesh, in_specs=(heads, pages, pages, rep, rep, rep, rep)
+                 + (pages,) * num_scales, out_specs=heads)
     if hasattr(jax, "shard_map"):  # jax >= 0.7
         context = jax.sharding.get_abstract_mesh()
         if not context.empty and context.manual_axes:

@@ -81,6 +81,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"  # the checkpoint's own dtype (HF torch_dtype)
+    # How the linear layers are quantized (quantization/config.py's
+    # QuantizationConfig), None for float weights; set by the loader.
+    quantization: Any = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size",

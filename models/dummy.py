@@ -13,6 +13,7 @@ from flax import linen as nn
 
 from .abstract import abstract_variables
 from .config import ModelConfig
+from .quantization.methods import PARAM_NAMES
 
 
 def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
@@ -26,17 +27,48 @@ def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
     makers: dict = {}  # one compiled initializer per (kind, shape, sharding)
     for i, ((path, leaf), sharding) in enumerate(zip(leaves, shard_leaves)):
         name = jax.tree_util.keystr(path)
-        kind = ("ones" if name.endswith("['scale']") else
-                "zeros" if name.endswith("['bias']") else "normal")
-        key = (kind, leaf.shape, sharding)
+        last = getattr(path[-1], "key", None)
+        if last in _QUANTIZED:  # codes and scales in their own dtypes
+            kind, leaf_dtype = "q_" + last, leaf.dtype
+        else:
+            kind = ("ones" if name.endswith("['scale']") else
+                    "zeros" if name.endswith("['bias']") else "normal")
+            leaf_dtype = dtype
+        key = (kind, leaf.shape, str(leaf_dtype), sharding)
         if key not in makers:
-            makers[key] = _initializer(kind, leaf.shape, dtype, std, sharding)
+            makers[key] = _initializer(kind, leaf.shape, leaf_dtype, std,
+                                       sharding)
         out.append(makers[key](jax.random.key(seed * 100003 + i)))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+# Quantized layers' params (quantization/methods.py): random codes, scales
+# that give weights of about ``std``.
+_QUANTIZED = PARAM_NAMES
+
+
+def _quantized_value(kind, k, shape, dtype, std):
+    if kind in ("q_qweight", "q_weight") and jnp.issubdtype(dtype, jnp.integer):
+        return jax.random.bits(k, shape, jnp.uint8).astype(dtype)
+    if kind == "q_weight":  # fp8 codes of about unit size
+        return jax.random.normal(k, shape, jnp.float32).astype(dtype)
+    if kind == "q_qzeros":
+        return jnp.full(shape, 8, dtype) + (0 * jax.random.bits(
+            k, shape, jnp.uint8)).astype(dtype)
+    if kind == "q_perm":
+        return jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+    noise = jax.random.normal(k, shape, jnp.float32)
+    # int8 codes reach 127, fp8 ones about 1: a compromise for both.
+    base = {"q_scales": std / 8, "q_weight_scale": std / 16,
+            "q_input_scale": 0.05,
+            "q_offsets": 0.0}[kind]
+    return (base * (1.0 + 0.1 * jnp.abs(noise))).astype(dtype)
+
+
 def _initializer(kind, shape, dtype, std, sharding):
     def fn(k):
+        if kind.startswith("q_"):
+            return _quantized_value(kind, k, shape, dtype, std)
         noise = jax.random.normal(k, shape, jnp.float32)
         if kind in ("ones", "zeros"):
             # Computed from the key like the matrices rather than a constant

@@ -140,6 +140,24 @@ class GGUFReader:
         w = self._gguf.quants.dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape(
             tuple(int(d) for d in reversed(t.shape)))
+        return self._unpermuted(hf_name, w)
+
+    def tensor_type(self, hf_name: str) -> str | None:
+        """The GGML type name of a tensor ("Q4_K", "F32", ...)."""
+        t = self._tensors.get(hf_name)
+        return None if t is None else t.tensor_type.name
+
+    def quantized(self, hf_name: str) -> tuple[str, np.ndarray]:
+        """(type name, raw block bytes [rows, bytes per row]) of a matrix,
+        rows un-permuted like ``get``'s (a row's blocks move together)."""
+        t = self._tensors.get(hf_name)
+        if t is None:
+            raise CheckpointError(f"{self.path}: tensor {hf_name!r} is missing")
+        rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
+        raw = np.asarray(t.data, np.uint8).reshape(rows, -1)
+        return t.tensor_type.name, self._unpermuted(hf_name, raw)
+
+    def _unpermuted(self, hf_name: str, w: np.ndarray) -> np.ndarray:
         # llama.cpp permutes q/k rows for Llama and Mistral rotary; Qwen is
         # stored unpermuted (its converter skips the permutation).
         if self._names.permuted_qk and hf_name.endswith(

@@ -26,6 +26,7 @@ from .attention import AttentionMetadata, paged_attention
 from .config import ModelConfig, decoder_config_from_hf
 from .layers import Linear, RMSNorm, param
 from .mlp import GatedMLP
+from .quantization import linear_method
 from .rope import apply_rope, rope_cos_sin_table
 from .spec import (GGUFNames, ModelSpec, WeightSpec, keep_layout,
                    linear_from_hf, reshape_to)
@@ -44,11 +45,14 @@ class Attention(nn.Module):
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         q = Linear((D,), (N, H), ("embed", "heads", "head_dim"),
-                   c.attention_bias, self.dtype, name="q_proj")(x)
+                   c.attention_bias, self.dtype, linear_method(c),
+                   name="q_proj")(x)
         k = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
-                   c.attention_bias, self.dtype, name="k_proj")(x)
+                   c.attention_bias, self.dtype, linear_method(c),
+                   name="k_proj")(x)
         v = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
-                   c.attention_bias, self.dtype, name="v_proj")(x)
+                   c.attention_bias, self.dtype, linear_method(c),
+                   name="v_proj")(x)
         if c.qk_norm:
             q = RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm")(q)
             k = RMSNorm(H, c.rms_norm_eps, self.dtype, name="k_norm")(k)
@@ -58,7 +62,7 @@ class Attention(nn.Module):
                                   sliding_window=c.sliding_window,
                                   mesh=self.mesh)
         out = Linear((N, H), (D,), ("heads", "head_dim", "embed"), False,
-                     self.dtype, name="o_proj")(out)
+                     self.dtype, linear_method(c), name="o_proj")(out)
         return out, kv
 
 

@@ -47,10 +47,14 @@ class ModelFiles:
 LOAD_FORMATS = ("auto", "dummy")
 
 
-def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
+def resolve_model(model: str, load_format: str = "auto",
+                  quantization: str | None = None) -> ModelFiles:
     """A local folder (HF safetensors), a .gguf file, or an embedded name.
     Nothing is downloaded. ``load_format="dummy"`` (vLLM's name) needs only
-    the folder's config.json: the weights are random (see ``dummy.py``)."""
+    the folder's config.json: the weights are random (see ``dummy.py``).
+    ``quantization``: vLLM's argument; the config's ``quantization`` is
+    what it and the checkpoint's own quantization resolve to
+    (quantization/resolve.py)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
                          f"got {load_format!r}")
@@ -59,15 +63,31 @@ def resolve_model(model: str, load_format: str = "auto") -> ModelFiles:
         hf = load_hf_config(path)
         cfg = model_config_from_hf(hf)
         if is_orbax_model(path):  # written by `jaxinfer convert`
+            cfg = _quantized(cfg, quantization, hf, "orbax", path)
             return ModelFiles(cfg, TokenizerSource(path), None, path, hf, "orbax")
         reader = None if load_format == "dummy" else SafetensorsReader(path)
+        cfg = _quantized(cfg, quantization, hf, "safetensors", path,
+                         model_dir=path,
+                         names=None if reader is None else reader.names())
         return ModelFiles(cfg, TokenizerSource(path), reader, path, hf)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return _resolve_gguf(path)
+        files = _resolve_gguf(path)
+        if quantization is None:
+            return files
+        reader = GGUFReader(path)  # the quantized blocks, not the cache's floats
+        cfg = _quantized(files.config, quantization, files.hf_config, "gguf",
+                         path, gguf_reader=reader)
+        return dataclasses.replace(files, config=cfg, reader=reader)
     raise CheckpointError(
         f"model {model!r} is neither a local HF model folder, a .gguf file, "
         "nor an embedded model name (jaxinfer never downloads from a hub; "
         "the embedded default is 'smollm2-135m-instruct')")
+
+
+def _quantized(cfg: ModelConfig, requested, hf, fmt, source, **kw):
+    from .quantization.resolve import resolve_quantization
+    qc = resolve_quantization(requested, cfg, hf, fmt, source, **kw)
+    return cfg if qc is None else dataclasses.replace(cfg, quantization=qc)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -154,5 +174,7 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
 
 
 def load_params(files: ModelFiles, dtype, place=None, elsewhere=None) -> dict:
+    from .quantization.loading import linear_loader
     return build_params(files.config, files.reader.get, dtype, files.source,
-                        place=place, elsewhere=elsewhere)
+                        place=place, elsewhere=elsewhere,
+                        linear=linear_loader(files.config, files.reader))

@@ -18,6 +18,7 @@ from flax import linen as nn
 
 from .config import ModelConfig
 from .layers import Linear
+from .quantization import linear_method
 from .spec import WeightSpec, keep_layout, linear_from_hf
 
 ACTIVATIONS = {
@@ -47,12 +48,12 @@ class GatedMLP(nn.Module):
         c = self.cfg
         D, F = c.hidden_size, c.intermediate_size
         gate = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                      name="gate_proj")(x)
+                      linear_method(c), name="gate_proj")(x)
         up = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                    name="up_proj")(x)
+                    linear_method(c), name="up_proj")(x)
         h = ACTIVATIONS[c.hidden_act](gate) * up
         return Linear((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
-                      name="down_proj")(h)
+                      linear_method(c), name="down_proj")(h)
 
     @staticmethod
     def weights(cfg: ModelConfig, hf_prefix: str, path: tuple
@@ -72,8 +73,9 @@ class DenseMLP(nn.Module):
         c = self.cfg
         D, F = c.hidden_size, c.intermediate_size
         h = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                   name="up_proj")(x)
+                   linear_method(c), name="up_proj")(x)
         return Linear((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
+                      linear_method(c),
                       name="down_proj")(ACTIVATIONS[c.hidden_act](h))
 
     @staticmethod

@@ -37,14 +37,17 @@ def save_params(params, path: str) -> None:
 
 def restore_params(path: str, model, cfg, dtype, shardings=None) -> dict:
     """Params restored into ``shardings`` (a tree like the params; None: the
-    default device), cast to ``dtype``."""
+    default device), cast to ``dtype`` (quantized layers' codes and scales
+    keep theirs)."""
     import orbax.checkpoint as ocp
     abstract = nn.unbox(abstract_variables(model, cfg)["params"])
     if shardings is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree_util.tree_map(lambda _: device, abstract)
-    target = jax.tree_util.tree_map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype, sharding=s),
+    # Quantized layers' params keep their own dtypes (codes, scales).
+    target = jax.tree_util.tree_map_with_path(
+        lambda p, a, s: jax.ShapeDtypeStruct(
+            a.shape, a.dtype if _is_quantized(p) else dtype, sharding=s),
         abstract, shardings)
     source = os.path.join(os.path.abspath(path), PARAMS_DIR)
     ckptr = ocp.StandardCheckpointer()
@@ -54,6 +57,11 @@ def restore_params(path: str, model, cfg, dtype, shardings=None) -> dict:
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise CheckpointError(f"{source} does not hold params for this "
                               f"config.json ({cfg.architecture}): {e}") from e
+
+
+def _is_quantized(path) -> bool:
+    from .quantization.methods import PARAM_NAMES
+    return getattr(path[-1], "key", None) in PARAM_NAMES
 
 
 def _shapes(tree) -> dict[str, tuple[int, ...]]:

@@ -64,4 +64,27 @@ class SafetensorsReader:
         path = self._file_of.get(name)
         if path is None:
             return None
-        return np.asarray(self._open(path).get_tensor(name))
+        handle = self._open(path)
+        if hasattr(handle, "get_slice") and handle.get_slice(
+                name).get_dtype() in _RAW_DTYPES:
+            return _read_raw(path, name)
+        return np.asarray(handle.get_tensor(name))
+
+
+# Dtypes safetensors' own readers cannot hand to NumPy (fp8 checkpoints):
+# read from the file's bytes as ml_dtypes arrays.
+_RAW_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _read_raw(path: str, name: str) -> np.ndarray:
+    """One tensor from a safetensors file by its header (8-byte little-endian
+    header size, a JSON header of dtype / shape / data_offsets, the data)."""
+    import ml_dtypes
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        entry = json.loads(f.read(size))[name]
+        start, end = entry["data_offsets"]
+        f.seek(8 + size + start)
+        data = f.read(end - start)
+    dtype = getattr(ml_dtypes, _RAW_DTYPES[entry["dtype"]])
+    return np.frombuffer(data, dtype).reshape(entry["shape"])

@@ -46,11 +46,21 @@ def keep_layout(w):
     return np.asarray(w)
 
 
+@dataclasses.dataclass(frozen=True)
+class LinearLayout:
+    """The conversion of an HF Linear weight [out, in] to our kernel
+    in_shape + out_shape; quantized loaders read the shapes from it to lay
+    out a quantized layer's tensors (models/quantization/)."""
+    out_shape: tuple[int, ...]
+    in_shape: tuple[int, ...]
+
+    def __call__(self, w):
+        return np.asarray(w).T.reshape(*self.in_shape, *self.out_shape)
+
+
 def linear_from_hf(out_shape: tuple[int, ...], in_shape: tuple[int, ...]):
     """HF Linear weight [out, in] -> our kernel in_shape + out_shape."""
-    def convert(w):
-        return np.asarray(w).T.reshape(*in_shape, *out_shape)
-    return convert
+    return LinearLayout(tuple(out_shape), tuple(in_shape))
 
 
 def reshape_to(shape: tuple[int, ...]):

@@ -42,7 +42,8 @@ def param_dtype(spec: WeightSpec, array, dtype):
 
 def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
                  place: Callable | None = None,
-                 elsewhere: Callable | None = None) -> dict:
+                 elsewhere: Callable | None = None,
+                 linear: Callable | None = None) -> dict:
     """Fetches, checks, converts and places every tensor, one at a time (so
     peak host memory is one tensor, not the checkpoint).
 
@@ -51,10 +52,27 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
     The dtype is ``param_dtype``'s: floating tensors in the model's, others
     as stored. ``elsewhere(path)``: a stand-in for a param none of this
     process's devices hold (a pipeline stage on another host), which is
-    then never read; None to load it.
+    then never read; None to load it. ``linear(spec, get, source)``
+    (quantization/loading.py) may answer a linear layer's weight with the
+    params of its quantized method.
     """
     params: dict = {}
+
+    def put(path, arr, target):
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = (place(path, arr, target) if place else
+                          jnp.asarray(arr, dtype=target))
+
     for spec in weight_specs(cfg):
+        if linear is not None:
+            # A quantized linear layer: its params in their own dtypes.
+            items = linear(spec, get, source)
+            if items is not None:
+                for path, arr in items:
+                    put(path, arr, arr.dtype)
+                continue
         hf_name, path, shape = spec.hf_name, spec.path, spec.hf_shape
         stand_in = elsewhere(path) if elsewhere is not None else None
         if stand_in is not None:
@@ -79,10 +97,5 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
                 f"{source}: tensor {hf_name!r} has shape {tuple(w.shape)}, "
                 f"but the config implies {tuple(shape)}")
         arr = spec.convert(w)
-        target = param_dtype(spec, arr, dtype)
-        node = params
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = (place(path, arr, target) if place else
-                          jnp.asarray(arr, dtype=target))
+        put(path, arr, param_dtype(spec, arr, dtype))
     return params

@@ -91,3 +91,77 @@ def gather_page_scales(
     g = jnp.moveaxis(scales[:, block_table], 0, -1)  # [..., P, K]
     g = jnp.repeat(g, block_size, axis=-2)  # [..., P * B, K]
     return g[..., None]
+
+
+def init_page_scales(num_layers: int, num_pages: int, num_kv_heads: int
+                     ) -> list:
+    """Zeroed per-page scales: per layer (k_scales, v_scales), each
+    [K, num_pages] f32 (a zero scale marks a page nothing was written to)."""
+    shape = page_scales_shape(num_pages, num_kv_heads)
+    return [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
+            for _ in range(num_layers)]
+
+
+def write_kv_scaled(
+    k_pages: jax.Array,  # [K, num_pages, B, H] fp8
+    v_pages: jax.Array,  # [K, num_pages, B, H] fp8
+    k_scales: jax.Array,  # [K, num_pages] f32
+    v_scales: jax.Array,  # [K, num_pages] f32
+    k: jax.Array,  # [T, K, H] new keys of this step
+    v: jax.Array,  # [T, K, H] new values of this step
+    slot_mapping: jax.Array,  # [T] int32 slot of each token; padding -> page 0
+    max_pages: int,  # static bound on the distinct pages the step writes
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Writes this step's K/V into quantized (fp8) pages with one scale per
+    (kv head, page), ``amax / dtype max`` over the page's tokens.
+
+    A page's scale can only grow: when new tokens raise it, the page's
+    earlier tokens are requantized by ``old / new`` (exact when the scale
+    stays, one more rounding when it grows). A step that writes offset 0 of
+    a page starts it afresh (tokens fill pages in order, so whatever the
+    page held belonged to an earlier owner). Only the pages this step
+    touches are read and written: ``max_pages`` of them at most
+    (``pages_touched_bound``).
+    """
+    num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
+    qmax = float(jnp.finfo(k_pages.dtype).max)
+    page = slot_mapping // block_size  # [T]
+    offset = slot_mapping % block_size
+    # Tokens of one page are contiguous in a step (a sequence's tokens are
+    # in order, and no two sequences write one page): number the pages.
+    first = jnp.concatenate([jnp.ones((1,), bool), page[1:] != page[:-1]])
+    cidx = jnp.cumsum(first) - 1  # [T] compact page index of each token
+    cidx = jnp.minimum(cidx, max_pages - 1)
+    upage = jnp.zeros((max_pages,), page.dtype).at[cidx].set(page)
+    fresh = jnp.zeros((max_pages,), bool).at[cidx].max(offset == 0)
+
+    def one(pages, scales, new):  # new [T, K, H]
+        new = jnp.swapaxes(new, 0, 1).astype(jnp.float32)  # [K, T, H]
+        amax = jnp.zeros((num_kv_heads, max_pages), jnp.float32).at[
+            :, cidx].max(jnp.max(jnp.abs(new), axis=-1))
+        old = jnp.where(fresh[None], 0.0, scales[:, upage])  # [K, U]
+        # A page of zeros keeps scale 0 (its codes are 0 whatever divides).
+        # (A multiply by the f32 reciprocal, written out: XLA may rewrite a
+        # division by a constant into one, and then the result would
+        # depend on whether it did.)
+        scale = jnp.maximum(old, amax * jnp.float32(1.0 / qmax))
+        div = jnp.where(scale > 0, scale, 1.0)
+        # Earlier tokens rescaled by old / new; a fresh page's old bytes
+        # are dropped.
+        held = pages[:, upage].astype(jnp.float32) * (old / div)[..., None,
+                                                                 None]
+        held = held.at[:, cidx, offset].set(new / div[:, cidx][..., None])
+        held = jnp.clip(held, -qmax, qmax).astype(pages.dtype)
+        return pages.at[:, upage].set(held), scales.at[:, upage].set(scale)
+
+    k_pages, k_scales = one(k_pages, k_scales, k)
+    v_pages, v_scales = one(v_pages, v_scales, v)
+    return k_pages, v_pages, k_scales, v_scales
+
+
+def pages_touched_bound(num_tokens: int, num_seqs: int, block_size: int) -> int:
+    """The most distinct pages a step of ``num_tokens`` tokens over
+    ``num_seqs`` sequences writes: a sequence's q tokens span at most
+    ``(q - 1) // B + 2`` pages, and padding tokens all go to page 0."""
+    return max(1, min(num_tokens,
+                      num_tokens // block_size + 2 * num_seqs + 1))

@@ -57,9 +57,6 @@ ENGINE_FLAGS = {
                          "edit rope_theta in the model's config.json"),
     "hf_overrides": refuse("overriding config.json fields",
                            "edit the model's config.json", (None, "{}", {})),
-    "quantization": refuse("quantization",
-                           "leave --quantization unset and pick --dtype "
-                           "bfloat16 or float16 (GGUF files are dequantized)"),
     "enforce_eager": ignore(
         "there are no CUDA graphs to turn off: every step is one compiled "
         "XLA program, eager or not"),
@@ -158,15 +155,13 @@ ENGINE_FLAGS = {
     "kv_cache_memory_bytes": refuse(
         "sizing the KV cache in bytes", "use --num-gpu-blocks-override "
         "(pages) or --gpu-memory-utilization"),
-    "kv_cache_dtype": refuse(
-        "a KV cache dtype other than the model's (fp8 KV cache)",
-        "leave --kv-cache-dtype auto (pages are kept in --dtype)",
-        (None, "auto")),
     "prefix_caching_hash_algo": ignore(
         "the hash only keys jaxinfer's own prefix cache in one process; any "
         "algorithm gives the same hits"),
     "cpu_offload_gb": refuse("offloading weights to host memory", accepts=(None, 0)),
-    "calculate_kv_scales": refuse("fp8 KV cache scales"),
+    "calculate_kv_scales": ignore(
+        "fp8 KV pages always get scales computed from their own tokens "
+        "(one per kv head and page, kept as the page fills)"),
     "kv_sharing_fast_prefill": refuse("cross-layer KV sharing"),
     "mamba_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),
     "mamba_ssm_cache_dtype": refuse("Mamba models", accepts=(None, "auto")),

@@ -56,7 +56,8 @@ class LLMEngine:
         """One replica over ``devices`` (default: every device; a
         data-parallel front gives each replica its own)."""
         self.args = args
-        self.files = resolve_model(args.model, args.load_format)
+        self.files = resolve_model(args.model, args.load_format,
+                                   quantization=args.quantization)
         self.model_config = self.files.config
         on_cpu = jax.default_backend() == "cpu"
         self.cache_config = args.cache_config()

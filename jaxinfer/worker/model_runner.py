@@ -32,6 +32,7 @@ from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..request import PENDING_TOKEN
 from .buckets import Buckets
 from .encoder_runner import EncoderRunner
+from .kv_dtype import kv_page_dtype, page_bytes
 from .lora_inputs import LoRAInputs
 from .packing import pack_step, unpack_lora_slots, unpack_step
 from .logprob_ops import gather_logprobs
@@ -130,9 +131,11 @@ class ModelRunner:
         self.constants = model_constants(self.model,
                                          scheduler_config.max_model_len)
         self.encoder = self._encoder_runner()  # None: the model takes text only
+        self.kv_dtype = kv_page_dtype(cache_config.cache_dtype, dtype)
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
-            self.cfg.num_layers, self.num_blocks, self.block_size, dtype)
+            self.cfg.num_layers, self.num_blocks, self.block_size,
+            self.kv_dtype)
         # Host swap space in pages (whole pages: all kv heads, all layers).
         self.num_host_blocks = int(cache_config.swap_space * 2**30 //
                                    (self.page_bytes * self.placement.kv_shards))
@@ -187,10 +190,11 @@ class ModelRunner:
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one page across all layers, K and V, on one device."""
-        return (2 * self.cfg.num_layers * self.block_size *
-                self.cfg.num_kv_heads * self.cfg.head_dim *
-                jnp.dtype(self.dtype).itemsize) // self.placement.kv_shards
+        """Bytes of one page across all layers, K and V (and fp8 pages'
+        scales), on one device."""
+        return page_bytes(self.cfg.num_layers, self.block_size,
+                          self.cfg.num_kv_heads, self.cfg.head_dim,
+                          self.kv_dtype, self.placement.kv_shards)
 
     def _num_blocks(self) -> int:
         cc = self.cache_config

@@ -5,7 +5,8 @@ module moves the bytes, before the step that needs them.
 Each kind is one jitted program per count bucket (a power of two), padded
 with the null page, so swaps never compile at serving time once warmed up.
 The pool is donated wherever it is written. Host pages live in NumPy arrays
-(per layer ``[2, K, num_host_pages, B, H]``), allocated on the first swap.
+(per layer one ``[K, num_host_pages, ...]`` array per device array: K, V,
+and fp8 pages' scales), allocated on the first swap.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ logger = logging.getLogger(__name__)
 
 
 def _gather(kv_pages, ids):
-    """ids [n] -> per layer (k, v) each [K, n, B, H]."""
-    return [(k[:, ids], v[:, ids]) for k, v in kv_pages]
+    """ids [n] -> per layer (k, v) each [K, n, B, H] (and fp8 pages'
+    scales, each [K, n]: every array of a layer has pages on axis 1)."""
+    return [tuple(a[:, ids] for a in layer) for layer in kv_pages]
 
 
 def _scatter(kv_pages, ids, data):
-    return [(k.at[:, ids].set(dk), v.at[:, ids].set(dv))
-            for (k, v), (dk, dv) in zip(kv_pages, data)]
+    return [tuple(a.at[:, ids].set(d) for a, d in zip(layer, new))
+            for layer, new in zip(kv_pages, data)]
 
 
 class PageMover:
@@ -43,14 +45,17 @@ class PageMover:
         out[:len(ids)] = ids
         return out
 
-    def _host_pages(self, kv_pages) -> list[np.ndarray]:
+    def _host_pages(self, kv_pages) -> list[tuple[np.ndarray, ...]]:
+        """Per layer, one host array per device array of the layer (K, V,
+        and fp8 pages' scales), pages on axis 1."""
         if self._host is None:
-            k = kv_pages[0][0]
-            K, _, B, H = k.shape
-            self._host = [np.zeros((2, K, self.num_host_pages, B, H),
-                                   np.dtype(k.dtype)) for _ in kv_pages]
+            self._host = [tuple(
+                np.zeros((a.shape[0], self.num_host_pages) + a.shape[2:],
+                         np.dtype(a.dtype)) for a in layer)
+                for layer in kv_pages]
             logger.info("allocated %.2f GiB of host swap space",
-                        sum(h.nbytes for h in self._host) / 2**30)
+                        sum(h.nbytes for layer in self._host for h in layer)
+                        / 2**30)
         return self._host
 
     def swap_out(self, kv_pages, pairs: list[tuple[int, int]]) -> None:
@@ -62,9 +67,9 @@ class PageMover:
         slots = [s for _, s in pairs]
         n = len(pairs)
         data = jax.device_get(self._gather(kv_pages, pages))
-        for h, (dk, dv) in zip(host, data):
-            h[0][:, slots] = dk[:, :n]
-            h[1][:, slots] = dv[:, :n]
+        for layer, got in zip(host, data):
+            for h, d in zip(layer, got):
+                h[:, slots] = d[:, :n]
 
     def swap_in(self, kv_pages, pairs: list[tuple[int, int]]):
         """Copies host slots back into device pages; returns the new pool."""
@@ -75,7 +80,7 @@ class PageMover:
         slots = np.zeros(len(pages), np.int64)
         slots[:len(pairs)] = [s for _, s in pairs]
         # Padding rows read host slot 0 and land in the null page.
-        data = [(h[0][:, slots], h[1][:, slots]) for h in host]
+        data = [tuple(h[:, slots] for h in layer) for layer in host]
         return self._scatter(kv_pages, pages, data)
 
     def apply(self, kv_pages, out):

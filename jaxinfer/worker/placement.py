@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.pallas_kernels import kv_pages_shape
+from jaxinfer.pallas_kernels.kv_cache import page_scales_shape
 from jaxinfer.sharding import (kv_pages_sharding, make_mesh, param_shardings,
                                replicated)
 from jaxinfer.sharding import pipeline
@@ -102,6 +103,8 @@ class Placement:
         return pipeline.PipelinedModel(model, self.mesh)
 
     def zeros_kv(self, num_layers: int, num_pages: int, block_size: int, dtype):
+        """Per layer (k_pages, v_pages), and for one-byte (fp8) pages their
+        per-page scales too: (k, v, k_scales, v_scales)."""
         shape = kv_pages_shape(num_pages, block_size, self.cfg.num_kv_heads,
                                self.cfg.head_dim)
         pairs = num_layers
@@ -110,4 +113,15 @@ class Placement:
             pairs = num_layers // self.pipeline_stages
         make = jax.jit(lambda: jnp.zeros(shape, dtype),
                        out_shardings=self.kv_sharding)
-        return [(make(), make()) for _ in range(pairs)]
+        if jnp.dtype(dtype).itemsize != 1:
+            return [(make(), make()) for _ in range(pairs)]
+        if self.pipeline_stages > 1:
+            from jaxinfer.errors import InvalidConfigError
+            raise InvalidConfigError(
+                "kv_cache_dtype fp8 with pipeline_parallel_size > 1: the "
+                "per-page scales are not laid out by stage yet; use "
+                "kv_cache_dtype='auto' with pipeline stages")
+        scales = jax.jit(lambda: jnp.zeros(
+            page_scales_shape(num_pages, self.cfg.num_kv_heads), jnp.float32),
+            out_shardings=self.kv_sharding)
+        return [(make(), make(), scales(), scales()) for _ in range(num_layers)]

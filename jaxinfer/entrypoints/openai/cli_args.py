@@ -11,11 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ...errors import UnsupportedFeatureError
-
-
-class UnsupportedQuantizationError(UnsupportedFeatureError):
-    """--quantization names a method this engine does not implement."""
+from ...errors import UnsupportedQuantizationError  # noqa: F401 (re-exported)
 
 
 _HOST_HELP = ("address to bind; default 127.0.0.1 (this machine only), "
@@ -99,11 +95,11 @@ def serve_engine_args(ns: argparse.Namespace):
     refuses raises UnsupportedFeatureError naming it."""
     from ...compat.surface import check_vllm_flags
     from ..cli import engine_args_from
+    from ...config import check_kv_cache_dtype, check_quantization
+    # Named as flags here (EngineArgs names the fields).
     if getattr(ns, "quantization", None) is not None:
-        raise UnsupportedQuantizationError(
-            "--quantization", f"quantization ({ns.quantization!r})",
-            "leave --quantization unset and pick --dtype bfloat16 or float16 "
-            "(GGUF files are dequantized)")
+        check_quantization("--quantization", ns.quantization)
+    check_kv_cache_dtype("--kv-cache-dtype", ns.kv_cache_dtype)
     check_vllm_flags(ns)
     if ns.model_tag is not None:
         ns.model = ns.model_tag

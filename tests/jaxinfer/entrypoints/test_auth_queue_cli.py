@@ -203,6 +203,7 @@ def test_serve_flags_map_to_engine_args():
         ("/models/x", 7, 256, 32, 5, 0.5, False, 2)
     assert (ns.port, ns.host, ns.api_key, ns.served_model_name,
             ns.max_num_waiting) == (9001, "0.0.0.0", "k", ["a", "b"], 3)
-    ns = build_parser().parse_args(["serve", "m", "--quantization", "awq"])
+    ns = build_parser().parse_args(["serve", "m", "--quantization",
+                                    "bitsandbytes"])
     with pytest.raises(UnsupportedQuantizationError, match="--quantization"):
         serve_engine_args(ns)

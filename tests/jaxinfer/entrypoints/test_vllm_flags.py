@@ -70,7 +70,7 @@ def test_swap_space_sizes_a_pool_only_under_swap():
     (["--enable-lora-bias"], "LoRA adapters with bias terms"),
     (["--tool-call-parser", "hermes"], "tool calling"),
     (["--enable-auto-tool-choice"], "tool calling"),
-    (["--kv-cache-dtype", "fp8"], "fp8 KV cache"),
+    (["--kv-cache-dtype", "fp8_inc"], "'fp8_inc' KV cache"),
     (["--revision", "main"], "model hub"),
     (["--speculative-config", "{}"], "speculative decoding"),
     (["-dcp", "2"], "decode context parallelism"),

@@ -1,0 +1,429 @@
+"""`quant-step` workload: quantized weights and fp8 KV pages on the
+llama3-8b shape against bf16, ratios from one run (issue 15's targets).
+
+One command (GPU machine, repo root; about four minutes on one H200):
+
+    export PYTHONPATH=$PWD
+    python3 benchmarks/quant_step.py --out $OUT
+
+``--smoke`` runs every section on tiny shapes on CPU (interpret-mode
+kernels) to check the script; ``--sections`` picks some of
+check,layers,decode,prefill,kv,bytes (two calls can split the run).
+
+Sections, correctness first:
+
+- check: each quantized method's product against the float product of the
+  weights it dequantizes to (fp8: of its e4m3-rounded activations too); the
+  two int4 unpackings agree; the fp8 KV writer round-trips a page.
+- layers: XLA's own lowering of each method, one MLP's up + down
+  projections (4096 -> 14336 -> 4096) chained 8 times in one program, at
+  M = 1, 256 and 16384 rows: bf16, int4 (AWQ layout, groups of 128; codes
+  unpacked by shift, by bitcast to uint4, stored natively as uint4, and
+  the Pallas kernel of pallas_kernels/int4_matmul.py), int8
+  (weight-only), fp8 (per tensor W8A8; per channel + per token).
+- decode: the engine's jitted decode step (embedding, 32 layers with paged
+  attention, lm_head), random weights, S=1 and S=256 at L=1024: bf16, int4
+  (AWQ layout; XLA's dequantize-then-dot, and the Pallas kernel), fp8.
+  A variant that fails is recorded with its error. Targets: int4 >= 2.5x bf16 at S=1 and >= 1.3x at
+  S=256; fp8 >= 1.4x at S=256.
+- prefill: 8 x 2048 tokens through the model, bf16 and fp8 (target 1.6x).
+- kv: pages of 16 tokens counted in the same memory for bf16 and fp8 pages
+  (target 2x), and ragged paged attention decode (S=64, L=2048, N=32, K=8,
+  H=128) over fp8 pages with per-page scales: bytes read counted in fp8
+  over the measured copy bandwidth (target >= 0.75), bf16 beside it.
+- bytes: llama3-8b int4 (AWQ, g128) params on the device (target <= 6 GB).
+
+Writes ``quant-step-<device>.json`` (BENCHMARKS.md fields: commit, date,
+device, jax, params, raw repeats, medians, copy BW, matmul rate, ratios)
+and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["BENCH_SMOKE"] = "1"  # bench_attention's tiny-shape switch
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.decode_step import LLAMA3_8B, TINY, decode_batch, make_step  # noqa: E402
+from benchmarks.kernels.bench_attention import (batch, roofline,  # noqa: E402
+                                                time_chained, time_fn)
+from jaxinfer.models import AttentionMetadata, model_class  # noqa: E402
+from jaxinfer.models.dummy import random_params  # noqa: E402
+from jaxinfer.models.quantization import methods as qm  # noqa: E402
+from jaxinfer.models.quantization.config import QuantizationConfig  # noqa: E402
+from jaxinfer.models.runtime import model_constants, run_model  # noqa: E402
+from jaxinfer.pallas_kernels import kv_cache  # noqa: E402
+
+VARIANTS = {
+    "bf16": None,
+    "int4": QuantizationConfig("awq", "awq", qm.GroupedWeights(
+        bits=4, group_size=32 if SMOKE else 128, zeros=True)),
+    "int8": QuantizationConfig("int8", "float", qm.Int8Weights()),
+    "fp8": QuantizationConfig("fp8", "float", qm.Fp8Weights()),
+    "fp8-channel-token": QuantizationConfig("fp8", "float", qm.Fp8Weights(
+        per_channel=True, activation="per_token")),
+}
+
+
+# Variants that are another one traced with different module switches of
+# models/quantization/methods.py: variant -> (its params' variant, switches).
+TRACED_AS = {
+    "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
+    "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
+    "int4-pallas": ("int4", {"INT4_MATMUL": "pallas"}),
+}
+
+
+@contextlib.contextmanager
+def switches(variant):
+    """The module switches a variant is traced with."""
+    flags = TRACED_AS.get(variant, (variant, {}))[1]
+    old = {k: getattr(qm, k) for k in flags}
+    for k, v in flags.items():
+        setattr(qm, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(qm, k, v)
+
+
+def base_variant(variant):
+    return TRACED_AS.get(variant, (variant, {}))[0]
+
+
+class Layer:
+    """What a LinearMethod reads of its Linear module."""
+    def __init__(self, n_in, n_out):
+        self.in_shape, self.out_shape = (n_in,), (n_out,)
+        self.axes = ("embed", "mlp")
+
+
+def _weights(scheme, n_in, n_out, key):
+    """Random params of one layer for ``scheme`` and the float weights they
+    dequantize to [n_out, n_in]."""
+    k1, k2 = jax.random.split(key)
+    if scheme is None:
+        w = jax.random.normal(k1, (n_out, n_in), jnp.float32) * 0.02
+        return {"w": w.astype(jnp.bfloat16)}, w.astype(jnp.bfloat16).astype(
+            jnp.float32)
+    if isinstance(scheme, qm.GroupedWeights):
+        G = n_in // scheme.group_size
+        p = {"qweight": jax.random.bits(k1, (n_out, n_in // 2), jnp.uint8),
+             "scales": (jax.random.uniform(k2, (n_out, G)) * 0.004 + 0.001
+                        ).astype(jnp.float16),
+             "qzeros": jnp.full((n_out, G), 8, jnp.uint8)}
+        return p, qm.dequantize_grouped(scheme, p)
+    if isinstance(scheme, qm.Int8Weights):
+        p = {"weight": jax.random.bits(k1, (n_out, n_in), jnp.uint8).astype(
+                 jnp.int8),
+             "weight_scale": jnp.full((n_out,), 2e-4, jnp.float32)}
+        return p, p["weight"].astype(jnp.float32) * 2e-4
+    w = jax.random.normal(k1, (n_out, n_in), jnp.float32).astype(qm.FP8_DTYPE)
+    s = (jnp.full((n_out,), 0.02, jnp.float32) if scheme.per_channel
+         else jnp.float32(0.02))
+    return ({"weight": w, "weight_scale": s},
+            w.astype(jnp.float32) * (s[:, None] if s.ndim else s))
+
+
+def _apply(scheme, layer, p, x):
+    if scheme is None:
+        return x @ p["w"].T
+    return scheme.apply(layer, p, x)
+
+
+def check(D, F):
+    """Correctness of every method's product, before any timing."""
+    rows = []
+    x = jax.random.normal(jax.random.key(1), (8, D), jnp.float32).astype(
+        jnp.bfloat16)
+    for name, qc in VARIANTS.items():
+        scheme = None if qc is None else qc.scheme
+        p, w = _weights(scheme, D, F, jax.random.key(2))
+        got = _apply(scheme, Layer(D, F), p, x).astype(jnp.float32)
+        xr = x.astype(jnp.float32)
+        if isinstance(scheme, qm.Fp8Weights):  # W8A8: the rounded activations
+            xq, xs = qm.quantize_activations(xr, scheme.activation)
+            xr = xq.astype(jnp.float32) * xs
+        want = xr @ w.T
+        err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+        rows.append(dict(check=f"product {name}", rel_err=err, ok=err < 2e-2))
+    packed = jax.random.bits(jax.random.key(3), (64, 256), jnp.uint8)
+    same = bool(jnp.array_equal(qm.unpack_int4(packed, "shift"),
+                                qm.unpack_int4(packed, "bitcast")))
+    rows.append(dict(check="int4 unpack shift == bitcast", ok=same))
+    kp = jnp.zeros((2, 4, 16, 64), jnp.float8_e4m3fn)
+    ks = jnp.zeros((2, 4), jnp.float32)
+    k = jax.random.normal(jax.random.key(4), (16, 2, 64), jnp.float32)
+    kp, _, ks, _ = kv_cache.write_kv_scaled(kp, kp, ks, ks, k, k,
+                                            jnp.arange(16, 32), 2)
+    back = kp[:, 1].astype(jnp.float32) * ks[:, 1, None, None]
+    err = float(jnp.max(jnp.abs(back - k.swapaxes(0, 1)) /
+                        (jnp.abs(k.swapaxes(0, 1)) + 0.05)))
+    rows.append(dict(check="fp8 KV page round trip", rel_err=err,
+                     ok=err < 0.1))
+    return rows
+
+
+def layers(D, F, Ms, roof):
+    """XLA's lowering of each method: up + down projections chained."""
+    rows = []
+    names = ["bf16", "int4", "int4-bitcast", "int4-native-u4", "int4-pallas",
+             "int8", "fp8", "fp8-channel-token"]
+    for M in Ms:
+        x = jax.random.normal(jax.random.key(5), (M, D), jnp.bfloat16)
+        for name in names:
+            qc = VARIANTS[base_variant(name)]
+            scheme = None if qc is None else qc.scheme
+            up, _ = _weights(scheme, D, F, jax.random.key(6))
+            down, _ = _weights(scheme, F, D, jax.random.key(7))
+            if name == "int4-native-u4":  # XLA's own sub-byte storage
+                up, down = ({**p, "qweight": qm.unpack_int4(
+                    p["qweight"]).astype(jnp.uint4)} for p in (up, down))
+
+            def chain(x, up, down, scheme=scheme):
+                for _ in range(8):
+                    h = _apply(scheme, Layer(D, F), up, x)
+                    x = _apply(scheme, Layer(F, D), down, h)
+                    x = (x * 0.05).astype(jnp.bfloat16)
+                return x
+            try:
+                with switches(name):  # they act while tracing
+                    ts = [t / 8 for t in time_fn(jax.jit(chain), x, up, down,
+                                                 repeats=5)]
+            except Exception as e:  # record it, time the others
+                rows.append(dict(section="layers", M=M, variant=name,
+                                 error=repr(e)[:800]))
+                continue
+            nbytes = _nbytes((up, down))
+            med = statistics.median(ts)
+            rows.append(dict(section="layers", M=M, variant=name,
+                             repeats_s=ts, us=med * 1e6,
+                             weight_bytes=nbytes,
+                             weight_bw_fraction=nbytes / med / roof["bw"],
+                             tflops=2 * M * D * F * 2 / med / 1e12))
+    for M in Ms:  # ratios against bf16 at the same M
+        base = next(r for r in rows if r["M"] == M and r["variant"] == "bf16")
+        for r in rows:
+            if r["M"] == M and "us" in r:
+                r["speedup_vs_bf16"] = base["us"] / r["us"]
+    return rows
+
+
+def _model(cfg, variant, backend):
+    qc = VARIANTS[base_variant(variant)]
+    cfg = cfg if qc is None else dataclasses.replace(cfg, quantization=qc)
+    model = model_class(cfg.architecture)(cfg, backend=backend,
+                                          dtype=jnp.bfloat16)
+    return cfg, model, random_params(model, cfg, jnp.bfloat16)
+
+
+def _nbytes(tree):
+    """Bytes of the arrays' data (uint4 counted two per byte)."""
+    return sum(x.size // 2 if x.dtype == jnp.uint4 else
+               x.size * x.dtype.itemsize
+               for x in jax.tree_util.tree_leaves(tree))
+
+
+def decode(cfg, sizes, variants, backend, roof):
+    rows = []
+    for variant in variants:
+        qcfg, model, params = _model(cfg, variant, backend)
+        constants = model_constants(model, max(L for _, L in sizes))
+        step = make_step(model)
+        for S, L in sizes:
+            kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S + L))
+            state = {"kv": kv}
+
+            def run():
+                tok, state["kv"] = step(params, state["kv"], constants, ids,
+                                        pos, md)
+                return tok
+            try:
+                with switches(variant):  # they act while tracing
+                    ts = time_fn(run, repeats=7, min_s=0.05)
+            except Exception as e:  # record it, time the others
+                rows.append(dict(section="decode", variant=variant, S=S, L=L,
+                                 error=repr(e)[:800]))
+                continue
+            med = statistics.median(ts)
+            kv_bytes = S * L * 2 * cfg.num_layers * cfg.num_kv_heads * (
+                cfg.head_dim * 2)
+            rows.append(dict(section="decode", variant=variant, S=S, L=L,
+                             repeats_s=ts, ms=med * 1e3,
+                             weight_bytes=_nbytes(params),
+                             bytes_over_bw_ms=(_nbytes(params) + kv_bytes)
+                             / roof["bw"] * 1e3))
+            del kv, state
+        del params
+    _ratios(rows, ("S", "L"))
+    return rows
+
+
+def prefill(cfg, num_seqs, seq_len, variants, backend, roof):
+    rows = []
+    B = 16
+    pages = seq_len // B
+    tables = (1 + np.arange(num_seqs * pages, dtype=np.int32)).reshape(
+        num_seqs, pages)
+    T = num_seqs * seq_len
+    pos = np.tile(np.arange(seq_len, dtype=np.int32), num_seqs)
+    seq = np.repeat(np.arange(num_seqs), seq_len)
+    md = AttentionMetadata(
+        slot_mapping=jnp.asarray(tables[seq, pos // B] * B + pos % B),
+        block_tables=jnp.asarray(tables),
+        kv_lens=jnp.full(num_seqs, seq_len, jnp.int32),
+        cu_q_lens=jnp.arange(0, T + 1, seq_len, dtype=jnp.int32),
+        num_seqs=jnp.array([num_seqs], jnp.int32))
+    ids = jax.random.randint(jax.random.key(9), (T,), 0, cfg.vocab_size,
+                             jnp.int32)
+    last = jnp.arange(seq_len - 1, T, seq_len, dtype=jnp.int32)
+    for variant in variants:
+        qcfg, model, params = _model(cfg, variant, backend)
+        constants = model_constants(model, seq_len)
+        kv = kv_cache.init_kv_pages(cfg.num_layers, num_seqs * pages + 1, B,
+                                    cfg.num_kv_heads, cfg.head_dim,
+                                    jnp.bfloat16)
+
+        @jax.jit
+        def fwd(params, kv, model=model, constants=constants):
+            logits, _ = run_model(model, params, constants, kv, ids,
+                                  jnp.asarray(pos), md, last)
+            return logits
+        ts = time_fn(fwd, params, kv, repeats=5)
+        med = statistics.median(ts)
+        flops = 2 * cfg.num_params * T
+        rows.append(dict(section="prefill", variant=variant,
+                         tokens=f"{num_seqs}x{seq_len}", repeats_s=ts,
+                         ms=med * 1e3, tflops=flops / med / 1e12,
+                         matmul_rate_fraction=flops / med / roof["flops"]))
+        del params, kv
+    _ratios(rows, ("tokens",))
+    return rows
+
+
+def _ratios(rows, keys):
+    for r in rows:
+        base = next(b for b in rows if b["variant"] == "bf16"
+                    and all(b[k] == r[k] for k in keys))
+        if "ms" in r and "ms" in base:
+            r["speedup_vs_bf16"] = base["ms"] / r["ms"]
+
+
+def kv(cfg, roof, S, L):
+    from jaxinfer.pallas_kernels import ragged_paged_attention
+    from jaxinfer.worker.kv_dtype import page_bytes
+    rows = []
+    budget = 40 << 30  # the same memory for both page dtypes
+    for name, dt in (("bf16", jnp.bfloat16), ("fp8", jnp.float8_e4m3fn)):
+        pb = page_bytes(cfg.num_layers, 16, cfg.num_kv_heads, cfg.head_dim, dt)
+        rows.append(dict(section="kv-pages", variant=name, page_bytes=pb,
+                         pages_in_40GiB=budget // pb))
+    rows[1]["pages_vs_bf16"] = rows[1]["pages_in_40GiB"] / rows[0][
+        "pages_in_40GiB"]
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    case = batch([(1, L)] * S, jax.random.key(11), jnp.bfloat16,
+                 num_q_heads=N, num_kv_heads=K, head_dim=H)
+    q, kp, vp, *md = case
+    num_pages = kp.shape[1]
+    scales = jax.random.uniform(jax.random.key(12), (2, K, num_pages),
+                                minval=0.01, maxval=0.02)
+    for name, dt in (("bf16", jnp.bfloat16), ("fp8", jnp.float8_e4m3fn)):
+        pages = (kp.astype(dt), vp.astype(dt))
+        kw = dict(k_scale=scales[0], v_scale=scales[1]) if name == "fp8" else {}
+
+        def attn(q, kp, vp, *md, kw=kw):
+            return ragged_paged_attention(q, kp, vp, *md, sm_scale=H**-0.5,
+                                          decode_only=True, interpret=SMOKE,
+                                          **kw)
+        ts = time_chained(attn, q, *pages, *md)
+        med = statistics.median(ts)
+        nbytes = S * L * 2 * K * H * jnp.dtype(dt).itemsize
+        if name == "fp8":
+            nbytes += S * (L // 16) * 2 * K * 4  # the per-page scales
+        rows.append(dict(section="kv-decode-attention", variant=name, S=S,
+                         L=L, repeats_s=ts, us=med * 1e6, bytes=nbytes,
+                         copy_bw_fraction=nbytes / med / roof["bw"]))
+    return rows
+
+
+def param_bytes(cfg):
+    qcfg, model, params = _model(cfg, "int4", "reference")
+    jax.block_until_ready(params)
+    total = _nbytes(params)
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return [dict(section="bytes", variant="int4", param_bytes=total,
+                 param_gb=total / 1e9,
+                 device_bytes_in_use=stats.get("bytes_in_use"))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--sections", default="check,layers,decode,prefill,kv,bytes")
+    args = ap.parse_args()
+    sections = args.sections.split(",")
+    cfg = TINY if SMOKE else LLAMA3_8B
+    backend = "pallas_interpret" if SMOKE else "pallas"
+    roof = roofline()
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    rows = []
+    if "check" in sections:
+        rows += check(D, F)
+        bad = [r for r in rows if not r["ok"]]
+        if bad:
+            print("correctness failed:", bad)
+    if "bytes" in sections:
+        rows += param_bytes(cfg)
+    if "layers" in sections:
+        rows += layers(D, F, [1, 16] if SMOKE else [1, 256, 16384], roof)
+    if "kv" in sections:
+        rows += kv(cfg, roof, *((4, 64) if SMOKE else (64, 2048)))
+    if "decode" in sections:
+        rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
+                       [(1, 1024), (256, 1024)],
+                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
+    if "prefill" in sections:
+        rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
+                        ("bf16", "fp8"), backend, roof)
+    result = dict(
+        workload="quant-step", model="tiny" if SMOKE else "llama3-8b",
+        backend=backend, date=datetime.datetime.now(
+            datetime.timezone.utc).isoformat(),
+        commit=subprocess.run(["git", "rev-parse", "HEAD"],
+                              capture_output=True, text=True).stdout.strip(),
+        device=roof["device"], jax=jax.__version__,
+        jaxlib=__import__("jaxlib").__version__, int4_unpack=qm.INT4_UNPACK,
+        bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
+        copy_s=roof["copy_s"], matmul_s=roof["matmul_s"], rows=rows)
+    device = roof["device"].lower().replace(" ", "-")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"quant-step-{device}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}; BW {roof['bw'] / 1e12:.2f} TB/s, matmul "
+          f"{roof['flops'] / 1e12:.0f} TFLOP/s")
+    for r in rows:
+        shown = {k: (f"{v:.3g}" if isinstance(v, float) else v)
+                 for k, v in r.items() if k != "repeats_s"}
+        print("  ".join(f"{k}={v}" for k, v in shown.items()))
+
+
+if __name__ == "__main__":
+    main()

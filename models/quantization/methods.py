@@ -1,0 +1,322 @@
+"""Quantized ``LinearMethod``s: how a quantized linear layer holds its
+weight and computes ``x @ W``.
+
+Every method stores the weight output-major, ``[*out_shape, In]`` with the
+input axes flattened to ``In`` (HF's own ``[out, in]`` order): the
+contraction dimension is minor, which is the operand layout fp8 GEMMs need
+and keeps each quantization group contiguous. The input axis keeps the
+logical name of the layer's first input axis, so tensor parallelism splits
+quantized weights where it splits the float ones.
+
+- ``Int8Weights``: weight-only int8, one scale per output channel
+  (vLLM's ``tpu_int8``; quantized at load).
+- ``Fp8Weights``: e4m3 weights with per-tensor or per-channel scales; the
+  activations are quantized to e4m3 too (dynamically per token or per
+  tensor, or with a checkpoint's static ``input_scale``) so the product is
+  an fp8 x fp8 dot (cuBLASLt fp8 GEMMs on Hopper).
+- ``GroupedWeights``: integer codes with one scale (and an optional integer
+  zero point or float offset) per group of ``group_size`` inputs: AWQ and
+  GPTQ int4/int8, GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K. The product dequantizes
+  in the jitted step, ``w = (q - z) * s + b``, computed in float32 (exact
+  for every format: see ``dequantize_grouped``) and cast to the
+  activations' dtype for the dot.
+
+Each is a frozen dataclass (hashable: it is a field of the ``Linear``
+module); ``QuantizedLinear`` picks a layer's method by its param path from
+the model's ``QuantizationConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from ..layers import UNQUANTIZED, param
+
+FP8_DTYPE = jnp.float8_e4m3fn
+FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)  # 448
+# A scale never below this: an all-zero row or token quantizes to zeros
+# instead of 0/0.
+MIN_SCALE = float(jnp.finfo(jnp.float32).tiny)
+
+# How 4-bit codes packed two per byte are unpacked in the step: "shift"
+# (and/shift on the uint8 bytes) or "bitcast" (a bitcast to uint4, XLA's
+# own sub-byte type). Both give the same codes; benchmarks/quant_step.py
+# times them.
+INT4_UNPACK = "shift"
+# How a 4-bit layer with zero points (AWQ, GPTQ) multiplies: "xla" (the
+# codes dequantized by XLA ops feeding an XLA dot) or "pallas" (the Pallas
+# kernel of pallas_kernels/int4_matmul.py, weights dequantized in
+# registers; one device only: XLA cannot split a custom kernel under
+# tensor parallelism). benchmarks/quant_step.py times both.
+INT4_MATMUL = "xla"
+
+# The param names of the methods below: their dtypes are their own (codes,
+# scales), never the model's float dtype.
+PARAM_NAMES = ("weight", "weight_scale", "input_scale", "qweight", "scales",
+               "qzeros", "offsets", "perm")
+
+_ZEROS = nn.initializers.zeros
+_ONES = nn.initializers.ones
+
+
+def _shapes(module):
+    """(out_shape, In, out_axes, in_axis) of a Linear module."""
+    n_in = len(module.in_shape)
+    return (tuple(module.out_shape), math.prod(module.in_shape),
+            tuple(module.axes[n_in:]), module.axes[0])
+
+
+def _flat_input(module, x):
+    """x [..., *in_shape] -> [..., In]."""
+    n_in = len(module.in_shape)
+    return x.reshape(x.shape[:x.ndim - n_in] + (math.prod(module.in_shape),))
+
+
+def _dot_minor(x2, w, out_ndim: int, preferred=None):
+    """x2 [..., In] . w [*O, In] -> [..., *O] (contraction minor on both)."""
+    return jax.lax.dot_general(
+        x2, w, (((x2.ndim - 1,), (out_ndim,)), ((), ())),
+        preferred_element_type=preferred)
+
+
+# ------------------------------------------------------------------ int8 ---
+
+@dataclasses.dataclass(frozen=True)
+class Int8Weights:
+    """Weight-only int8: ``weight`` int8 [*O, In], ``weight_scale`` f32 [*O]
+    (symmetric, amax / 127 per output channel). The codes are widened to
+    the activations' dtype for the dot and the scale applied to its
+    output."""
+    name = "int8"
+
+    def create_weights(self, module):
+        O, In, out_axes, in_axis = _shapes(module)
+        return {
+            "weight": param(module, "weight", O + (In,), out_axes + (in_axis,),
+                            jnp.int8, _ZEROS),
+            "weight_scale": param(module, "weight_scale", O, out_axes,
+                                  jnp.float32, _ONES),
+        }
+
+    def apply(self, module, weights, x):
+        x2 = _flat_input(module, x)
+        w = weights["weight"].astype(x.dtype)
+        y = _dot_minor(x2, w, len(module.out_shape), jnp.float32)
+        return (y * weights["weight_scale"]).astype(x.dtype)
+
+
+# ------------------------------------------------------------------- fp8 ---
+
+# "none": weight-only (compressed-tensors W8A16): the e4m3 weights are
+# widened to the activations' dtype.
+ACTIVATION_SCHEMES = ("per_token", "per_tensor", "static", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Weights:
+    """``weight`` e4m3 [*O, In] with ``weight_scale`` f32 [*O]
+    (``per_channel``) or [] (per tensor); activations quantized to e4m3 with
+    ``activation``: "per_token" / "per_tensor" (dynamic amax / 448),
+    "static" (the checkpoint's ``input_scale``, f32 []) or "none"
+    (weight-only)."""
+    per_channel: bool = False
+    activation: str = "per_tensor"
+    name = "fp8"
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATION_SCHEMES:
+            raise ValueError(f"activation must be one of "
+                             f"{', '.join(ACTIVATION_SCHEMES)}, got "
+                             f"{self.activation!r}")
+
+    def create_weights(self, module):
+        O, In, out_axes, in_axis = _shapes(module)
+        out = {
+            "weight": param(module, "weight", O + (In,), out_axes + (in_axis,),
+                            FP8_DTYPE, _ZEROS),
+            "weight_scale": param(module, "weight_scale",
+                                  O if self.per_channel else (),
+                                  out_axes if self.per_channel else (),
+                                  jnp.float32, _ONES),
+        }
+        if self.activation == "static":
+            out["input_scale"] = param(module, "input_scale", (), (),
+                                       jnp.float32, _ONES)
+        return out
+
+    def apply(self, module, weights, x):
+        n_out = len(module.out_shape)
+        if self.activation == "none":
+            y = _dot_minor(_flat_input(module, x),
+                           weights["weight"].astype(x.dtype), n_out,
+                           jnp.float32)
+            return (y * weights["weight_scale"]).astype(x.dtype)
+        x2 = _flat_input(module, x).astype(jnp.float32)
+        xq, xs = quantize_activations(x2, self.activation,
+                                      weights.get("input_scale"))
+        y = _dot_minor(xq, weights["weight"], n_out, jnp.float32)
+        # Per-token scales [..., 1] broadcast over every output axis.
+        xs = xs.reshape(xs.shape + (1,) * (n_out - 1))
+        return (y * xs * weights["weight_scale"]).astype(x.dtype)
+
+
+def quantize_activations(x2, activation: str, input_scale=None):
+    """x2 [..., In] f32 -> (e4m3 codes, scale [..., 1] or []) with
+    x ~= codes * scale."""
+    if activation == "static":
+        scale = jnp.asarray(input_scale, jnp.float32)
+    elif activation == "per_token":
+        scale = jnp.max(jnp.abs(x2), axis=-1, keepdims=True) / FP8_MAX
+    else:
+        scale = jnp.max(jnp.abs(x2)) / FP8_MAX
+    scale = jnp.maximum(scale, MIN_SCALE)
+    codes = jnp.clip(x2 / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    return codes, scale
+
+
+# --------------------------------------------------------------- grouped ---
+
+@dataclasses.dataclass(frozen=True)
+class GroupedWeights:
+    """Integer codes with per-group scales along the input axis:
+    ``w[o, i] = (q[o, i] - z[o, g]) * s[o, g] + b[o, g]``, ``g = i //
+    group_size``.
+
+    Params: ``qweight`` (4-bit: uint8 [*O, In / 2], input ``2j`` in the low
+    nibble of byte ``j``, ``2j + 1`` in the high one; 8-bit: int8 or uint8
+    [*O, In]); ``scales`` [*O, G] in ``scale_dtype``; ``qzeros`` uint8
+    [*O, G] when ``zeros``, else the constant ``zero`` is subtracted;
+    ``offsets`` [*O, G] in ``scale_dtype`` when ``offsets``; ``perm`` int32
+    [In] when ``act_order`` (GPTQ's desc_act: the rows were sorted by group
+    at load, so the step gathers the activations in the same order)."""
+    bits: int  # 4 or 8
+    group_size: int  # inputs per group; the whole input when -1 was asked
+    signed: bool = False  # 8-bit codes are int8 (else uint8)
+    zeros: bool = False
+    zero: int = 0
+    offsets: bool = False
+    scale_dtype: str = "float16"
+    act_order: bool = False
+    name = "grouped"
+
+    def __post_init__(self):
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        if self.signed and self.bits != 8:
+            raise ValueError("signed codes are 8-bit")
+
+    def code_dtype(self):
+        return jnp.int8 if self.signed else jnp.uint8
+
+    def create_weights(self, module):
+        O, In, out_axes, in_axis = _shapes(module)
+        G = 1 if self.group_size == -1 else In // self.group_size
+        packed = In // 2 if self.bits == 4 else In
+        sdt = jnp.dtype(self.scale_dtype)
+        out = {
+            "qweight": param(module, "qweight", O + (packed,),
+                             out_axes + (in_axis,), self.code_dtype(), _ZEROS),
+            "scales": param(module, "scales", O + (G,), out_axes + (in_axis,),
+                            sdt, _ONES),
+        }
+        if self.zeros:
+            out["qzeros"] = param(module, "qzeros", O + (G,),
+                                  out_axes + (in_axis,), jnp.uint8, _ZEROS)
+        if self.offsets:
+            out["offsets"] = param(module, "offsets", O + (G,),
+                                   out_axes + (in_axis,), sdt, _ZEROS)
+        if self.act_order:
+            # A name no partition rule maps: replicated.
+            out["perm"] = param(module, "perm", (In,), ("quant_perm",),
+                                jnp.int32, _ZEROS)
+        return out
+
+    def apply(self, module, weights, x):
+        x2 = _flat_input(module, x)
+        if self.act_order:
+            x2 = jnp.take(x2, weights["perm"], axis=-1)
+        if INT4_MATMUL == "pallas" and self._kernel_takes(weights):
+            return _int4_kernel(x2, weights, module.out_shape)
+        w = dequantize_grouped(self, weights).astype(x.dtype)
+        return _dot_minor(x2, w, len(module.out_shape))
+
+    def _kernel_takes(self, weights) -> bool:
+        return (self.bits == 4 and self.zeros and not self.offsets
+                and weights["qweight"].dtype == jnp.uint8)
+
+
+def _int4_kernel(x2, weights, out_shape):
+    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
+    n_out = math.prod(out_shape)
+    lead = x2.shape[:-1]
+    y = int4_matmul(x2.reshape(-1, x2.shape[-1]),
+                    weights["qweight"].reshape(n_out, -1),
+                    weights["scales"].reshape(n_out, -1),
+                    weights["qzeros"].reshape(n_out, -1),
+                    interpret=jax.default_backend() == "cpu")
+    return y.reshape(lead + tuple(out_shape))
+
+
+def unpack_int4(packed, method: str | None = None):
+    """uint8 [..., n] -> uint8 codes [..., 2n] (low nibble first)."""
+    method = method or INT4_UNPACK
+    if method == "bitcast":
+        codes = jax.lax.bitcast_convert_type(packed, jnp.uint4)
+        return codes.reshape(packed.shape[:-1] + (2 * packed.shape[-1],)
+                             ).astype(jnp.uint8)
+    pairs = jnp.stack([packed & 0xF, packed >> 4], axis=-1)
+    return pairs.reshape(packed.shape[:-1] + (2 * packed.shape[-1],))
+
+
+def grouped_codes(scheme: GroupedWeights, qweight, unpack: str | None = None):
+    """The integer codes [*O, In] of ``qweight`` (a uint4 array is already
+    its codes, in XLA's own sub-byte storage)."""
+    if scheme.bits == 4 and qweight.dtype != jnp.uint4:
+        return unpack_int4(qweight, unpack)
+    return qweight
+
+
+def dequantize_grouped(scheme: GroupedWeights, weights: dict[str, Any],
+                       unpack: str | None = None):
+    """[*O, In] float32 weights. Exact in float32 for every format served:
+    ``q - z`` is a small integer, and its product with an f16 scale (or
+    GGUF's f32 ``d * sc``) keeps under 24 significant bits; GGUF's own
+    dequantizers compute the same expressions in the same order."""
+    q = grouped_codes(scheme, weights["qweight"], unpack)
+    *O, In = q.shape
+    s = weights["scales"]
+    G = s.shape[-1]
+    q = q.reshape(*O, G, In // G).astype(jnp.int32)
+    if scheme.zeros:
+        q = q - weights["qzeros"].astype(jnp.int32)[..., None]
+    elif scheme.zero:
+        q = q - scheme.zero
+    w = q.astype(jnp.float32) * s.astype(jnp.float32)[..., None]
+    if scheme.offsets:
+        w = w + weights["offsets"].astype(jnp.float32)[..., None]
+    return w.reshape(*O, In)
+
+
+# ------------------------------------------------------------- dispatch ---
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedLinear:
+    """The ``LinearMethod`` of every linear layer of a quantized model: the
+    layer's own method, looked up by its param path (a layer the checkpoint
+    left unquantized keeps the plain product)."""
+    config: Any  # QuantizationConfig
+
+    def _method(self, module):
+        return self.config.method_for(tuple(module.path)) or UNQUANTIZED
+
+    def create_weights(self, module):
+        return self._method(module).create_weights(module)
+
+    def apply(self, module, weights, x):
+        return self._method(module).apply(module, weights, x)

@@ -1,0 +1,176 @@
+"""int4 x bf16 matmul with the weights dequantized in registers (Pallas,
+Triton lowering; interpret mode on CPU), for AWQ / GPTQ layers.
+
+Weights in the layout of ``models/quantization``'s ``GroupedWeights``:
+``qweight`` uint8 [Out, In / 2] (input 2j in the low nibble of byte j, 2j + 1
+in the high one), ``scales`` [Out, G] and ``qzeros`` uint8 [Out, G], groups
+of ``In / G`` inputs; ``w[o, i] = (q[o, i] - z[o, g]) * s[o, g]``.
+
+Why it is built this way: the low and high nibbles of a byte are inputs of
+the same group, so the activations are split once (outside, in XLA) into
+their even and odd inputs, and each byte tile feeds two dots, one per
+nibble, with no interleave inside the kernel. A loop step covers one
+group (``In / G / 2`` bytes of every row of the tile), so its scale and zero
+are one column broadcast along the tile. Small batches (decode) split the
+groups over several programs (split-K) and sum their partial products.
+
+Anatomy as the attention kernels': kernel body, ``pallas_call`` builder, a
+jitted wrapper with a validated frozen tuning, a ``jnp`` reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+class Int4MatmulShapeError(ValueError):
+    """Shapes the kernel cannot take; says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Int4MatmulTuning:
+    block_m: int = 16  # rows of x per program (>= 16: tensor-core tiles)
+    block_n: int = 64  # output features per program
+    splits: int = 4  # programs sharing one tile's groups (split-K)
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if self.splits < 1:
+            raise ValueError(f"splits must be >= 1, got {self.splits}")
+
+
+def _dot_nt(a, b):
+    """a [m, k] . b [n, k] -> [m, n] f32 (the attention kernels' form)."""
+    return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _kernel(
+    x_even_ref,  # [bm, In / 2] inputs 0, 2, 4, ...
+    x_odd_ref,  # [bm, In / 2] inputs 1, 3, 5, ...
+    q_ref,  # [bn, In / 2] uint8 codes, two per byte
+    s_ref,  # [bn, G] scales
+    z_ref,  # [bn, G] uint8 zero points
+    o_ref,  # [bm, bn] f32 this split's partial product
+    *, groups_per_split: int, group_bytes: int):
+    split = pl.program_id(2)
+    bm, bn = o_ref.shape
+
+    def body(g, acc):
+        gi = split * groups_per_split + g
+        cols = pl.ds(gi * group_bytes, group_bytes)
+        q = q_ref[:, cols]  # [bn, group_bytes]
+        s = s_ref[:, pl.ds(gi, 1)].astype(jnp.float32)  # [bn, 1]
+        z = z_ref[:, pl.ds(gi, 1)].astype(jnp.float32)
+        lo = (((q & 0xF).astype(jnp.float32) - z) * s).astype(x_even_ref.dtype)
+        hi = (((q >> 4).astype(jnp.float32) - z) * s).astype(x_even_ref.dtype)
+        acc += _dot_nt(x_even_ref[:, cols], lo)
+        acc += _dot_nt(x_odd_ref[:, cols], hi)
+        return acc
+
+    o_ref[...] = jax.lax.fori_loop(0, groups_per_split, body,
+                                   jnp.zeros((bm, bn), jnp.float32))
+
+
+def _call(x_even, x_odd, qweight, scales, qzeros, tuning, interpret):
+    M, half = x_even.shape
+    n_out, G = scales.shape
+    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
+    kernel = functools.partial(_kernel, groups_per_split=G // splits,
+                               group_bytes=half // G)
+    return pl.pallas_call(
+        kernel,
+        grid=(M // bm, n_out // bn, splits),
+        in_specs=[
+            pl.BlockSpec((bm, half), lambda i, j, k: (i, 0)),
+            pl.BlockSpec((bm, half), lambda i, j, k: (i, 0)),
+            pl.BlockSpec((bn, half), lambda i, j, k: (j, 0)),
+            pl.BlockSpec((bn, G), lambda i, j, k: (j, 0)),
+            pl.BlockSpec((bn, G), lambda i, j, k: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j)),
+        out_shape=jax.ShapeDtypeStruct((splits, M, n_out), jnp.float32),
+        compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps,
+                                             num_stages=tuning.num_stages),
+        interpret=interpret,
+        name="int4_matmul",
+    )(x_even, x_odd, qweight, scales, qzeros)
+
+
+def _check(x, qweight, scales, qzeros, tuning):
+    M, n_in = x.shape
+    n_out, half = qweight.shape
+    G = scales.shape[1]
+    if half * 2 != n_in:
+        raise Int4MatmulShapeError(
+            f"qweight {qweight.shape} holds {2 * half} inputs, x has {n_in}")
+    if scales.shape != (n_out, G) or qzeros.shape != (n_out, G):
+        raise Int4MatmulShapeError(
+            f"scales {scales.shape} and qzeros {qzeros.shape} must both be "
+            f"[{n_out}, groups]")
+    group_bytes = half // G if G else 0
+    if G == 0 or half % G or group_bytes % 16:
+        raise Int4MatmulShapeError(
+            f"{n_in} inputs in {G} groups: a group must be a multiple of 32 "
+            "inputs (16 bytes, a tensor-core K)")
+    if G % tuning.splits:
+        raise Int4MatmulShapeError(
+            f"splits={tuning.splits} must divide the {G} groups")
+    if n_out % tuning.block_n:
+        raise Int4MatmulShapeError(
+            f"block_n={tuning.block_n} must divide the {n_out} outputs")
+
+
+def default_tuning(M: int, n_out: int, groups: int) -> Int4MatmulTuning:
+    """Split the groups over up to 4 programs for small batches (a decode
+    has too few output tiles to fill the GPU otherwise); larger row
+    blocks for larger batches."""
+    block_m = 16 if M <= 16 else 64 if M <= 64 else 128
+    splits = max(d for d in (4, 2, 1) if groups % d == 0) if M <= 64 else 1
+    block_n = max(b for b in (64, 32, 16) if n_out % b == 0 or b == 16)
+    return Int4MatmulTuning(block_m=block_m, block_n=block_n, splits=splits)
+
+
+@functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
+def int4_matmul(
+    x: jax.Array,  # [M, In] bf16 / f16 / f32
+    qweight: jax.Array,  # [Out, In / 2] uint8
+    scales: jax.Array,  # [Out, G]
+    qzeros: jax.Array,  # [Out, G] uint8
+    *,
+    tuning: Int4MatmulTuning | None = None,
+    interpret: bool = False,
+) -> jax.Array:  # [M, Out] in x's dtype
+    """``tuning``: None picks ``default_tuning`` for the shapes."""
+    if tuning is None:
+        tuning = default_tuning(x.shape[0], *scales.shape)
+    _check(x, qweight, scales, qzeros, tuning)
+    M = x.shape[0]
+    rows = -(-M // tuning.block_m) * tuning.block_m
+    xp = jnp.pad(x, ((0, rows - M), (0, 0)))
+    partial = _call(xp[:, 0::2], xp[:, 1::2], qweight, scales, qzeros,
+                    tuning, interpret)
+    return partial.sum(axis=0)[:M].astype(x.dtype)
+
+
+def int4_matmul_reference(x, qweight, scales, qzeros):
+    """x @ w.T with w dequantized in float32."""
+    q = jnp.stack([qweight & 0xF, qweight >> 4], axis=-1).reshape(
+        qweight.shape[0], -1).astype(jnp.float32)
+    G = scales.shape[1]
+    q = q.reshape(q.shape[0], G, -1)
+    w = (q - qzeros.astype(jnp.float32)[..., None]) * scales.astype(
+        jnp.float32)[..., None]
+    return (x.astype(jnp.float32) @ w.reshape(w.shape[0], -1).T).astype(
+        x.dtype)
