@@ -18,7 +18,8 @@ import pytest
 from jaxinfer.compat.render import SUPPORTED, TABLES, table_rows
 
 from . import (checks_engine, checks_lora, checks_multimodal,  # noqa: F401 (they register)
-               checks_parallel, checks_sampling, checks_serve, checks_server)
+               checks_parallel, checks_quantization, checks_sampling,
+               checks_serve, checks_server)
 from .checks_lora import walk_adapters  # noqa: F401 (a fixture of its checks)
 from .checks_multimodal import image_llm  # noqa: F401 (a fixture of its checks)
 from .checks_serve import cli_server  # noqa: F401 (a fixture of its checks)
