@@ -41,6 +41,7 @@ def float_dir(tiny_model_factory):
     return tiny_model_factory("qwen2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["int8", "fp8"])
 def test_quantized_while_converting_round_trips(float_dir, tmp_path, method):
     out = str(tmp_path / method)
@@ -64,6 +65,7 @@ def test_quantized_while_converting_round_trips(float_dir, tmp_path, method):
                 PROMPTS, SP, use_tqdm=False)])
 
 
+@pytest.mark.slow
 def test_an_awq_checkpoint_converts_as_it_is(float_dir, tmp_path):
     from tests.models.quant_checkpoints import write_awq
     awq = str(tmp_path / "awq")
@@ -79,6 +81,7 @@ def test_an_awq_checkpoint_converts_as_it_is(float_dir, tmp_path):
         LLM(out, quantization="gptq", **KW)
 
 
+@pytest.mark.slow
 def test_a_gguf_kept_quantized_converts_with_its_block_types(
         tiny_model_factory, tmp_path, monkeypatch):
     from tests.models.gguf_blocks import write_quantized_llama_gguf
@@ -106,6 +109,7 @@ def test_a_gguf_kept_quantized_converts_with_its_block_types(
         load_params(resolve_model(path, quantization="gguf"), jnp.float32))
 
 
+@pytest.mark.slow
 def test_an_unquantized_conversion_refuses_a_quantization(float_dir, tmp_path):
     out = str(tmp_path / "plain")
     assert main(["convert", float_dir, "--output", out]) == 0

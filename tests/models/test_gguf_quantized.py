@@ -101,6 +101,7 @@ def test_codes_stay_packed_on_the_device(mixed_gguf):
     assert q8["qweight"].dtype == jnp.int8 and q8["scales"].dtype == jnp.float16
 
 
+@pytest.mark.slow
 def test_same_logits_as_the_dequantized_path(mixed_gguf):
     path, _ = mixed_gguf
     rng = np.random.default_rng(0)

@@ -105,6 +105,7 @@ def _float_twin(float_dir, reference, dst):
     return dst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["awq", "gptq-desc-act", "gptq-8bit",
                                   "fp8-channel-static"])
 def test_quantized_model_computes_its_float_twins_logits(
@@ -244,3 +245,23 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores(checkpoints, monkeypatch):
         resolve_model(checkpoints["fp8-tensor"][0])
     # int4 weights need no fp8 tensor cores
     assert resolve_model(checkpoints["awq"][0]).config.quantization
+
+
+@pytest.mark.slow
+def test_dummy_weights_of_a_quantized_config(checkpoints, tmp_path):
+    """--load-format dummy with an AWQ config.json (benchmarks of quantized
+    shapes): random codes and scales in the quantized layout."""
+    from jaxinfer import LLM, SamplingParams
+    dst = tmp_path / "config-only"
+    dst.mkdir()
+    for name in os.listdir(checkpoints["awq"][0]):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(checkpoints["awq"][0], name), dst)
+    llm = LLM(str(dst), load_format="dummy", num_gpu_blocks_override=16,
+              max_model_len=32)
+    up = llm.llm_engine.runner.params["layers_0"]["mlp"]["up_proj"]
+    assert up["qweight"].dtype == jnp.uint8 and up["qweight"].shape == (128, 32)
+    assert int(jnp.max(up["qzeros"])) <= 15
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3

@@ -23,6 +23,7 @@ def _case(M, n_in, n_out, groups, dtype, seed=0):
     return x, q, s, z
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("M, n_in, n_out, groups, splits, dtype", [
     (1, 256, 64, 2, 1, jnp.float32),
     (5, 512, 128, 4, 2, jnp.float32),

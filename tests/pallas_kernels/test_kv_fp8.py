@@ -41,6 +41,7 @@ def _numpy_write(pages, scales, new, slots, dtype):
     return pages, scales
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_writes_equal_the_numpy_model_over_steps(dtype):
     rng = np.random.default_rng(0)

@@ -26,6 +26,7 @@ def test_the_planner_counts_twice_the_pages_of_bf16():
     assert n[1] - 1 >= 1.99 * (n[0] - 1)
 
 
+@pytest.mark.slow
 def test_fp8_pages_and_scales_in_the_runner(make_llm):
     llm = make_llm(kv_cache_dtype="fp8", num_gpu_blocks_override=20)
     runner = llm.llm_engine.runner
@@ -39,6 +40,7 @@ def test_fp8_pages_and_scales_in_the_runner(make_llm):
     assert (scales[:, 1:3] > 0).all() and (scales[:, 5:] == 0).all()
 
 
+@pytest.mark.slow
 def test_swapped_fp8_pages_come_back_with_their_scales(make_llm):
     prompts = [[(7 * i + j) % 997 + 3 for j in range(40)] for i in range(4)]
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
