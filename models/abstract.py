@@ -26,7 +26,9 @@ def abstract_variables(model, cfg: ModelConfig, every_layer: bool = False):
     layers' initialization at every engine start. ``every_layer`` traces
     all of them anyway (for a caller that intercepts each module's call)."""
     L = cfg.num_layers
-    if getattr(type(model), "uniform_layers", False) and L > 1 and not every_layer:
+    alike = (getattr(type(model), "uniform_layers", False)
+             and getattr(model, "layers_alike", lambda: False)())
+    if alike and L > 1 and not every_layer:
         one = _abstract_init(model.clone(cfg=dataclasses.replace(cfg, num_layers=1)),
                              dataclasses.replace(cfg, num_layers=1))
         params = dict(one["params"])

@@ -108,8 +108,16 @@ class LlamaForCausalLM(nn.Module):
     mesh: Any = None  # tensor-parallel mesh; Pallas kernels run per shard
 
     mlp_cls: ClassVar[type] = GatedMLP  # a subclass may plug another MLP
-    # Every layer has the same params (abstract.abstract_variables inits one).
+    # Every layer has the same params (abstract.abstract_variables inits one)
+    # unless a quantization gives some layers their own method (layers_alike).
     uniform_layers: ClassVar[bool] = True
+
+    def layers_alike(self) -> bool:
+        """All layers hold the same params and run the same code, so one
+        traced layer serves them all: not so when a quantization config
+        names layers of their own method (its ``overrides``, by param path)."""
+        q = getattr(self.cfg, "quantization", None)
+        return q is None or not getattr(q, "overrides", ())
 
     def constants(self, max_model_len: int) -> dict[str, np.ndarray]:
         """The host-built tables ``__call__`` reads from its ``constants``
@@ -143,8 +151,9 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = jnp.take(table.value, positions, axis=0)
         new_pages = []
         layer = (c, self.backend, self.dtype, self.mlp_cls, self.mesh)
+        traced_once = self.layers_alike()
         for i in range(c.num_layers):
-            if self.is_initializing():  # declares the layer's params
+            if self.is_initializing() or not traced_once:  # submodules
                 x, kv = DecoderLayer(*layer, name=f"layers_{i}")(
                     x, cos_sin, kv_pages[i], md)
             else:
