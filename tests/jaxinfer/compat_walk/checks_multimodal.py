@@ -57,7 +57,7 @@ def local_files_only_inside_the_allowed_folder(image_llm, tmp_path):
     assert len(out[0].outputs[0].token_ids) == 3
     outside = tmp_path / "out.png"
     random_image(4).save(outside)
-    with pytest.raises(ValueError, match="allowed_local_media_path"):
+    with pytest.raises(ValueError, match="outside the allowed local media path"):
         llm.chat(_image_chat([outside.as_uri()]), GREEDY, use_tqdm=False)
 
 

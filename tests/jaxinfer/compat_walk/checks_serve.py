@@ -79,9 +79,9 @@ def serve_listens_and_names_the_model(cli_server):
     models = requests.get(url + "/v1/models", headers=HEADERS, timeout=30).json()
     assert [m["id"] for m in models["data"]] == ["first", "second"]
     assert models["data"][0]["max_model_len"] == 64
-    for name in ("first", "second"):  # both accepted, the first reported
+    for name in ("first", "second"):  # both accepted, each echoed (vLLM)
         r = complete(url, model=name)
-        assert r.status_code == 200 and r.json()["model"] == "first"
+        assert r.status_code == 200 and r.json()["model"] == name
     assert complete(url, model="tiny").status_code == 404
 
 
