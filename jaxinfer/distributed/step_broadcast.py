@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ..errors import InvalidConfigError
 from ..worker.model_runner import ModelRunner
 from ..worker.penalties import PenaltyState
 
@@ -99,10 +100,22 @@ class DistributedRunner(ModelRunner):
     have to pass through one process's host memory."""
 
     def __init__(self, *args, **kwargs):
+        if kwargs.get("lora_config") is not None:
+            # Adapter slots are filled by process 0 alone; the others would
+            # run the step against stale slots.
+            raise InvalidConfigError(
+                "enable_lora with several processes is not supported yet: "
+                "serve LoRA adapters from one process (tensor parallelism "
+                "within one host works)")
         self.channel = StepChannel()
         self.is_driver = jax.process_index() == 0
         self._stopped = False
         super().__init__(*args, **kwargs)
+        if self.encoder is not None:
+            raise InvalidConfigError(
+                "a multimodal model over several processes is not supported "
+                "yet: images are encoded on process 0 only; serve it from "
+                "one process")
         if self.is_driver:
             # The others wait for a STOP; jax.distributed's own shutdown
             # (registered earlier, so run later) waits for them in turn.
@@ -113,7 +126,10 @@ class DistributedRunner(ModelRunner):
         local = np.array([super()._num_blocks()], np.int64)
         return int(np.min(multihost_utils.process_allgather(local)))
 
-    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets):
+    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
+                 mm=None, lora_pool=None):
+        # __init__ refuses LoRA and image encoders, so neither is ever set.
+        assert mm is None and lora_pool is None
         if self.is_driver:
             self.channel.send(STEP, pickle.dumps(
                 (num_lp, dims, state is not None, packed, logits_idx, smd,

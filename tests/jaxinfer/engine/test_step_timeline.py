@@ -72,10 +72,10 @@ def test_warmup_builds_exactly_the_listed_buckets(make_llm):
     used = []
     run_step = runner.run_step
 
-    def spy(num_lp, dims, state, packed, logits_idx, smd, targets):
-        dyn = runner.step_args(state, packed, logits_idx, smd, targets)
+    def spy(num_lp, dims, *args):
+        dyn = runner.step_args(*args)
         used.append(runner.program_key(num_lp, dims, dyn) in runner.programs)
-        return run_step(num_lp, dims, state, packed, logits_idx, smd, targets)
+        return run_step(num_lp, dims, *args)
     runner.run_step = spy
     llm.generate([{"prompt_token_ids": p} for p in random_prompts(6, seed=2)],
                  [SamplingParams(max_tokens=5, temperature=t, top_p=p)
