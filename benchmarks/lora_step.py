@@ -149,7 +149,7 @@ class DecodeBatch:
                 self.sent.add(rid)
                 new.append(NewRequestData(rid, [self.tokens[s]], 1,
                                           SamplingParams(temperature=0.0),
-                                          lora))
+                                          lora_request=lora))
             rows.append(ScheduledRequest(rid, [self.tokens[s]], self.L - 1,
                                          self.tables[s], True))
         return SchedulerOutput(rows, len(rows), [], [], [], [], new)
@@ -310,6 +310,9 @@ def main():
     reqs = [a.request for a in adapters]
     mixed = [reqs[s // per_group] for s in range(S)]  # groups of 8 rows
     raw["lora_mixed"] = time_steps(runner, same(mixed), args.steps, args.repeats)
+    if runner.lora.num_slot_loads < n:  # the rows really ran their adapters
+        raise SystemExit(f"{runner.lora.num_slot_loads} slot loads for {n} "
+                         "adapters: the mixed steps did not use LoRA")
     raw["slot0"] = time_steps(runner, same([None] * S), args.steps, args.repeats)
 
     # Every other step swaps adapter n for adapter n+1 (one slot load per

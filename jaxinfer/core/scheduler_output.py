@@ -19,8 +19,10 @@ class NewRequestData:
     token_ids: list[int]  # prompt + outputs known at admission
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    mm_inputs: tuple = ()  # images (MultiModalInput) over their placeholders
-    lora_request: LoRARequest | None = None  # its LoRA adapter; None: the base model
+    # Keyword-only: both are optional and of unrelated types, so a positional
+    # LoRARequest must not land silently in mm_inputs.
+    mm_inputs: tuple = dataclasses.field(default=(), kw_only=True)  # images (MultiModalInput) over their placeholders
+    lora_request: LoRARequest | None = dataclasses.field(default=None, kw_only=True)  # its LoRA adapter; None: the base model
 
 
 @dataclasses.dataclass
