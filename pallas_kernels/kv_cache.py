@@ -56,6 +56,16 @@ def write_kv(
     in place when the pool is donated)."""
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     flat = (num_kv_heads, num_pages * block_size, head_dim)
+    if k.shape[0] == 1:
+        # One token (a lone decode row on CPU): XLA turns a one-index
+        # scatter into a dynamic-update-slice, and copy insertion then
+        # copies the whole pool several times per layer (~0.7 s a step for
+        # the embedded model; a plain dynamic_update_slice does the same).
+        # A second row written to the null page keeps it a scatter, done in
+        # place.
+        k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
+        slot_mapping = jnp.concatenate(
+            [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
     k_flat = k_pages.reshape(flat).at[:, slot_mapping].set(
         jnp.swapaxes(k, 0, 1).astype(k_pages.dtype), mode="drop")
     v_flat = v_pages.reshape(flat).at[:, slot_mapping].set(

@@ -146,5 +146,22 @@ def main(argv=None) -> int:
     return run_and_report(ns.func, ns)
 
 
+def console_main() -> None:
+    """The `jaxinfer` executable. After `generate` the process ends without
+    the interpreter's teardown: freeing JAX's runtime and unloading modules
+    takes about 0.6 s on a 2-core CPU, a tenth of a warm run, and everything
+    was already written (streams flushed, atexit handlers run, compiled
+    programs saved when they were built). Other commands exit normally."""
+    import atexit
+    argv = sys.argv[1:]
+    rc = main(argv)
+    if argv[:1] == ["generate"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

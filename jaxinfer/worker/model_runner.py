@@ -145,7 +145,8 @@ class ModelRunner:
         self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
                                     scheduler_config.max_num_seqs,
                                     self.max_pages_per_seq,
-                                    fixed_pages=self.backend in FIXED_PAGE_BACKENDS)
+                                    fixed_pages=self.backend in FIXED_PAGE_BACKENDS,
+                                    small_decode=self.on_cpu)
         self.max_logprobs = max_logprobs
         self.sampling_inputs = SamplingInputs(
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)

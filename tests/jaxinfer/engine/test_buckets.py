@@ -8,11 +8,12 @@ from jaxinfer.worker.buckets import Buckets
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 4096), st.integers(1, 512), st.integers(1, 256),
-       st.booleans(), st.data())
+       st.booleans(), st.booleans(), st.data())
 def test_every_step_lands_in_a_listed_bucket(max_tokens, max_seqs, max_pages,
-                                             fixed, data):
+                                             fixed, small, data):
     max_seqs = min(max_seqs, max_tokens)
-    b = Buckets.make(max_tokens, max_seqs, max_pages, fixed_pages=fixed)
+    b = Buckets.make(max_tokens, max_seqs, max_pages, fixed_pages=fixed,
+                     small_decode=small)
     shapes = set(b.all_shapes())
     assert len(shapes) == len(b.all_shapes())  # no program listed twice
     n_seqs = data.draw(st.integers(1, max_seqs))
@@ -34,3 +35,14 @@ def test_fixed_pages_make_one_width_and_few_programs():
     assert len(ladder.pages) > 1
     # llama3-8b on one GPU: 7 decode-only + 8 prefill shapes.
     assert len(fixed.all_shapes()) == 15
+
+
+def test_small_decode_runs_one_stream_alone():
+    """CPU buckets: a lone decode row is a one-row program (a one-row dot is
+    XLA CPU's fast matrix-vector path); GPU buckets keep the 16-token floor."""
+    cpu = Buckets.make(256, 8, 16, small_decode=True)
+    gpu = Buckets.make(256, 8, 16)
+    assert cpu.pick(1, 1, 2, True) == (1, 1, 4)
+    assert cpu.pick(3, 3, 2, True) == (4, 4, 4)
+    assert gpu.pick(1, 1, 2, True) == (16, 4, 4)
+    assert cpu.pick(6, 1, 1, False) == gpu.pick(6, 1, 1, False) == (16, 8, 4)
