@@ -202,6 +202,9 @@ def test_sigterm_drains_within_the_grace_period(launched):
 def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
                                                           tmp_path):
     server = Launched(tiny_model_factory(), tmp_path, grace=DEATH_GRACE)
+    # Paced steps: unpaced, the tiny model's 480 tokens can all stream in
+    # the 0.3 s before the fault, and then there is nothing left to fail.
+    (tmp_path / "paced").touch()
     try:
         base = server.base_url
         body = {"prompt": "Once upon a time", "max_tokens": 480,
