@@ -7,7 +7,8 @@ so the set is kept to what costs nothing to pad:
 - Decode-only steps (one token per sequence): S on a power-of-two ladder,
   T = S (at least the token floor). Their cost follows S (the batch's
   matmuls and sampler), so S keeps its ladder. On CPU (``small_decode``)
-  the ladder starts at one sequence and T = S: XLA CPU runs a one-row dot
+  the ladder starts at one sequence and T = S (for models of at least
+  10M parameters, `model_runner.SMALL_DECODE_MIN_PARAMS`): XLA CPU runs a one-row dot
   as a matrix-vector product, about 3x faster than the same dot padded to
   16 rows, so a single stream (the README's first command) decodes alone.
 - Steps with prefill rows: T on a power-of-two ladder and S = min(T,

@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 # Attention backends whose cost does not grow with the block table's width
 # (the kernels stop at each sequence's length): one P bucket, fewer programs.
 FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
+# CPU decode steps of one sequence get their own one-row programs only for
+# models whose rows cost something: at 135M parameters a 16-row step takes
+# about twice a one-row step, while for a test-sized model the extra
+# programs' compiles cost more than they save.
+SMALL_DECODE_MIN_PARAMS = 10_000_000
 
 
 def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
@@ -146,7 +151,8 @@ class ModelRunner:
                                     scheduler_config.max_num_seqs,
                                     self.max_pages_per_seq,
                                     fixed_pages=self.backend in FIXED_PAGE_BACKENDS,
-                                    small_decode=self.on_cpu)
+                                    small_decode=self.on_cpu and
+                                    self.cfg.num_params >= SMALL_DECODE_MIN_PARAMS)
         self.max_logprobs = max_logprobs
         self.sampling_inputs = SamplingInputs(
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
