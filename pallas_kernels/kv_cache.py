@@ -134,6 +134,15 @@ def write_kv_scaled(
     (``pages_touched_bound``).
     """
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
+    if k.shape[0] == 1:
+        # As in write_kv: a one-token write touches one page, and XLA turns
+        # that one-index scatter into a dynamic-update-slice that it copies
+        # the pool around; a second token on the null page keeps it a
+        # scatter (and the null page's scale is never read).
+        k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
+        slot_mapping = jnp.concatenate(
+            [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
+        max_pages = max(max_pages, 2)
     qmax = float(jnp.finfo(k_pages.dtype).max)
     page = slot_mapping // block_size  # [T]
     offset = slot_mapping % block_size

@@ -115,3 +115,38 @@ def test_the_bound_covers_every_ragged_step():
         spans = (B - 1 + q - 1) // B + 1
         assert spans <= (q - 1) // B + 2
         assert pages_touched_bound(q + 1, 2, B) >= spans + 1
+
+
+def test_one_token_write_equals_the_model_and_stays_in_place():
+    """A lone decode row (CPU buckets run one): the same rules as the NumPy
+    model, and the compiled write keeps the donated pages in place (a
+    one-page scatter would become a dynamic-update-slice that XLA copies
+    the pool around; see test_kv_cache's one-token test)."""
+    import functools
+    rng = np.random.default_rng(3)
+    dtype = jnp.float8_e4m3fn
+    np_dtype = np.dtype(dtype)
+    pages = (rng.normal(size=(K, PAGES, B, H)) * 50).astype(np_dtype)
+    scales = rng.uniform(0.01, 0.1, (K, PAGES)).astype(np.float32)
+    slots = np.array([3 * B + 2], np.int32)  # mid-page: requantizes page 3
+    k = (rng.normal(size=(1, K, H)) * 9).astype(np.float32)
+    bound = pages_touched_bound(1, 1, B)
+    write = jax.jit(write_kv_scaled, static_argnums=7, donate_argnums=(0, 2))
+    lowered = write.lower(jnp.asarray(pages), jnp.asarray(pages),
+                          jnp.asarray(scales), jnp.asarray(scales),
+                          jnp.asarray(k), jnp.asarray(k), jnp.asarray(slots),
+                          bound)
+    hlo = lowered.compile().as_text()
+    pool = f"f8e4m3fn[{K},{PAGES},{B},{H}]"
+    copies = [line for line in hlo.splitlines()
+              if " copy(" in line and pool in line.split("=")[1].split("copy(")[0]]
+    assert not copies, copies[:3]
+    kp, _, ks, _ = write(jnp.asarray(pages), jnp.asarray(pages),
+                         jnp.asarray(scales), jnp.asarray(scales),
+                         jnp.asarray(k), jnp.asarray(k), jnp.asarray(slots),
+                         bound)
+    np_k, np_ks = _numpy_write(pages, scales, k, slots, np_dtype)
+    real = slice(1, None)
+    np.testing.assert_array_equal(np.asarray(ks)[:, real], np_ks[:, real])
+    np.testing.assert_array_equal(np.asarray(kp).view(np.uint8)[:, real],
+                                  np_k.view(np.uint8)[:, real])
