@@ -45,6 +45,19 @@ def init_kv_pages(num_layers: int, num_pages: int, block_size: int,
             for _ in range(num_layers)]
 
 
+def _with_a_null_row(k, v, slot_mapping, block_size: int):
+    """A one-token write plus a zero row aimed at the null page. With one
+    index XLA turns the scatter into a dynamic-update-slice, and copy
+    insertion then copies the whole donated pool around it several times
+    per layer (~0.7 s a step for the embedded model on CPU; a plain
+    dynamic_update_slice does the same). Two indices keep it a scatter,
+    done in place; nothing reads the null page (nor its scale)."""
+    k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
+    slots = jnp.concatenate(
+        [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
+    return k, v, slots
+
+
 def write_kv(
     k_pages: jax.Array,  # [K, num_pages, B, H]
     v_pages: jax.Array,  # [K, num_pages, B, H]
@@ -57,15 +70,7 @@ def write_kv(
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     flat = (num_kv_heads, num_pages * block_size, head_dim)
     if k.shape[0] == 1:
-        # One token (a lone decode row on CPU): XLA turns a one-index
-        # scatter into a dynamic-update-slice, and copy insertion then
-        # copies the whole pool several times per layer (~0.7 s a step for
-        # the embedded model; a plain dynamic_update_slice does the same).
-        # A second row written to the null page keeps it a scatter, done in
-        # place.
-        k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
-        slot_mapping = jnp.concatenate(
-            [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
+        k, v, slot_mapping = _with_a_null_row(k, v, slot_mapping, block_size)
     k_flat = k_pages.reshape(flat).at[:, slot_mapping].set(
         jnp.swapaxes(k, 0, 1).astype(k_pages.dtype), mode="drop")
     v_flat = v_pages.reshape(flat).at[:, slot_mapping].set(
@@ -135,14 +140,8 @@ def write_kv_scaled(
     """
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     if k.shape[0] == 1:
-        # As in write_kv: a one-token write touches one page, and XLA turns
-        # that one-index scatter into a dynamic-update-slice that it copies
-        # the pool around; a second token on the null page keeps it a
-        # scatter (and the null page's scale is never read).
-        k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
-        slot_mapping = jnp.concatenate(
-            [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
-        max_pages = max(max_pages, 2)
+        k, v, slot_mapping = _with_a_null_row(k, v, slot_mapping, block_size)
+        max_pages = max(max_pages, 2)  # the null page is a second page
     qmax = float(jnp.finfo(k_pages.dtype).max)
     page = slot_mapping // block_size  # [T]
     offset = slot_mapping % block_size

@@ -131,7 +131,7 @@ def parallel_config_from(args) -> ParallelConfig:
 
 def check_fits(parallel: ParallelConfig, model_config, num_devices: int,
                platform: str, preemption_mode: str,
-               num_processes: int = 1) -> None:
+               num_processes: int = 1, enable_lora: bool = False) -> None:
     """What needs the model and the devices, before any weight loads:
     sizes that do not divide heads or layers, more devices than exist (or,
     over several processes, fewer than they hold), features the layout
@@ -156,9 +156,22 @@ def check_fits(parallel: ParallelConfig, model_config, num_devices: int,
             f"{num_devices} devices of {num_processes} processes: one "
             "program spans every process, so tensor x pipeline parallel "
             "sizes must multiply to the device count")
-    if preemption_mode == "swap" and (pp > 1 or parallel.multi_process
-                                      or parallel.backend == "ray"):
+    several = (num_processes > 1 or parallel.multi_process
+               or parallel.backend == "ray")
+    if preemption_mode == "swap" and (pp > 1 or several):
         raise InvalidConfigError(
             "preemption_mode='swap' (or swap_space) with pipeline stages or "
             "several processes: swapped pages are copied through one "
             "process's host memory; use preemption_mode='recompute'")
+    # Process 0 alone fills adapter slots and encodes images; the others
+    # would run their steps against stale slots and an empty encoder cache.
+    if enable_lora and several:
+        raise InvalidConfigError(
+            "enable_lora with several processes is not supported yet: serve "
+            "LoRA adapters from one process (tensor parallelism within one "
+            "host works)")
+    if model_config.image_input is not None and several:
+        raise InvalidConfigError(
+            "a multimodal model over several processes is not supported "
+            "yet: images are encoded on process 0 only; serve it from one "
+            "process")

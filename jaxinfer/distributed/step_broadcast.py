@@ -23,7 +23,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..errors import InvalidConfigError
 from ..worker.model_runner import ModelRunner
 from ..worker.penalties import PenaltyState
 
@@ -96,26 +95,15 @@ class StepChannel:
 class DistributedRunner(ModelRunner):
     """A `ModelRunner` in one process of a multi-process engine: process 0
     broadcasts each step's inputs before running it; the others `follow`.
-    Page swaps are refused at start (``check_fits``): swapped pages would
-    have to pass through one process's host memory."""
+    Page swaps, LoRA and image models are refused at start
+    (``check_fits``): swapped pages would pass through one process's host
+    memory, and adapter slots and encoded images exist on process 0 only."""
 
     def __init__(self, *args, **kwargs):
-        if kwargs.get("lora_config") is not None:
-            # Adapter slots are filled by process 0 alone; the others would
-            # run the step against stale slots.
-            raise InvalidConfigError(
-                "enable_lora with several processes is not supported yet: "
-                "serve LoRA adapters from one process (tensor parallelism "
-                "within one host works)")
         self.channel = StepChannel()
         self.is_driver = jax.process_index() == 0
         self._stopped = False
         super().__init__(*args, **kwargs)
-        if self.encoder is not None:
-            raise InvalidConfigError(
-                "a multimodal model over several processes is not supported "
-                "yet: images are encoded on process 0 only; serve it from "
-                "one process")
         if self.is_driver:
             # The others wait for a STOP; jax.distributed's own shutdown
             # (registered earlier, so run later) waits for them in turn.
@@ -128,7 +116,8 @@ class DistributedRunner(ModelRunner):
 
     def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
                  mm=None, lora_pool=None):
-        # __init__ refuses LoRA and image encoders, so neither is ever set.
+        # check_fits refuses LoRA and image models over several processes,
+        # so neither is ever set.
         assert mm is None and lora_pool is None
         if self.is_driver:
             self.channel.send(STEP, pickle.dumps(

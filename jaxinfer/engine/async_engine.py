@@ -42,6 +42,7 @@ from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
 from .input_processor import ProcessedInput
 from .llm_engine import LLMEngine
+from .request_timings import RequestTimings
 
 __all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError",
            "RequestStream", "ServerShuttingDownError", "DEFAULT_MAX_NUM_WAITING"]
@@ -76,17 +77,6 @@ class RequestStream:
         return item
 
 
-class _Tracker:
-    """Per-request timing the metrics need, kept by the loop thread."""
-    __slots__ = ("arrival", "last_token", "first_done", "generated")
-
-    def __init__(self, arrival: float):
-        self.arrival = arrival
-        self.last_token: float | None = None
-        self.first_done = False
-        self.generated = 0  # tokens so far (outputs arrive as deltas)
-
-
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, *,
                  max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
@@ -103,7 +93,7 @@ class AsyncLLMEngine:
                                          _kv_cache_dtype(engine))
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # loop thread only
-        self._trackers: dict[str, _Tracker] = {}  # loop thread only
+        self._timings = RequestTimings(self.metrics)  # loop thread only
         self._pending = 0  # adds queued but not yet taken by the loop
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -370,7 +360,7 @@ class AsyncLLMEngine:
             self.engine.abort_request(ids)
         self._deliver([(s, error) for s in self._streams.values()])
         self._streams.clear()
-        self._trackers.clear()
+        self._timings.clear()
 
     def _stats(self):
         """The engine's stats, with the prefix-cache totals read from the KV
@@ -403,8 +393,7 @@ class AsyncLLMEngine:
             self._deliver([(stream, e)])
             return
         self._streams[stream.request_id] = stream
-        self._trackers[stream.request_id] = _Tracker(arrival)
-        self.metrics.record_request_params(request.params)
+        self._timings.start(stream.request_id, arrival, request.params)
         self._deliver([(stream, _ACK)])
 
     def _discard(self, request_id: str) -> None:
@@ -418,8 +407,7 @@ class AsyncLLMEngine:
         if self._streams.pop(request_id, None) is None:
             return  # finished already, or never accepted
         self.engine.abort_request([request_id])
-        self._trackers.pop(request_id, None)
-        self.metrics.record_finished("abort")
+        self._timings.abort(request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         now = time.time()
@@ -428,36 +416,11 @@ class AsyncLLMEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            self._record(out, now)
+            self._timings.observe(out, now)
             if out.finished:
                 del self._streams[out.request_id]
             items.append((stream, out))
         self._deliver(items)
-
-    def _record(self, out: RequestOutput, now: float) -> None:
-        m, tr = self.metrics, self._trackers.get(out.request_id)
-        if tr is None:
-            return
-        new_tokens = sum(len(c.token_ids) for c in out.outputs)
-        if new_tokens:
-            if not tr.first_done:
-                tr.first_done = True
-                m.prompt_tokens.inc(len(out.prompt_token_ids))
-                m.time_to_first_token.observe(now - tr.arrival)
-                sched = out.metrics.first_scheduled_time if out.metrics else None
-                m.request_queue_time.observe(max(0.0, (sched or now) - tr.arrival))
-            elif tr.last_token is not None:
-                m.inter_token_latency.observe(now - tr.last_token)
-                m.time_per_output_token.observe(now - tr.last_token)
-            tr.last_token = now
-            tr.generated += new_tokens
-            m.generation_tokens.inc(new_tokens)
-        if out.finished:
-            self._trackers.pop(out.request_id, None)
-            m.e2e_request_latency.observe(now - tr.arrival)
-            m.record_request_done(out, now, tr.generated)
-            reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
-            m.record_finished(reasons[0] if reasons else "stop")
 
     @staticmethod
     def _deliver(items) -> None:

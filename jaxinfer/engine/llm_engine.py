@@ -68,7 +68,7 @@ class LLMEngine:
                                        data_parallel_size=1),
                    self.model_config, len(devices or jax.devices()),
                    jax.default_backend(), self.scheduler_config.preemption_mode,
-                   jax.process_count())
+                   jax.process_count(), enable_lora=args.enable_lora)
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.tokenizer = load_tokenizer(
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)

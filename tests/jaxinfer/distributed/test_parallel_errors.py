@@ -63,6 +63,7 @@ def test_engine_args_refuse_bad_parallel_settings(kwargs, message):
 
 class _Model:  # what check_fits reads of a ModelConfig
     num_heads, num_layers = 4, 2
+    image_input = None
 
 
 @pytest.mark.parametrize("sizes, devices, message", [
@@ -86,6 +87,21 @@ def test_several_processes_must_use_every_device():
     with pytest.raises(InvalidConfigError, match="uses 2 of the 4 devices of 2"):
         check_fits(ParallelConfig(tensor_parallel_size=2), _Model(), 4, "cpu",
                    "recompute", num_processes=2)
+
+
+def test_lora_and_images_are_refused_over_several_processes():
+    """Process 0 alone fills adapter slots and encodes images."""
+    with pytest.raises(InvalidConfigError, match="enable_lora with several"):
+        check_fits(ParallelConfig(tensor_parallel_size=4), _Model(), 4, "cpu",
+                   "recompute", num_processes=2, enable_lora=True)
+
+    class _Llava(_Model):
+        image_input = object()
+    with pytest.raises(InvalidConfigError, match="multimodal model over several"):
+        check_fits(ParallelConfig(backend="ray"), _Llava(), 1, "cpu",
+                   "recompute")
+    check_fits(ParallelConfig(tensor_parallel_size=4), _Model(), 4, "cpu",
+               "recompute", num_processes=2)
 
 
 def test_swap_preemption_is_refused_with_pipeline_stages():
