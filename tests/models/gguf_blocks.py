@@ -161,6 +161,30 @@ def _copy_embedded_tokenizer(w) -> None:
         w.add_tokenizer_pre(get("tokenizer.ggml.pre"))
 
 
+def llama_gguf_writer(path: str, hp: dict, rope_theta: float):
+    """A GGUFWriter with a Llama's hyperparameters from its HF config."""
+    import gguf
+    N = hp["num_attention_heads"]
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(N)
+    w.add_head_count_kv(hp["num_key_value_heads"])
+    w.add_key_length(hp.get("head_dim") or hp["hidden_size"] // N)
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_rope_freq_base(rope_theta)
+    w.add_vocab_size(hp["vocab_size"])
+    return w
+
+
+def llama_permute(x, heads):
+    """q/k rows in llama.cpp's rotary layout (its LlamaModel.permute)."""
+    return (x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:])
+            .swapaxes(1, 2).reshape(x.shape))
+
+
 def write_quantized_llama_gguf(hf_dir: str, path: str, types,
                                tokenizer: bool = False) -> dict:
     """A Llama GGUF of an HF folder's float weights, each linear layer in
@@ -173,24 +197,10 @@ def write_quantized_llama_gguf(hf_dir: str, path: str, types,
         hp = json.load(f)
     sd = load_file(os.path.join(hf_dir, "model.safetensors"))
     N, K = hp["num_attention_heads"], hp["num_key_value_heads"]
-    H = hp.get("head_dim") or hp["hidden_size"] // N
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(hp["num_hidden_layers"])
-    w.add_context_length(hp["max_position_embeddings"])
-    w.add_embedding_length(hp["hidden_size"])
-    w.add_feed_forward_length(hp["intermediate_size"])
-    w.add_head_count(N)
-    w.add_head_count_kv(K)
-    w.add_key_length(H)
-    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    w.add_rope_freq_base(hp.get("rope_theta", 10000.0))
-    w.add_vocab_size(hp["vocab_size"])
+    w = llama_gguf_writer(path, hp, hp.get("rope_theta", 10000.0))
     if tokenizer:
         _copy_embedded_tokenizer(w)
-
-    def permute(x, heads):  # llama.cpp's LlamaModel.permute
-        return (x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:])
-                .swapaxes(1, 2).reshape(x.shape))
+    permute = llama_permute
 
     def unpermute(x, heads):
         return (x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:])

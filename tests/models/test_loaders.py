@@ -166,7 +166,8 @@ def _write_llama_gguf(hf_dir, path):
     llama3 rope scaling stored as a rope_freqs tensor of divisors."""
     import math
 
-    import gguf
+    from tests.models.gguf_blocks import llama_gguf_writer
+    from tests.models.gguf_blocks import llama_permute as permute
     with open(os.path.join(hf_dir, "config.json")) as f:
         hp = json.load(f)
     sd = {k: v.float().numpy() for k, v in
@@ -174,21 +175,7 @@ def _write_llama_gguf(hf_dir, path):
     N, K = hp["num_attention_heads"], hp["num_key_value_heads"]
     H = hp.get("head_dim") or hp["hidden_size"] // N
     rope = hp["rope_parameters"]
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(hp["num_hidden_layers"])
-    w.add_context_length(hp["max_position_embeddings"])
-    w.add_embedding_length(hp["hidden_size"])
-    w.add_feed_forward_length(hp["intermediate_size"])
-    w.add_head_count(N)
-    w.add_head_count_kv(K)
-    w.add_key_length(H)
-    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_vocab_size(hp["vocab_size"])
-
-    def permute(x, heads):  # llama.cpp's LlamaModel.permute
-        return (x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:])
-                .swapaxes(1, 2).reshape(x.shape))
+    w = llama_gguf_writer(path, hp, rope["rope_theta"])
 
     factors = []
     old = rope["original_max_position_embeddings"]
