@@ -55,6 +55,14 @@ def start_server(model: str, served_model_names=None, api_key=None,
     return ServerThread(app), engine
 
 
+def openai_client(server):
+    """The openai client of a test server: no retries, so a refused request
+    fails the test instead of being sent again."""
+    import openai
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused",
+                         max_retries=0, timeout=120)
+
+
 def pages_all_free(engine, timeout: float = 10.0) -> bool:
     """Waits for the loop thread to settle, then checks every page is free."""
     pool = engine.engine.scheduler.kv.pool

@@ -14,7 +14,7 @@ import pytest
 
 from tests.tiny_llava import HfLlava, random_image
 
-from .conftest import pages_all_free, start_server
+from .conftest import openai_client, pages_all_free, start_server
 
 MAX_TOKENS = 10
 QUESTION = "What is in this picture?"
@@ -56,8 +56,7 @@ def image_server(tiny_llava_path, media_dir):
 
 @pytest.fixture(scope="module")
 def client(image_server):
-    return openai.OpenAI(base_url=image_server[0].base_url + "/v1",
-                         api_key="unused", max_retries=0, timeout=120)
+    return openai_client(image_server[0])
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from tests.lora_adapters import hf_peft_runner, make_adapters, make_peft_adapter
 
-from .conftest import ServerThread, pages_all_free
+from .conftest import ServerThread, openai_client, pages_all_free
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +54,7 @@ def lora_server(tiny_model_factory, adapters):
 
 @pytest.fixture(scope="module")
 def client(lora_server):
-    return openai.OpenAI(base_url=lora_server[0].base_url + "/v1",
-                         api_key="unused", max_retries=0, timeout=120)
+    return openai_client(lora_server[0])
 
 
 def _load(client, name, path):

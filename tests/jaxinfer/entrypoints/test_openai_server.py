@@ -12,7 +12,7 @@ import requests
 
 from jaxinfer import LLM, SamplingParams
 
-from .conftest import pages_all_free
+from .conftest import openai_client, pages_all_free
 
 PROMPTS = ["Hello, my name is", "The capital of France is",
            "In a hole in the ground there lived"]
@@ -22,8 +22,7 @@ CHAT = [{"role": "system", "content": "You are terse."},
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused",
-                         max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
