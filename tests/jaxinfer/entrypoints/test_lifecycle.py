@@ -204,6 +204,9 @@ def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
     server = Launched(tiny_model_factory(), tmp_path, grace=DEATH_GRACE)
     # Paced steps: unpaced, the tiny model's 480 tokens can all stream in
     # the 0.3 s before the fault, and then there is nothing left to fail.
+    # The queued two start only once both streams run: started together,
+    # a queued one could take a stream's seat, and that stream would then
+    # wait behind it while the other ran to its end.
     (tmp_path / "paced").touch()
     try:
         base = server.base_url
@@ -218,12 +221,15 @@ def test_engine_death_answers_everyone_and_exits_non_zero(tiny_model_factory,
             r = requests.post(base + "/v1/completions", json=body, timeout=300)
             answers[i] = (time.perf_counter(), r.status_code, r.json())
 
-        threads += [threading.Thread(target=waiting, args=(i,)) for i in range(2)]
+        queued = [threading.Thread(target=waiting, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
         deadline = time.time() + 60
         while min(len(s) for s in streams) < 3 and time.time() < deadline:
             time.sleep(0.01)
+        threads += queued
+        for t in queued:
+            t.start()
         time.sleep(0.3)  # the waiting two are queued by now
         t0 = time.perf_counter()
         (tmp_path / "fault").touch()
