@@ -73,12 +73,13 @@ def decode_batch(cfg: ModelConfig, S: int, L: int, key):
     return kv, md, ids, jnp.full(S, pos, jnp.int32)
 
 
-def build(cfg: ModelConfig, backend: str, max_len: int):
+def build(cfg: ModelConfig, backend: str, max_len: int, compiler_options=None):
     """The model with random bf16 weights, its constants and the jitted
     step: (model, params, constants, step)."""
     model = model_class(cfg.architecture)(cfg, backend=backend, dtype=jnp.bfloat16)
     params = random_params(model, cfg, jnp.bfloat16)
-    return model, params, model_constants(model, max_len), make_step(model)
+    return (model, params, model_constants(model, max_len),
+            make_step(model, compiler_options))
 
 
 def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int):
@@ -93,12 +94,26 @@ def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int):
     return run, state, (ids, pos, md)
 
 
-def make_step(model):
+def make_step(model, compiler_options=None):
     def step(params, kv, constants, ids, positions, md):
         logits, kv = run_model(model, params, constants, kv, ids, positions, md,
                                jnp.arange(ids.shape[0], dtype=jnp.int32))
         return jnp.argmax(logits, axis=-1), kv
-    return jax.jit(step, donate_argnums=(1,))
+    return jax.jit(step, donate_argnums=(1,), compiler_options=compiler_options)
+
+
+def parse_variants(spec: str) -> dict:
+    """``name=opt:value+opt:value;name2=...`` -> {name: {opt: value}}: XLA
+    debug options per variant of the step (``default`` has none)."""
+    out = {}
+    for part in filter(None, spec.split(";")):
+        name, _, opts = part.partition("=")
+        kv = {}
+        for o in filter(None, opts.split("+")):
+            k, _, v = o.partition(":")
+            kv[k] = {"true": True, "false": False}.get(v, v)
+        out[name] = kv
+    return out
 
 
 def main():
@@ -106,28 +121,33 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--backend", default=None, help="attention backend")
     ap.add_argument("--sizes", default="1:1024,64:1024,256:1024,64:2048")
+    ap.add_argument("--variants", default="default=",
+                    help="XLA options per variant, e.g. 'default=;nomerge="
+                         "xla_disable_hlo_passes:dot_merger'")
     args = ap.parse_args()
+    variants = parse_variants(args.variants)
     cfg = TINY if SMOKE else LLAMA3_8B
     sizes = [tuple(map(int, s.split(":"))) for s in args.sizes.split(",")]
     if SMOKE:
         sizes = [(2, 64), (4, 128)]
     roof = roofline()
     backend = args.backend or ("pallas_interpret" if SMOKE else "pallas")
-    model, params, constants, step = build(cfg, backend,
-                                           max(L for _, L in sizes))
+    model, params, constants, _ = build(cfg, backend, max(L for _, L in sizes))
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
     for S, L in sizes:
-        run, state, _ = step_caller(step, params, constants, cfg, S, L)
-        ts = time_fn(run, repeats=7, min_s=0.05)
-        med = statistics.median(ts)
-        nbytes = weight_bytes + S * L * kv_per_token
-        t_min = max(nbytes / roof["bw"], 2 * cfg.num_params * S / roof["flops"])
-        rows.append(dict(S=S, L=L, ms=med * 1e3, repeats_s=ts,
-                         bytes=nbytes, t_min_ms=t_min * 1e3,
-                         roofline_fraction=t_min / med))
-        del state
+        for vname, opts in variants.items():
+            step = make_step(model, opts or None)
+            run, state, _ = step_caller(step, params, constants, cfg, S, L)
+            ts = time_fn(run, repeats=7, min_s=0.05)
+            med = statistics.median(ts)
+            nbytes = weight_bytes + S * L * kv_per_token
+            t_min = max(nbytes / roof["bw"], 2 * cfg.num_params * S / roof["flops"])
+            rows.append(dict(S=S, L=L, variant=vname, xla_options=opts,
+                             ms=med * 1e3, repeats_s=ts, bytes=nbytes,
+                             t_min_ms=t_min * 1e3, roofline_fraction=t_min / med))
+            del state, run, step
     result = dict(
         workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
         backend=backend, date=datetime.datetime.now(datetime.UTC).isoformat(),
@@ -143,10 +163,11 @@ def main():
         json.dump(result, f, indent=1)
     print(f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul {roof['flops'] / 1e12:.0f} "
           f"TFLOP/s, weights {weight_bytes / 1e9:.1f} GB, backend {backend}")
-    print(f"{'S':>5} {'L':>6} {'ms/step':>9} {'t_min ms':>9} {'roofline':>9}")
+    print(f"{'S':>5} {'L':>6} {'variant':>12} {'ms/step':>9} {'t_min ms':>9} "
+          f"{'roofline':>9}")
     for r in rows:
-        print(f"{r['S']:>5} {r['L']:>6} {r['ms']:>9.2f} {r['t_min_ms']:>9.2f} "
-              f"{r['roofline_fraction']:>9.2f}")
+        print(f"{r['S']:>5} {r['L']:>6} {r['variant']:>12} {r['ms']:>9.2f} "
+              f"{r['t_min_ms']:>9.2f} {r['roofline_fraction']:>9.2f}")
 
 
 if __name__ == "__main__":
