@@ -122,7 +122,8 @@ def random_adapters(lora_inputs, n: int, rank: int, seed: int = 0):
         request = LoRARequest(f"bench-{i + 1}", i + 1, f"/bench/{i + 1}")
         adapter = LoRAAdapter(request, key=("bench", i + 1), rank=rank,
                               modules=tuple(layout.spans),
-                              flat=flat.astype(np.dtype(lora_inputs.pool.dtype)))
+                              flat=lora_inputs.pool.stage(
+                                  flat.astype(np.dtype(lora_inputs.pool.dtype))))
         lora_inputs.store.acquire(f"holder-{i + 1}", adapter)
         out.append(adapter)
     return out
@@ -176,6 +177,18 @@ def time_steps(runner, make_outs, steps: int, repeats: int) -> list[float]:
     return [run_loop(runner, make_outs(steps)) / steps for _ in range(repeats)]
 
 
+def profile_loop(runner, make_outs, steps: int = 4) -> dict:
+    """Kernel groups and the costliest kernels per step of ``steps``
+    overlapped steps, under the JAX profiler."""
+    from benchmarks.step_breakdown import summarize_trace
+    with tempfile.TemporaryDirectory() as d:
+        outs = make_outs(steps)
+        jax.profiler.start_trace(d)
+        run_loop(runner, outs)
+        jax.profiler.stop_trace()
+        return summarize_trace(d, steps)
+
+
 @functools.lru_cache(maxsize=None)
 def _forced(method: str):
     def product(x, a, b, slots, _method=None):
@@ -186,13 +199,14 @@ def _forced(method: str):
 _ORIGINAL_PRODUCT = model_lora.lora_product
 
 
-def force_product(runner, method: str | None) -> None:
+def force_product(runner, method: str | None, compiler_options=None) -> None:
     """Makes the runner's step use one LoRA product (a fresh jit, so the
-    step is traced again with it)."""
+    step is traced again with it), compiled with ``compiler_options``."""
     model_lora.lora_product = (_ORIGINAL_PRODUCT if method is None
                                else _forced(method))
     runner._step = jax.jit(functools.partial(runner_module._step, runner.model),
-                           static_argnums=(0, 1), donate_argnums=(3, 4))
+                           static_argnums=(0, 1), donate_argnums=(3, 4),
+                           compiler_options=compiler_options)
     runner.programs.clear()
 
 
@@ -278,7 +292,12 @@ def main():
     ap.add_argument("--adapters", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20, help="steps per repeat")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true",
+                    help="also the GPU kernels of a few base and lora_mixed "
+                         "steps by group and name (step_breakdown.py's "
+                         "summary of a JAX profiler trace)")
     args = ap.parse_args()
+    profiles = {}
     if args.smoke:
         args.S, args.L, args.steps, args.repeats = 16, 64, 6, 3
     correctness = check_correctness()
@@ -300,6 +319,8 @@ def main():
     # Without LoRA: its own engine (no pool), then freed.
     runner = make_runner(model_dir, dtype, S, L, None, backend)
     raw = {"base": time_steps(runner, same([None] * S), args.steps, args.repeats)}
+    if args.profile:
+        profiles["base"] = profile_loop(runner, same([None] * S))
     del runner
     gc.collect()
     batch = DecodeBatch(S, L, vocab)  # its requests are new to this runner
@@ -313,6 +334,8 @@ def main():
     if runner.lora.num_slot_loads < n:  # the rows really ran their adapters
         raise SystemExit(f"{runner.lora.num_slot_loads} slot loads for {n} "
                          "adapters: the mixed steps did not use LoRA")
+    if args.profile:
+        profiles["lora_mixed"] = profile_loop(runner, same(mixed))
     raw["slot0"] = time_steps(runner, same([None] * S), args.steps, args.repeats)
 
     # Every other step swaps adapter n for adapter n+1 (one slot load per
@@ -346,6 +369,14 @@ def main():
     force_product(runner, "gather")
     raw["lora_mixed_gather"] = time_steps(runner, same(mixed), args.steps,
                                      args.repeats)
+    # XLA's dot_merger joins the shrinks of q/k/v (and of gate/up), which
+    # share their input, into one dot over their A's concatenated at run
+    # time: the same step without that pass.
+    force_product(runner, None, {"xla_disable_hlo_passes": "dot_merger"})
+    raw["lora_mixed_nomerge"] = time_steps(runner, same(mixed), args.steps,
+                                           args.repeats)
+    if args.profile:
+        profiles["lora_mixed_nomerge"] = profile_loop(runner, same(mixed))
     force_product(runner, None)
 
     med = {k: statistics.median(v) for k, v in raw.items()}
@@ -377,7 +408,7 @@ def main():
         correctness=correctness, raw_step_s=raw, median_step_s=med,
         ratios_to_base=ratios, slot_loads_per_step=loads,
         stall_per_load_steps=stall_steps, compiles_while_loading=len(compiles),
-        targets=targets,
+        targets=targets, profiles=profiles,
         roofline={k: v for k, v in roof.items() if k in ("bw", "flops", "device")},
         command="python3 benchmarks/lora_step.py --out $OUT"
                 + (" --smoke" if args.smoke else ""))
@@ -386,11 +417,18 @@ def main():
         json.dump(result, f, indent=1)
     print(f"S={S} L={L} rank={args.rank} adapters={n} on {result['device']}")
     print(f"{'variant':<19} {'ms/step':>9} {'x base':>7}")
-    for k in ("base", "lora_mixed", "lora_mixed_gather", "slot0", "slot0_pool",
-              "lora_mixed_loading"):
+    for k in ("base", "lora_mixed", "lora_mixed_gather", "lora_mixed_nomerge",
+              "slot0", "slot0_pool", "lora_mixed_loading"):
         print(f"{k:<19} {med[k] * 1e3:>9.3f} {ratios[k]:>7.3f}")
     print(f"stall per slot load: {stall_steps:.2f} steps "
           f"({loads:.2f} loads/step), compiles while loading: {len(compiles)}")
+    for k, prof in profiles.items():
+        print(f"profile {k}: {prof.get('kernels', 0):.0f} kernels/step, busy "
+              f"{prof.get('busy_ms', 0):.2f} ms, groups "
+              + ", ".join(f"{g} {v['ms']:.2f} ms ({v['n']:.0f})"
+                          for g, v in prof.get("groups", {}).items()))
+        for t in prof.get("top", [])[:12]:
+            print(f"    {t['ms']:7.3f} ms {t['n']:5.0f}x  {t['name'][:90]}")
     print("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}"
                                   for k, v in targets.items()))
 

@@ -47,7 +47,7 @@ def init_kv_pages(num_layers: int, num_pages: int, block_size: int,
 
 def _with_a_null_row(k, v, slot_mapping, block_size: int):
     """A one-token write plus a zero row aimed at the null page. With one
-    index XLA turns the scatter into a dynamic-update-slice, and copy
+    index XLA CPU turns the scatter into a dynamic-update-slice, and copy
     insertion then copies the whole donated pool around it several times
     per layer (~0.7 s a step for the embedded model on CPU; a plain
     dynamic_update_slice does the same). Two indices keep it a scatter,
@@ -56,6 +56,20 @@ def _with_a_null_row(k, v, slot_mapping, block_size: int):
     slots = jnp.concatenate(
         [slot_mapping, jnp.full_like(slot_mapping, NULL_PAGE * block_size)])
     return k, v, slots
+
+
+def _lone_token_on_cpu(write, k, v, slot_mapping, block_size: int, **kw):
+    """``write(k, v, slot_mapping, **kw)``, with a one-token write padded by
+    `_with_a_null_row` when the program is lowered for the CPU only. On the
+    GPU the padded two-row scatter is the slow one: it took the llama3-8b
+    decode step at one sequence from 6.2 to 12.8 ms (`decode_step.py`,
+    S=1), while XLA GPU updates the one-index slice in place."""
+    if k.shape[0] != 1:
+        return write(k, v, slot_mapping, **kw)
+    return jax.lax.platform_dependent(
+        k, v, slot_mapping,
+        cpu=lambda *a: write(*_with_a_null_row(*a, block_size), padded=True, **kw),
+        default=lambda *a: write(*a, **kw))
 
 
 def write_kv(
@@ -69,13 +83,14 @@ def write_kv(
     in place when the pool is donated)."""
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     flat = (num_kv_heads, num_pages * block_size, head_dim)
-    if k.shape[0] == 1:
-        k, v, slot_mapping = _with_a_null_row(k, v, slot_mapping, block_size)
-    k_flat = k_pages.reshape(flat).at[:, slot_mapping].set(
-        jnp.swapaxes(k, 0, 1).astype(k_pages.dtype), mode="drop")
-    v_flat = v_pages.reshape(flat).at[:, slot_mapping].set(
-        jnp.swapaxes(v, 0, 1).astype(v_pages.dtype), mode="drop")
-    return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+
+    def scatter(k, v, slot_mapping, padded=False):
+        k_flat = k_pages.reshape(flat).at[:, slot_mapping].set(
+            jnp.swapaxes(k, 0, 1).astype(k_pages.dtype), mode="drop")
+        v_flat = v_pages.reshape(flat).at[:, slot_mapping].set(
+            jnp.swapaxes(v, 0, 1).astype(v_pages.dtype), mode="drop")
+        return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+    return _lone_token_on_cpu(scatter, k, v, slot_mapping, block_size)
 
 
 def gather_kv(
@@ -139,9 +154,17 @@ def write_kv_scaled(
     (``pages_touched_bound``).
     """
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
-    if k.shape[0] == 1:
-        k, v, slot_mapping = _with_a_null_row(k, v, slot_mapping, block_size)
-        max_pages = max(max_pages, 2)  # the null page is a second page
+
+    def write(k, v, slot_mapping, padded=False):
+        # The null page a padded lone write adds is a second page.
+        return _write_scaled(k_pages, v_pages, k_scales, v_scales, k, v,
+                             slot_mapping, max(max_pages, 2) if padded else max_pages)
+    return _lone_token_on_cpu(write, k, v, slot_mapping, block_size)
+
+
+def _write_scaled(k_pages, v_pages, k_scales, v_scales, k, v, slot_mapping,
+                  max_pages: int):
+    num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     qmax = float(jnp.finfo(k_pages.dtype).max)
     page = slot_mapping // block_size  # [T]
     offset = slot_mapping % block_size

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+from typing import Any
 
 import jax
 import numpy as np
@@ -70,7 +71,9 @@ class LoRAAdapter:
     key: tuple
     rank: int  # the largest rank of its modules
     modules: tuple[str, ...]  # HF names of the layers it changes
-    flat: np.ndarray  # [SlotLayout.size] in the engine dtype
+    # [SlotLayout.size] in the engine dtype: NumPy, or a pinned host array
+    # on a GPU (`LoRAPool.stage`).
+    flat: Any
 
     @property
     def lora_int_id(self) -> int:

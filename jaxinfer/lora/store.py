@@ -18,6 +18,7 @@ Thread-safe: worker threads load, the engine loop acquires and releases.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 
@@ -30,8 +31,13 @@ logger = logging.getLogger(__name__)
 
 
 class AdapterStore:
-    def __init__(self, layout: SlotLayout, dtype, capacity: int):
+    def __init__(self, layout: SlotLayout, dtype, capacity: int,
+                 stage=None):
         self.layout = layout
+        # Puts a read adapter's buffer where slot loads copy it from
+        # (`LoRAPool.stage`: pinned host memory on a GPU), on the loading
+        # thread, so a slot load on the engine loop is one fast copy.
+        self.stage = stage
         self.dtype = dtype
         self.capacity = capacity
         self._lock = threading.Lock()
@@ -60,6 +66,8 @@ class AdapterStore:
                 return cached
             self._check_free(request, cached)
         adapter = load_peft_adapter(request, self.layout, self.dtype)
+        if self.stage is not None:
+            adapter = dataclasses.replace(adapter, flat=self.stage(adapter.flat))
         with self._lock:
             self._check_free(request, self._cache.get(request.lora_int_id))
             self._cache[request.lora_int_id] = adapter

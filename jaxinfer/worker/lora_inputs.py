@@ -28,8 +28,9 @@ class LoRAInputs:
         self.config = config
         targets = lora_targets(model, cfg, model_spec(cfg.architecture))
         self.layout = SlotLayout(targets, config.max_lora_rank)
-        self.store = AdapterStore(self.layout, dtype, config.cpu_capacity)
         self.pool = LoRAPool(self.layout, config.max_loras, dtype, mesh)
+        self.store = AdapterStore(self.layout, dtype, config.cpu_capacity,
+                                  stage=self.pool.stage)
         self.slots = SlotTable(config.max_loras)
         self.num_slot_loads = 0  # adapters copied into device slots
 

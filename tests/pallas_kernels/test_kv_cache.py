@@ -93,3 +93,24 @@ def test_one_token_write_is_exact_and_in_place():
     copies = [line for line in hlo.splitlines()
               if " copy(" in line and pool in line.split("=")[1].split("copy(")[0]]
     assert not copies, copies[:3]
+
+
+@pytest.mark.parametrize("platform,rows", [("cpu", 2), ("cuda", 1)])
+def test_one_token_write_is_padded_for_the_cpu_only(platform, rows):
+    """The null-page row that keeps XLA CPU's lone write in place is kept
+    out of GPU programs, where the two-row scatter made the llama3-8b step
+    at one sequence twice as slow (12.8 against 6.2 ms on an H200)."""
+    import re
+
+    import jax
+    shape = kv_pages_shape(8, 4, 2, 16)
+    pages = jnp.zeros(shape, jnp.float32)
+    k = jnp.ones((1, 2, 16), jnp.float32)
+    slot = jnp.asarray([5], jnp.int32)
+    text = (jax.jit(write_kv, donate_argnums=(0, 1))
+            .trace(pages, pages, k, k, slot)
+            .lower(lowering_platforms=(platform,)).as_text())
+    # A scatter's type closes its update region: (operand, indices, updates).
+    index_shapes = set(re.findall(
+        r'\}\) : \(tensor<[^>]*>, tensor<(\d+)x1xi32>, tensor<[^>]*>\)', text))
+    assert index_shapes == {str(rows)}, index_shapes
