@@ -123,7 +123,7 @@ def main():
     ap.add_argument("--sizes", default="1:1024,64:1024,256:1024,64:2048")
     ap.add_argument("--variants", default="default=",
                     help="XLA options per variant, e.g. 'default=;nomerge="
-                         "xla_disable_hlo_passes:dot_merger'")
+                         "xla_disable_hlo_passes:dot-merger'")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     cfg = TINY if SMOKE else LLAMA3_8B

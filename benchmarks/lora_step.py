@@ -372,7 +372,7 @@ def main():
     # XLA's dot_merger joins the shrinks of q/k/v (and of gate/up), which
     # share their input, into one dot over their A's concatenated at run
     # time: the same step without that pass.
-    force_product(runner, None, {"xla_disable_hlo_passes": "dot_merger"})
+    force_product(runner, None, {"xla_disable_hlo_passes": "dot-merger"})
     raw["lora_mixed_nomerge"] = time_steps(runner, same(mixed), args.steps,
                                            args.repeats)
     if args.profile:
