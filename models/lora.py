@@ -114,13 +114,42 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
     return targets
 
 
+# Per trace: each layer input the adapters' shrinks read, behind an
+# optimization barrier (`_shrink_input`), by id, holding the input itself so
+# that its id cannot be reused while the entry lives.
+_SHRINK_INPUTS: dict[int, tuple[jax.Array, jax.Array]] = {}
+
+
+def _shrink_input(x: jax.Array) -> jax.Array:
+    """``x`` as the adapters' shrinks see it: one optimization barrier per
+    distinct input, shared by the layers that read it (q/k/v, gate/up).
+
+    Why: XLA's dot-merger joins dots that share an input. Without the
+    barrier it merged the shrinks with the base projections of the same
+    input (k/v and the A's), concatenating those weights at run time, 13.5
+    us per layer on an H200 at S=64 (`docs/performance.md` section 7); the
+    barrier leaves the base projections merged as without LoRA and the
+    shrinks merged among themselves."""
+    hit = _SHRINK_INPUTS.get(id(x))
+    if hit is not None and hit[0] is x:
+        return hit[1]
+    xb = jax.lax.optimization_barrier(x)
+    _SHRINK_INPUTS[id(x)] = (x, xb)
+    return xb
+
+
 def lora_collection(pool: dict, token_slots: jax.Array) -> dict:
     """The ``lora`` variables of one step: the pool tree (nested by scope
     path, ``{LORA_A, LORA_B}`` at each target) with the step's per-token
     slot ids added beside every pair."""
+    _SHRINK_INPUTS.clear()  # a new trace: the last one's inputs are dead
+    return _with_slots(pool, token_slots)
+
+
+def _with_slots(pool: dict, token_slots: jax.Array) -> dict:
     if LORA_A in pool:
         return {**pool, TOKEN_SLOTS: token_slots}
-    return {k: lora_collection(v, token_slots) for k, v in pool.items()}
+    return {k: _with_slots(v, token_slots) for k, v in pool.items()}
 
 
 def has_lora(module: nn.Module) -> bool:
@@ -133,7 +162,7 @@ def lora_delta(module: nn.Module, x: jax.Array) -> jax.Array:
     a: jax.Array = module.get_variable(COLLECTION, LORA_A)
     b: jax.Array = module.get_variable(COLLECTION, LORA_B)
     slots: jax.Array = module.get_variable(COLLECTION, TOKEN_SLOTS)
-    return lora_product(x, a, b, slots)
+    return lora_product(_shrink_input(x), a, b, slots)
 
 
 def lora_product(x, a, b, slots, method: str | None = None):
