@@ -208,3 +208,46 @@ def test_lora_modules_flag_forms():
             parse_lora_modules([bad])
     with pytest.raises(ValueError, match="more than once"):
         parse_lora_modules(["a=/x", "a=/y"])
+
+
+def test_shrinks_of_one_input_share_one_barrier():
+    """Projections that read one input (q/k/v, gate/up) give their shrinks
+    that input through one optimization barrier, and another input gets its
+    own: XLA's dot-merger then joins the shrinks with each other but never
+    with the base projections (whose weights it concatenated at run time in
+    every step, docs/performance.md section 7). The outputs are unchanged."""
+    import jax
+    from flax import linen as nn
+
+    from jaxinfer.models.layers import Linear
+    from jaxinfer.models.lora import (COLLECTION, LORA_A, LORA_B, lora_collection,
+                                      lora_product)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            lin = lambda name, n: Linear((8,), (n,), ("embed", "mlp"), False,
+                                         jnp.float32, name=name)
+            q, k = lin("q", 8)(x), lin("k", 4)(x)  # one input
+            return lin("o", 8)(q * 2.0).sum() + k.sum()  # another
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 8)), jnp.float32)
+    slots = jnp.asarray([1, 0, 2], jnp.int32)
+    params = Block().init(jax.random.key(0), x)["params"]
+    pool = {name: {LORA_A: jnp.asarray(rng.normal(size=(8, 2, 4)), jnp.float32),
+                   LORA_B: jnp.asarray(rng.normal(size=(2, 4, n)), jnp.float32)}
+            for name, n in (("q", 8), ("k", 4), ("o", 8))}
+
+    def run(params, pool, x):
+        return Block().apply({"params": params,
+                              COLLECTION: lora_collection(pool, slots)}, x)
+    jaxpr = str(jax.make_jaxpr(run)(params, pool, x))
+    assert jaxpr.count("optimization_barrier") == 2, jaxpr
+    kern = lambda n: nn.unbox(params[n]["kernel"])
+    delta = lambda v, n: lora_product(v, pool[n][LORA_A], pool[n][LORA_B], slots)
+    q = x @ kern("q") + delta(x, "q")
+    k = x @ kern("k") + delta(x, "k")
+    want = ((2 * q) @ kern("o") + delta(2 * q, "o")).sum() + k.sum()
+    np.testing.assert_allclose(np.asarray(jax.jit(run)(params, pool, x)),
+                               np.asarray(want), rtol=1e-5)
