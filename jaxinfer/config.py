@@ -98,6 +98,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" | "priority"
     preemption_mode: str = "recompute"  # "recompute" | "swap"
+    # Decode steps one program runs when every running request only
+    # decodes (vLLM's multi-step scheduling); 1 = one step per program.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self):
         _check(self.max_model_len >= 1, "max_model_len", ">= 1",
@@ -116,6 +119,8 @@ class SchedulerConfig:
                "'fcfs' or 'priority'", self.policy)
         _check(self.preemption_mode in ("recompute", "swap"), "preemption_mode",
                "'recompute' or 'swap'", self.preemption_mode)
+        _check(self.num_scheduler_steps >= 1, "num_scheduler_steps", ">= 1",
+               self.num_scheduler_steps)
 
 
 def _arg(default, help: str, **cli):
@@ -240,6 +245,12 @@ class EngineArgs:
         True, "host/device overlap: the next step is scheduled and enqueued "
         "while the device runs this one (vLLM's async scheduling; on by "
         "default here)")
+    num_scheduler_steps: int = _arg(
+        1, "decode steps per device program while every running request "
+        "only decodes and none needs the host between tokens (no logprobs, "
+        "penalties or bad words, min_tokens reached; vLLM's multi-step "
+        "scheduling): the host reads k tokens per round trip, streams get "
+        "them k at a time")
     limit_mm_per_prompt: str | dict[str, int] | None = _arg(
         None, "most images one prompt may carry, as JSON such as "
         "'{\"image\": 2}' (default 999, as vLLM)")
@@ -364,7 +375,8 @@ class EngineArgs:
             max_num_batched_tokens=max_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
-            preemption_mode=self.resolved_preemption()[0])
+            preemption_mode=self.resolved_preemption()[0],
+            num_scheduler_steps=self.num_scheduler_steps)
 
 
 def check_kv_cache_dtype(name: str, value: str) -> None:

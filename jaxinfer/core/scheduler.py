@@ -201,6 +201,8 @@ class Scheduler:
         for req in reversed(passed_over):  # back in their places
             self.waiting.prepend(req)
 
+        num_steps = self._multi_step_window(scheduled, out)
+        out.num_steps = num_steps
         for req, n in scheduled:
             start = req.num_computed_tokens
             sample = start + n == req.num_tokens_with_pending
@@ -218,13 +220,38 @@ class Scheduler:
             # Counted as computed now: the step that runs them is already
             # enqueued when the next schedule() is called. Its sampled token
             # is pending until update_from_output reads it.
-            req.num_computed_tokens += n
-            req.num_pending_tokens += sample
+            req.num_computed_tokens += n * num_steps
+            req.num_pending_tokens += sample * num_steps
             if self.encoder is not None and req.mm_inputs:
                 self.encoder.free_consumed(req)
         out.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_ids, self._finished_ids = self._finished_ids, []
         return out
+
+    def _multi_step_window(self, scheduled: list[tuple[Request, int]],
+                           out: SchedulerOutput) -> int:
+        """How many decode steps this step's program runs: num_scheduler_steps
+        when every row is one decode token of a request that needs nothing
+        from the host between tokens, nobody waits to join the batch, and
+        each has room for that many more tokens and the pages for them
+        (allocated here); else 1. Only the full window is taken, so each
+        bucket has one multi-step program."""
+        k = self.config.num_scheduler_steps
+        if (k == 1 or not scheduled or out.new_requests or out.preempted_ids
+                or out.has_copies or len(self.waiting)):
+            return 1
+        for req, n in scheduled:
+            sp = req.sampling_params
+            if (n != 1 or req.num_computed_tokens + 1 != req.num_tokens_with_pending
+                    or req.needs_known_tokens or sp.logprobs is not None
+                    or req.mm_inputs or (req.max_tokens is not None and len(
+                        req.output_token_ids) + req.num_pending_tokens + k
+                        > req.max_tokens)):
+                return 1
+        for req, _ in scheduled:  # pages for the whole window, or single steps
+            if not self.kv.allocate_slots(req, k):
+                return 1
+        return k
 
     def _plan_images(self, req: Request, start: int, num_new: int
                      ) -> tuple[int, list[int]]:

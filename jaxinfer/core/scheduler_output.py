@@ -52,6 +52,10 @@ class SchedulerOutput:
     # last placeholder is scheduled or the request leaves the batch.
     encoder_inputs: list[tuple[str, int, int]] = dataclasses.field(
         default_factory=list)
+    # Decode steps the program runs (multi-step scheduling): > 1 only when
+    # every row is one decode token; each row then samples num_steps
+    # tokens, each the input of the next, its pages already allocated.
+    num_steps: int = 1
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":

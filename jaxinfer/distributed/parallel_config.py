@@ -131,7 +131,8 @@ def parallel_config_from(args) -> ParallelConfig:
 
 def check_fits(parallel: ParallelConfig, model_config, num_devices: int,
                platform: str, preemption_mode: str,
-               num_processes: int = 1, enable_lora: bool = False) -> None:
+               num_processes: int = 1, enable_lora: bool = False,
+               num_scheduler_steps: int = 1) -> None:
     """What needs the model and the devices, before any weight loads:
     sizes that do not divide heads or layers, more devices than exist (or,
     over several processes, fewer than they hold), features the layout
@@ -170,6 +171,11 @@ def check_fits(parallel: ParallelConfig, model_config, num_devices: int,
             "enable_lora with several processes is not supported yet: serve "
             "LoRA adapters from one process (tensor parallelism within one "
             "host works)")
+    if num_scheduler_steps > 1 and several:  # the others replay one step each
+        raise InvalidConfigError(
+            f"num_scheduler_steps={num_scheduler_steps} with several processes "
+            "is not supported yet: the step broadcast carries single steps; "
+            "use num_scheduler_steps=1 (or one process)")
     if model_config.image_input is not None and several:
         raise InvalidConfigError(
             "a multimodal model over several processes is not supported "

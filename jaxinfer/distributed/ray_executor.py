@@ -90,7 +90,8 @@ class RayEngine:
         from .parallel_config import check_fits
         check_fits(parallel, self.model_config,
                    int(gpus) if gpus else world, "gpu" if gpus else "cpu",
-                   args.resolved_preemption()[0], enable_lora=args.enable_lora)
+                   args.resolved_preemption()[0], enable_lora=args.enable_lora,
+                   num_scheduler_steps=args.num_scheduler_steps)
         self._closing = False
         self.dead_error: BaseException | None = None
         self._callbacks: list[Callable[[BaseException], None]] = []

@@ -68,7 +68,8 @@ class LLMEngine:
                                        data_parallel_size=1),
                    self.model_config, len(devices or jax.devices()),
                    jax.default_backend(), self.scheduler_config.preemption_mode,
-                   jax.process_count(), enable_lora=args.enable_lora)
+                   jax.process_count(), enable_lora=args.enable_lora,
+                   num_scheduler_steps=args.num_scheduler_steps)
         self.dtype = resolve_dtype(args.dtype, self.model_config)
         self.tokenizer = load_tokenizer(
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
@@ -256,14 +257,19 @@ class LLMEngine:
         runner_out = self.runner.collect(inflight)
         t0 = time.perf_counter()
         sched_out = inflight.out
-        updated = self.scheduler.update_from_output(sched_out, runner_out.sampled)
-        self.num_generation_tokens += len(updated)
-        self.output_processor.record_logprobs(runner_out, updated)
+        if sched_out.num_steps > 1:
+            updated = self._take_window(sched_out, runner_out.sampled)
+        else:
+            updated = self.scheduler.update_from_output(sched_out,
+                                                        runner_out.sampled)
+            self.num_generation_tokens += len(updated)
+            self.output_processor.record_logprobs(runner_out, updated)
+            for req in updated:
+                if self.output_processor.detokenize(req):
+                    self.scheduler.finish_requests(req.request_id,
+                                                   RequestStatus.FINISHED_STOPPED)
         outputs = []
         for req in updated:
-            if self.output_processor.detokenize(req):
-                self.scheduler.finish_requests(req.request_id,
-                                               RequestStatus.FINISHED_STOPPED)
             out = self.parallel.merge(self.output_processor.make_output(req))
             if out is not None:
                 outputs.append(out)
@@ -271,6 +277,24 @@ class LLMEngine:
             inflight.host_s += time.perf_counter() - t0
             self._record_step(inflight)
         return outputs
+
+    def _take_window(self, sched_out, sampled: dict[str, list[int]]) -> list:
+        """A multi-step decode's tokens, one step at a time, exactly as that
+        many single steps would take them: each token appended, its stops
+        (EOS, stop ids, max_tokens, stop strings) checked, and the tokens a
+        request sampled after its stop dropped. Returns each request that
+        got a token, once, in row order."""
+        seen: dict[str, Request] = {}
+        for i in range(sched_out.num_steps):
+            updated = self.scheduler.update_from_output(
+                sched_out, {rid: toks[i] for rid, toks in sampled.items()})
+            self.num_generation_tokens += len(updated)
+            for req in updated:
+                if self.output_processor.detokenize(req):
+                    self.scheduler.finish_requests(req.request_id,
+                                                   RequestStatus.FINISHED_STOPPED)
+                seen[req.request_id] = req
+        return list(seen.values())
 
     def _record_step(self, inflight) -> None:
         compile_s, compiles = inflight.compiled

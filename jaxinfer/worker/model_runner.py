@@ -40,7 +40,7 @@ from .page_ops import PageMover
 from .penalties import PenaltyState, update_penalty_state
 from .placement import Placement
 from .runner_output import ModelRunnerOutput
-from .sampler import SamplingMetadata, sample
+from .sampler import SamplerOutput, SamplingMetadata, sample
 from .sampling_inputs import SamplingInputs
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,55 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
         prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
     next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(out.token_ids)
     return out, prompt_lp, kv_pages, penalty_state, next_tokens
+
+
+def _multi_step(model, block_size, num_steps, dims, params, kv_pages,
+                constants, prev_tokens, packed, smd: SamplingMetadata,
+                lora_pool=None):
+    """``num_steps`` decode steps in one program (multi-step scheduling):
+    every real row is one decode token; each step's sampled tokens are the
+    next step's inputs, one position on, their K/V slots read from the
+    block tables (the scheduler allocated the pages of the whole window).
+    Sampling draws as the single steps would: each row's output index
+    advances by one per step. Returns (SamplerOutput with token_ids
+    [num_steps, S], kv_pages, the last step's tokens padded as _step's)."""
+    input_ids, positions, md = unpack_step(packed, dims)
+    input_ids = jnp.where(input_ids < 0,
+                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
+                          input_ids)
+    lora = None
+    if lora_pool is not None:
+        lora = (lora_pool, unpack_lora_slots(packed, dims))
+    S, P = md.block_tables.shape
+    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
+    rows = jnp.arange(S, dtype=jnp.int32)
+    # Token t < num_seqs is row t's (one token per row); the rest is padding,
+    # which keeps the null page, as do rows without a sequence.
+    tok = jnp.arange(T, dtype=jnp.int32)
+    real_tok = tok < md.num_seqs[0]
+    tok_row = jnp.minimum(tok, S - 1)
+    real_row = rows < md.num_seqs[0]
+
+    def one_step(i, carry):
+        kv_pages, ids, tokens = carry
+        pos = jnp.where(real_tok, positions + i, 0)
+        page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
+        md_i = dataclasses.replace(
+            md, slot_mapping=jnp.where(real_tok, page * block_size + pos % block_size, 0),
+            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+        logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
+                                     pos, md_i, rows, lora=lora)
+        smd_i = smd if smd.positions is None else dataclasses.replace(
+            smd, positions=smd.positions + i)
+        new = sample(logits, smd_i).token_ids
+        ids = jnp.zeros_like(ids).at[:S].set(new)
+        return kv_pages, ids, tokens.at[i].set(new)
+
+    tokens = jnp.zeros((num_steps, S), jnp.int32)
+    kv_pages, _, tokens = jax.lax.fori_loop(
+        0, num_steps, one_step, (kv_pages, input_ids, tokens))
+    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(tokens[-1])
+    return SamplerOutput(tokens, None), kv_pages, next_tokens
 
 
 class ModelRunner:
@@ -163,6 +212,11 @@ class ModelRunner:
         self._step = jax.jit(functools.partial(
             _step, self.placement.step_model(self.model)),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
+        # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
+        # on first use of each bucket.
+        self._multi = jax.jit(functools.partial(
+            _multi_step, self.placement.step_model(self.model), self.block_size),
+            static_argnums=(0, 1), donate_argnums=(3,))
         # Programs compiled ahead by warm-up, by program_key.
         self.programs: dict[tuple, object] = {}
         # The last step's sampled tokens on the device, padded to
@@ -357,12 +411,20 @@ class ModelRunner:
         # the step); a step of base-model rows keeps the program without LoRA.
         lora_slots = (None if self.lora is None else self.lora.token_slots(
             out.scheduled, self.requests, len(input_ids)))
-        inputs = (num_lp, dims, state,
-                  pack_step(input_ids, positions, md, lora_slots), logits_idx,
-                  smd, targets, mm,
-                  None if lora_slots is None else self.lora.pool.arrays)
-        res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
-            *inputs)
+        packed = pack_step(input_ids, positions, md, lora_slots)
+        lora_pool = None if lora_slots is None else self.lora.pool.arrays
+        if out.num_steps > 1:
+            if num_lp is not None or state is not None or mm is not None:
+                raise RuntimeError(  # the scheduler keeps these single-step
+                    "a multi-step decode with logprobs, penalties or images")
+            res, self.kv_pages, self.prev_tokens = self._multi(
+                out.num_steps, dims, self.params, self.kv_pages, self.constants,
+                self.prev_tokens, packed, smd, lora_pool)
+            prompt_lp = None
+        else:
+            res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(
+                num_lp, dims, state, packed, logits_idx, smd, targets, mm,
+                lora_pool)
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}
         if state is not None:

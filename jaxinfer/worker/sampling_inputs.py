@@ -214,6 +214,9 @@ class SamplingInputs:
         per array). ``wants_logprobs[i]``: row i's request asked for the
         sampled token's logprobs."""
         tokens = np.asarray(res.token_ids)
+        if tokens.ndim == 2:  # a multi-step decode: [steps, S], rows' tokens in order
+            return ModelRunnerOutput({s.request_id: tokens[:, i].tolist()
+                                      for i, s in enumerate(sched) if s.sample})
         out = ModelRunnerOutput({s.request_id: int(tokens[i])
                                  for i, s in enumerate(sched) if s.sample})
         if res.logprobs is not None:

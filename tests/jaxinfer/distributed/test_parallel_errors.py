@@ -104,6 +104,15 @@ def test_lora_and_images_are_refused_over_several_processes():
                "recompute", num_processes=2)
 
 
+def test_multi_step_decode_is_refused_over_several_processes():
+    """The step broadcast replays single steps on the other processes."""
+    with pytest.raises(InvalidConfigError, match="num_scheduler_steps=4 with several"):
+        check_fits(ParallelConfig(tensor_parallel_size=4), _Model(), 4, "cpu",
+                   "recompute", num_processes=2, num_scheduler_steps=4)
+    check_fits(ParallelConfig(tensor_parallel_size=4), _Model(), 4, "cpu",
+               "recompute", num_processes=1, num_scheduler_steps=4)
+
+
 def test_swap_preemption_is_refused_with_pipeline_stages():
     with pytest.raises(InvalidConfigError, match="preemption_mode='recompute'"):
         check_fits(ParallelConfig(pipeline_parallel_size=2), _Model(), 2,
