@@ -1,0 +1,102 @@
+"""Multi-step decode (``num_scheduler_steps``): the engine's decode step at
+batch 1 (and S=64) through the engine's own `ModelRunner`, one program per
+token against one program per window of k tokens, the steps dispatched as
+the engine overlaps them (step N+1 enqueued before N's tokens are read).
+The per-token time is the device's plus whatever gap the host leaves
+between programs, which is what multi-step removes.
+
+One command (GPU machine, repo root):
+
+    export PYTHONPATH=$PWD
+    python3 benchmarks/multi_step.py --out $OUT
+
+``--smoke`` runs the tiny model on CPU. Writes ``multi-step.json`` (ms per
+token for k = 1 and each k, medians of repeats, and the ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from benchmarks.lora_step import (BLOCK, LLAMA3_8B, DecodeBatch, make_runner,  # noqa: E402
+                                  run_loop, tiny_model_dir)
+from jaxinfer.core.scheduler_output import SchedulerOutput  # noqa: E402
+from jaxinfer.models import resolve_model  # noqa: E402
+
+
+def windows(batch: DecodeBatch, k: int, n: int) -> list[SchedulerOutput]:
+    """n programs of k decode steps each: rows start k - 1 tokens before the
+    batch's last position, so the window stays inside their pages."""
+    outs = []
+    for _ in range(n):
+        out = batch.step([None] * batch.S)
+        for row in out.scheduled:
+            row.start_pos = batch.L - k
+        out.num_steps = k
+        outs.append(out)
+    return outs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--sizes", default="1,64")
+    ap.add_argument("--ks", default="4,8")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per repeat")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    model_dir = tiny_model_dir() if args.smoke else LLAMA3_8B
+    dtype = jnp.float32 if args.smoke else jnp.bfloat16
+    L = 64 if args.smoke else 1024
+    vocab = resolve_model(model_dir, "dummy").config.vocab_size
+    ks = [int(k) for k in args.ks.split(",")]
+    rows = []
+    for S in (int(s) for s in args.sizes.split(",")):
+        runner = make_runner(model_dir, dtype, S, L, None,
+                             "reference" if args.smoke else None)
+        batch = DecodeBatch(S, L, vocab)
+        per_token = {}
+        for k in [1] + ks:
+            def outs():
+                if k == 1:
+                    return [batch.step([None] * S) for _ in range(args.tokens)]
+                return windows(batch, k, args.tokens // k)
+            run_loop(runner, outs())  # compiles
+            ts = [run_loop(runner, outs()) / args.tokens for _ in range(args.repeats)]
+            per_token[k] = dict(ms=1e3 * statistics.median(ts),
+                                repeats_ms=[1e3 * t for t in ts])
+            print(f"S={S} k={k}: {per_token[k]['ms']:.3f} ms per step", flush=True)
+        rows.append(dict(S=S, L=L, per_token=per_token,
+                         speedup={k: per_token[1]["ms"] / per_token[k]["ms"]
+                                  for k in ks}))
+        del runner
+    result = dict(
+        workload="multi-step", model="tiny" if args.smoke else "llama3-8b",
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout.strip(),
+        device=str(jax.devices()[0].device_kind), jax=jax.__version__,
+        rows=rows, command="python3 benchmarks/multi_step.py --out $OUT"
+        + (" --smoke" if args.smoke else ""))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "multi-step.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    for r in rows:
+        print(f"S={r['S']} L={r['L']}: " + ", ".join(
+            f"k={k} {v['ms']:.3f} ms/step" for k, v in r["per_token"].items())
+            + "; speedup " + ", ".join(f"k={k} {x:.3f}x" for k, x in r["speedup"].items()))
+
+
+if __name__ == "__main__":
+    main()
