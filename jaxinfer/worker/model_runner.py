@@ -365,6 +365,29 @@ class ModelRunner:
             return program(*dyn)
         return self._step(num_lp, dims, *dyn)
 
+    def multi_step_args(self, packed, smd, lora_pool=None) -> tuple:
+        """The multi-step program's dynamic arguments, in order."""
+        return (self.params, self.kv_pages, self.constants, self.prev_tokens,
+                packed, smd, lora_pool)
+
+    @staticmethod
+    def multi_step_key(num_steps, dims, dyn_args) -> tuple:
+        """`program_key` of a multi-step program (its per-step inputs: the
+        packed buffer and the sampling metadata)."""
+        leaves, tree = jax.tree_util.tree_flatten(dyn_args[4:6])
+        return ("multi", num_steps, dims, tree,
+                tuple((x.shape, str(x.dtype)) for x in leaves),
+                dyn_args[6] is not None)
+
+    def run_multi_step(self, num_steps, dims, packed, smd, lora_pool=None):
+        """A window of decode steps through its program: warm-up's when it
+        built one, else jit's own cache."""
+        dyn = self.multi_step_args(packed, smd, lora_pool)
+        program = self.programs.get(self.multi_step_key(num_steps, dims, dyn))
+        if program is not None:
+            return program(*dyn)
+        return self._multi(num_steps, dims, *dyn)
+
     def dispatch(self, out: SchedulerOutput) -> "InFlightStep":
         """Enqueues one step on the device and returns without waiting.
         ``out`` is all the runner learns of the step (the requests joining
@@ -417,9 +440,8 @@ class ModelRunner:
             if num_lp is not None or state is not None or mm is not None:
                 raise RuntimeError(  # the scheduler keeps these single-step
                     "a multi-step decode with logprobs, penalties or images")
-            res, self.kv_pages, self.prev_tokens = self._multi(
-                out.num_steps, dims, self.params, self.kv_pages, self.constants,
-                self.prev_tokens, packed, smd, lora_pool)
+            res, self.kv_pages, self.prev_tokens = self.run_multi_step(
+                out.num_steps, dims, packed, smd, lora_pool)
             prompt_lp = None
         else:
             res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(

@@ -71,7 +71,9 @@ def _dummy_batch(T: int, S: int, P: int):
 def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     """Compiles the step for every bucket (`Buckets.all_shapes`) in its
     greedy, sampled and filtered variants (each also with LoRA adapters
-    when LoRA is on), and the swap programs (and the adapter slot writer).
+    when LoRA is on; each decode bucket also as a multi-step window when
+    ``num_scheduler_steps`` > 1), and the swap programs (and the adapter
+    slot writer).
     Tracing and lowering run one program at a time (they hold the GIL); the
     XLA compiles, most of the time, run in a thread pool, and the
     executables go to ``runner.programs``, where `ModelRunner.run_step`
@@ -85,6 +87,8 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
     # With LoRA, each program also in its variant for steps with adapters.
     lora_pools = [None] if runner.lora is None else [None, runner.lora.pool]
+    # Multi-step decode: each decode bucket also as a window of k steps.
+    k = runner.scheduler_config.num_scheduler_steps
     lowered = {}
     for T, S, P, decode_only in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
@@ -104,6 +108,12 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
             key = runner.program_key(None, dims, dyn)
             if key not in runner.programs and key not in lowered:
                 lowered[key] = runner._step.lower(None, dims, *dyn)
+            if decode_only and mm is None and k > 1:  # its decode window
+                dyn = runner.multi_step_args(packed, smd,
+                                             None if pool is None else pool.arrays)
+                key = runner.multi_step_key(k, dims, dyn)
+                if key not in runner.programs and key not in lowered:
+                    lowered[key] = runner._multi.lower(k, dims, *dyn)
     t_lower = time.perf_counter() - t0
     workers = max_workers or min(len(lowered), os.cpu_count() or 1) or 1
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:

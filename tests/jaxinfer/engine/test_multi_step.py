@@ -100,3 +100,30 @@ def test_requests_needing_the_host_run_single_steps(make_llm, extra, singles):
 def test_num_scheduler_steps_must_be_positive(make_llm):
     with pytest.raises(InvalidConfigError, match="num_scheduler_steps"):
         make_llm(num_scheduler_steps=0)
+
+
+def test_warmup_builds_the_windows_too(make_llm):
+    """With warm-up, a run whose decodes go in windows compiles nothing:
+    each decode bucket's window program is built with the bucket."""
+    import jax
+
+    from .test_warmup_compiles import COMPILE_EVENTS
+    llm = make_llm(warmup=True, max_num_seqs=2, num_scheduler_steps=4)
+    engine = llm.llm_engine
+    windows = _windows(engine)
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event in COMPILE_EVENTS:
+            events.append(event)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for sp in (SamplingParams(max_tokens=14, temperature=0.0),
+                   SamplingParams(max_tokens=14, temperature=0.8, seed=3),
+                   SamplingParams(max_tokens=14, temperature=0.8, top_p=0.9)):
+            llm.generate([{"prompt_token_ids": [5, 6, 7]},
+                          {"prompt_token_ids": [9, 10]}], sp, use_tqdm=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert 4 in windows
+    assert events == [], f"{len(events)} compilations after warm-up"
