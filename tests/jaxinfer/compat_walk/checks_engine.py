@@ -245,6 +245,19 @@ def async_scheduling_overlaps_steps(llm, make_llm):
     assert tokens(off) == tokens(llm)
 
 
+@row_check("engine_args_jaxinfer", "num_scheduler_steps")
+def multi_step_decodes_windows_of_k(llm, make_llm):
+    """Decodes go k to a program (fewer engine steps), same tokens."""
+    windowed = make_llm(num_scheduler_steps=3)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    steps = {}
+    for name, m in (("one", llm), ("three", windowed)):
+        before = m.llm_engine.num_steps
+        steps[name] = (tokens(m, params=params), m.llm_engine.num_steps - before)
+    assert steps["three"][0] == steps["one"][0]
+    assert steps["three"][1] < steps["one"][1] - 4, steps
+
+
 @row_check("engine_args_jaxinfer", "attention_backend")
 def the_kernel_backend_gives_the_same_tokens(llm, make_llm):
     kernel = make_llm(attention_backend="pallas_interpret")
