@@ -26,6 +26,14 @@ from .policy import Policy
 from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
 
+def _stop_ids(req: Request) -> list[int]:
+    """The token ids whose sampling ends ``req`` (past min_tokens, which a
+    window's rows are)."""
+    sp = req.sampling_params
+    eos = [] if sp.ignore_eos else list(req.eos_token_ids)
+    return eos + list(sp.stop_token_ids)
+
+
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, num_blocks: int,
@@ -216,7 +224,8 @@ class Scheduler:
                 # ones (still on the device) included.
                 sample_index=(len(req.output_token_ids)
                               + req.num_pending_tokens if sample else 0),
-                banned_ids=banned_ids(req) if sample else []))
+                banned_ids=banned_ids(req) if sample else [],
+                stop_ids=_stop_ids(req) if num_steps > 1 else []))
             # Counted as computed now: the step that runs them is already
             # enqueued when the next schedule() is called. Its sampled token
             # is pending until update_from_output reads it.

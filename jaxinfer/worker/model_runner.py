@@ -95,16 +95,24 @@ def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     return out, prompt_lp, kv_pages, penalty_state, next_tokens
 
 
+# Stop ids per row a window checks on the device (more are the host's alone:
+# the device then runs on to the window's end, and the host drops the rest).
+WINDOW_STOP_IDS = 8
+
+
 def _multi_step(model, block_size, num_steps, dims, params, kv_pages,
                 constants, prev_tokens, packed, smd: SamplingMetadata,
-                lora_pool=None):
-    """``num_steps`` decode steps in one program (multi-step scheduling):
-    every real row is one decode token; each step's sampled tokens are the
-    next step's inputs, one position on, their K/V slots read from the
-    block tables (the scheduler allocated the pages of the whole window).
-    Sampling draws as the single steps would: each row's output index
-    advances by one per step. Returns (SamplerOutput with token_ids
-    [num_steps, S], kv_pages, the last step's tokens padded as _step's)."""
+                stop_ids, lora_pool=None):
+    """Up to ``num_steps`` decode steps in one program (multi-step
+    scheduling): every real row is one decode token; each step's sampled
+    tokens are the next step's inputs, one position on, their K/V slots read
+    from the block tables (the scheduler allocated the pages of the whole
+    window). Sampling draws as the single steps would: each row's output
+    index advances by one per step. The loop ends early once every row has
+    sampled one of its ``stop_ids`` [S, WINDOW_STOP_IDS] (padding -1); the
+    steps it skips leave zeros, which the host drops with every token after
+    a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
+    the last step's tokens padded as _step's)."""
     input_ids, positions, md = unpack_step(packed, dims)
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
@@ -122,8 +130,8 @@ def _multi_step(model, block_size, num_steps, dims, params, kv_pages,
     tok_row = jnp.minimum(tok, S - 1)
     real_row = rows < md.num_seqs[0]
 
-    def one_step(i, carry):
-        kv_pages, ids, tokens = carry
+    def one_step(carry):
+        i, kv_pages, ids, tokens, running = carry
         pos = jnp.where(real_tok, positions + i, 0)
         page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
         md_i = dataclasses.replace(
@@ -134,12 +142,17 @@ def _multi_step(model, block_size, num_steps, dims, params, kv_pages,
         smd_i = smd if smd.positions is None else dataclasses.replace(
             smd, positions=smd.positions + i)
         new = sample(logits, smd_i).token_ids
+        running = running & ~jnp.any(new[:, None] == stop_ids, axis=1)
         ids = jnp.zeros_like(ids).at[:S].set(new)
-        return kv_pages, ids, tokens.at[i].set(new)
+        return i + 1, kv_pages, ids, tokens.at[i].set(new), running
+
+    def more(carry):
+        i, _, _, _, running = carry
+        return (i < num_steps) & jnp.any(running)
 
     tokens = jnp.zeros((num_steps, S), jnp.int32)
-    kv_pages, _, tokens = jax.lax.fori_loop(
-        0, num_steps, one_step, (kv_pages, input_ids, tokens))
+    _, kv_pages, _, tokens, _ = jax.lax.while_loop(
+        more, one_step, (jnp.int32(0), kv_pages, input_ids, tokens, real_row))
     next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(tokens[-1])
     return SamplerOutput(tokens, None), kv_pages, next_tokens
 
@@ -365,24 +378,34 @@ class ModelRunner:
             return program(*dyn)
         return self._step(num_lp, dims, *dyn)
 
-    def multi_step_args(self, packed, smd, lora_pool=None) -> tuple:
+    def multi_step_args(self, packed, smd, stop_ids, lora_pool=None) -> tuple:
         """The multi-step program's dynamic arguments, in order."""
         return (self.params, self.kv_pages, self.constants, self.prev_tokens,
-                packed, smd, lora_pool)
+                packed, smd, stop_ids, lora_pool)
+
+    @staticmethod
+    def window_stop_ids(sched, S: int) -> np.ndarray:
+        """[S, WINDOW_STOP_IDS] each row's first stop ids, padded with -1."""
+        out = np.full((S, WINDOW_STOP_IDS), -1, np.int32)
+        for i, s in enumerate(sched):
+            ids = s.stop_ids[:WINDOW_STOP_IDS]
+            out[i, :len(ids)] = ids
+        return out
 
     @staticmethod
     def multi_step_key(num_steps, dims, dyn_args) -> tuple:
         """`program_key` of a multi-step program (its per-step inputs: the
         packed buffer and the sampling metadata)."""
-        leaves, tree = jax.tree_util.tree_flatten(dyn_args[4:6])
+        leaves, tree = jax.tree_util.tree_flatten(dyn_args[4:7])
         return ("multi", num_steps, dims, tree,
                 tuple((x.shape, str(x.dtype)) for x in leaves),
-                dyn_args[6] is not None)
+                dyn_args[7] is not None)
 
-    def run_multi_step(self, num_steps, dims, packed, smd, lora_pool=None):
+    def run_multi_step(self, num_steps, dims, packed, smd, stop_ids,
+                       lora_pool=None):
         """A window of decode steps through its program: warm-up's when it
         built one, else jit's own cache."""
-        dyn = self.multi_step_args(packed, smd, lora_pool)
+        dyn = self.multi_step_args(packed, smd, stop_ids, lora_pool)
         program = self.programs.get(self.multi_step_key(num_steps, dims, dyn))
         if program is not None:
             return program(*dyn)
@@ -441,7 +464,8 @@ class ModelRunner:
                 raise RuntimeError(  # the scheduler keeps these single-step
                     "a multi-step decode with logprobs, penalties or images")
             res, self.kv_pages, self.prev_tokens = self.run_multi_step(
-                out.num_steps, dims, packed, smd, lora_pool)
+                out.num_steps, dims, packed, smd,
+                self.window_stop_ids(out.scheduled, dims[1]), lora_pool)
             prompt_lp = None
         else:
             res, prompt_lp, self.kv_pages, state, self.prev_tokens = self.run_step(

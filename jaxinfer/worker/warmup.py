@@ -110,6 +110,7 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
                 lowered[key] = runner._step.lower(None, dims, *dyn)
             if decode_only and mm is None and k > 1:  # its decode window
                 dyn = runner.multi_step_args(packed, smd,
+                                             runner.window_stop_ids([], S),
                                              None if pool is None else pool.arrays)
                 key = runner.multi_step_key(k, dims, dyn)
                 if key not in runner.programs and key not in lowered:

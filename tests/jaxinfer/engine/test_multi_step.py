@@ -127,3 +127,34 @@ def test_warmup_builds_the_windows_too(make_llm):
         jax.monitoring.unregister_event_duration_listener(listener)
     assert 4 in windows
     assert events == [], f"{len(events)} compilations after warm-up"
+
+
+def test_a_window_stops_on_the_device_when_every_row_has(make_llm):
+    """A lone request whose stop id it samples inside a window: the window's
+    later steps are skipped on the device (their tokens stay 0) and the
+    output ends at the stop, as with single steps."""
+    import numpy as np
+    prompt = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+    free = make_llm().generate([prompt], SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True),
+        use_tqdm=False)[0].outputs[0].token_ids
+    # Output 1 opens the first window (output 0 comes from the prefill).
+    j = next(j for j in (2, 3) if free[j] not in free[:j])
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                        stop_token_ids=[free[j]])
+    outs, raw = {}, []
+    for k in (1, 4):
+        llm = make_llm(num_scheduler_steps=k)
+        runner = llm.llm_engine.runner
+        collect = runner.collect
+
+        def spy(step, collect=collect):
+            res = collect(step)
+            if step.res is not None and np.ndim(step.res.token_ids) == 2:
+                raw.append(np.asarray(step.res.token_ids)[:, 0].tolist())
+            return res
+        runner.collect = spy
+        out = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+        outs[k] = (out.token_ids, out.finish_reason)
+    assert outs[4] == outs[1] == (free[:j + 1], "stop")
+    assert raw[0][:j] == free[1:j + 1] and raw[0][j:] == [0] * (4 - j)
