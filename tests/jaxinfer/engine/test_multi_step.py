@@ -36,7 +36,7 @@ def _windows(engine) -> list[int]:
 @pytest.mark.parametrize("overlap,blocks", [(True, None), (False, 20)],
                          ids=["overlap-roomy", "serial-preempting"])
 def test_outputs_identical_with_multi_step_on_and_off(make_llm, overlap, blocks):
-    prompts = random_prompts(12, seed=5)
+    prompts = random_prompts(8, seed=5)
     results, windows = {}, {}
     for k in (1, 4):
         llm = make_llm(async_scheduling=overlap, num_gpu_blocks_override=blocks,
@@ -108,7 +108,10 @@ def test_warmup_builds_the_windows_too(make_llm):
     import jax
 
     from .test_warmup_compiles import COMPILE_EVENTS
-    llm = make_llm(warmup=True, max_num_seqs=2, num_scheduler_steps=4)
+    # A small bucket set: warm-up builds every program of it.
+    llm = make_llm(warmup=True, max_num_seqs=2, max_num_batched_tokens=16,
+                   max_model_len=48, num_gpu_blocks_override=12,
+                   num_scheduler_steps=4)
     engine = llm.llm_engine
     windows = _windows(engine)
     events = []
