@@ -173,3 +173,24 @@ def test_warmup_compiles_the_lora_variants(base_path, adapters, lora_cache_dir):
         jax.monitoring.unregister_event_duration_listener(listener)
     assert runner.lora.num_slot_loads == 3
     assert events == [], f"{len(events)} compilations after warm-up"
+
+
+def test_multi_step_windows_run_each_rows_adapter(lora_llm, base_path, adapters,
+                                                  lora_cache_dir):
+    """Decode windows (num_scheduler_steps) keep each row on its adapter for
+    every step of the window: the same tokens as single steps, with two
+    adapters and the base model in one batch."""
+    from jaxinfer import LLM
+
+    from .conftest import ENGINE
+    requests = _lora_requests(adapters)
+    names = list(requests)[:2]
+    cases = [(names[0], [5, 6, 7]), (names[1], [5, 6, 7]), ("base", [5, 6, 7])]
+    windowed = LLM(base_path, compilation_cache_dir=lora_cache_dir,
+                   **dict(ENGINE, num_scheduler_steps=4))
+    before = windowed.llm_engine.num_steps
+    got = _generate(windowed, cases, requests)
+    assert windowed.llm_engine.num_steps - before < MAX_TOKENS - 6  # windows ran
+    want = _generate(lora_llm, cases, requests)
+    assert got == want
+    assert len({tuple(t) for t, _ in got}) == 3  # each row its own model

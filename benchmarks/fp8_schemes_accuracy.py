@@ -1,0 +1,65 @@
+"""fp8 quantized at load, each scale scheme, against the float model on the
+embedded SmolLM2-135M: teacher-forced greedy top-1 agreement and mean KL
+over the 1,000 positions of tests/models/test_quantized_accuracy.py (its
+eight prompts and the float model's own 125 greedy tokens each). CPU, a
+few minutes:
+
+    PYTHONPATH=$PWD python benchmarks/fp8_schemes_accuracy.py
+
+Writes ``benchmarks/results/fp8-schemes-accuracy-cpu.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.models import resolve_model
+from jaxinfer.models.quantization import resolve as R
+from jaxinfer.models.quantization.config import QuantizationConfig
+from jaxinfer.models.quantization.methods import Fp8Weights
+from tests.models import test_quantized_accuracy as T
+
+SCHEMES = [(False, "per_tensor"), (True, "per_tensor"), (False, "per_token"),
+           (True, "per_token"), (True, "none")]
+
+
+def main():
+    llm = LLM(T.MODEL, max_model_len=256, num_gpu_blocks_override=160)
+    outs = llm.generate(T.PROMPTS, SamplingParams(max_tokens=125, temperature=0,
+                                                  ignore_eos=True), use_tqdm=False)
+    traj = ([list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs],
+            [len(o.prompt_token_ids) for o in outs])
+    del llm
+    ref = T._logits(resolve_model(T.MODEL), traj)
+    rows = []
+    at_load = R.at_load
+    try:
+        for per_channel, activation in SCHEMES:
+            R.at_load = lambda m, pc=per_channel, a=activation: QuantizationConfig(
+                "fp8", "float", Fp8Weights(per_channel=pc, activation=a))
+            top1, kl = T._agreement(ref, T._logits(
+                resolve_model(T.MODEL, quantization="fp8"), traj))
+            rows.append(dict(per_channel_weights=per_channel,
+                             activations=activation, top1=top1, kl=kl))
+            print(rows[-1], flush=True)
+    finally:
+        R.at_load = at_load
+    out = dict(workload="fp8-schemes-accuracy", model=T.MODEL,
+               positions=int(ref.shape[0]),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               commit=subprocess.run(["git", "rev-parse", "HEAD"],
+                                     capture_output=True, text=True).stdout.strip(),
+               command="PYTHONPATH=$PWD python benchmarks/fp8_schemes_accuracy.py",
+               rows=rows)
+    path = os.path.join(os.path.dirname(__file__), "results",
+                        "fp8-schemes-accuracy-cpu.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
