@@ -105,29 +105,18 @@ def test_num_scheduler_steps_must_be_positive(make_llm):
 def test_warmup_builds_the_windows_too(make_llm):
     """With warm-up, a run whose decodes go in windows compiles nothing:
     each decode bucket's window program is built with the bucket."""
-    import jax
-
-    from .test_warmup_compiles import COMPILE_EVENTS
+    from tests.compile_events import compile_events
     # A small bucket set: warm-up builds every program of it.
     llm = make_llm(warmup=True, max_num_seqs=2, max_num_batched_tokens=16,
                    max_model_len=48, num_gpu_blocks_override=12,
                    num_scheduler_steps=4)
-    engine = llm.llm_engine
-    windows = _windows(engine)
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event in COMPILE_EVENTS:
-            events.append(event)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    windows = _windows(llm.llm_engine)
+    with compile_events() as events:
         for sp in (SamplingParams(max_tokens=14, temperature=0.0),
                    SamplingParams(max_tokens=14, temperature=0.8, seed=3),
                    SamplingParams(max_tokens=14, temperature=0.8, top_p=0.9)):
             llm.generate([{"prompt_token_ids": [5, 6, 7]},
                           {"prompt_token_ids": [9, 10]}], sp, use_tqdm=False)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert 4 in windows
     assert events == [], f"{len(events)} compilations after warm-up"
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 import logging
 import random
 
-import jax
 import pytest
 
 from jaxinfer import SamplingParams
+from tests.compile_events import compile_events
 
 pytestmark = pytest.mark.slow
-
-COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
-                  "/jax/core/compile/jaxpr_trace_duration")
 
 
 def test_no_compilation_after_warmup(make_llm, caplog):
@@ -25,14 +22,7 @@ def test_no_compilation_after_warmup(make_llm, caplog):
     assert engine.warmup_programs > 0
     assert any("warm-up compiled" in r.getMessage() for r in caplog.records)
 
-    events = []
-
-    def listener(event, duration, **kwargs):
-        if event in COMPILE_EVENTS:
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compile_events() as events:
         rng = random.Random(0)
         added = finished = 0
         while finished < 200:
@@ -49,8 +39,6 @@ def test_no_compilation_after_warmup(make_llm, caplog):
                 engine.add_request(None, {"prompt_token_ids": prompt}, sp)
                 added += 1
             finished += sum(o.finished for o in engine.step())
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     stats = engine.get_stats()
     assert stats.num_preemptions > 0, "the test should exercise preemption"
     assert events == [], f"{len(events)} compilations after warm-up"
