@@ -1,4 +1,5 @@
-"""`ModelRunner`: SchedulerOutput -> padded arrays -> one jitted step.
+"""`ModelRunner`: SchedulerOutput -> padded arrays -> one jitted step
+(the programs themselves: `step_programs.py`).
 
 The only place that builds device arrays. Each step packs its metadata into
 NumPy arrays padded to the step's bucket, transfers them once, and runs
@@ -19,8 +20,7 @@ import numpy as np
 
 from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
                              model_class, resolve_backend)
-from jaxinfer.models.runtime import (merge_encoder_outputs,
-                                     model_constants, run_model)
+from jaxinfer.models.runtime import model_constants
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 
@@ -34,14 +34,13 @@ from .buckets import Buckets
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
 from .lora_inputs import LoRAInputs
-from .packing import pack_step, unpack_lora_slots, unpack_step
-from .logprob_ops import gather_logprobs
+from .packing import pack_step
 from .page_ops import PageMover
-from .penalties import PenaltyState, update_penalty_state
+from .penalties import PenaltyState
 from .placement import Placement
 from .runner_output import ModelRunnerOutput
-from .sampler import SamplerOutput, SamplingMetadata, sample
 from .sampling_inputs import SamplingInputs
+from .step_programs import WINDOW_STOP_IDS, multi_step, step
 
 logger = logging.getLogger(__name__)
 
@@ -53,108 +52,6 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 # about twice a one-row step, while for a test-sized model the extra
 # programs' compiles cost more than they save.
 SMALL_DECODE_MIN_PARAMS = 10_000_000
-
-
-def _step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
-          prev_tokens, packed, logits_indices, smd: SamplingMetadata,
-          prompt_lp_targets, mm=None, lora_pool=None):
-    """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
-    logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
-    logprobs). ``num_logprobs`` (static): None, or the top-K to return.
-    prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
-    the device; an input id -1 - r stands for its row r (a token the host
-    has not read yet). Returns this step's tokens padded the same way.
-    mm: None, or (encoder cache, mm_index [T]) when image placeholders are
-    among the tokens (their embeddings come from the cache). ``lora_pool``:
-    the LoRA adapter slots, given only when a row uses an adapter (then
-    ``packed`` ends with each token's slot)."""
-    # packed: token ids, positions and attention metadata in one int32
-    # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
-    # bucket and the metadata's static flag.
-    input_ids, positions, md = unpack_step(packed, dims)
-    input_ids = jnp.where(input_ids < 0,
-                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
-                          input_ids)
-    inputs_embeds = None if mm is None else merge_encoder_outputs(
-        model, params, input_ids, *mm)
-    lora = None
-    if lora_pool is not None:
-        lora = (lora_pool, unpack_lora_slots(packed, dims))
-    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
-                                 positions, md, logits_indices, inputs_embeds,
-                                 lora=lora)
-    S = logits.shape[0] - (0 if prompt_lp_targets is None
-                           else prompt_lp_targets.shape[0])
-    if smd.penalties is not None:
-        penalty_state = update_penalty_state(penalty_state, smd.penalties)
-    out = sample(logits[:S], smd, penalty_state, num_logprobs)
-    prompt_lp = None
-    if prompt_lp_targets is not None:
-        prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
-    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(out.token_ids)
-    return out, prompt_lp, kv_pages, penalty_state, next_tokens
-
-
-# Stop ids per row a window checks on the device (more are the host's alone:
-# the device then runs on to the window's end, and the host drops the rest).
-WINDOW_STOP_IDS = 8
-
-
-def _multi_step(model, block_size, num_steps, dims, params, kv_pages,
-                constants, prev_tokens, packed, smd: SamplingMetadata,
-                stop_ids, lora_pool=None):
-    """Up to ``num_steps`` decode steps in one program (multi-step
-    scheduling): every real row is one decode token; each step's sampled
-    tokens are the next step's inputs, one position on, their K/V slots read
-    from the block tables (the scheduler allocated the pages of the whole
-    window). Sampling draws as the single steps would: each row's output
-    index advances by one per step. The loop ends early once every row has
-    sampled one of its ``stop_ids`` [S, WINDOW_STOP_IDS] (padding -1); the
-    steps it skips leave zeros, which the host drops with every token after
-    a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
-    the last step's tokens padded as _step's)."""
-    input_ids, positions, md = unpack_step(packed, dims)
-    input_ids = jnp.where(input_ids < 0,
-                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
-                          input_ids)
-    lora = None
-    if lora_pool is not None:
-        lora = (lora_pool, unpack_lora_slots(packed, dims))
-    S, P = md.block_tables.shape
-    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
-    rows = jnp.arange(S, dtype=jnp.int32)
-    # Token t < num_seqs is row t's (one token per row); the rest is padding,
-    # which keeps the null page, as do rows without a sequence.
-    tok = jnp.arange(T, dtype=jnp.int32)
-    real_tok = tok < md.num_seqs[0]
-    tok_row = jnp.minimum(tok, S - 1)
-    real_row = rows < md.num_seqs[0]
-
-    def one_step(carry):
-        i, kv_pages, ids, tokens, running = carry
-        pos = jnp.where(real_tok, positions + i, 0)
-        page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
-        md_i = dataclasses.replace(
-            md, slot_mapping=jnp.where(real_tok, page * block_size + pos % block_size, 0),
-            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
-        logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
-                                     pos, md_i, rows, lora=lora)
-        smd_i = smd if smd.positions is None else dataclasses.replace(
-            smd, positions=smd.positions + i)
-        new = sample(logits, smd_i).token_ids
-        running = running & ~jnp.any(new[:, None] == stop_ids, axis=1)
-        ids = jnp.zeros_like(ids).at[:S].set(new)
-        return i + 1, kv_pages, ids, tokens.at[i].set(new), running
-
-    def more(carry):
-        i, _, _, _, running = carry
-        return (i < num_steps) & jnp.any(running)
-
-    tokens = jnp.zeros((num_steps, S), jnp.int32)
-    _, kv_pages, _, tokens, _ = jax.lax.while_loop(
-        more, one_step, (jnp.int32(0), kv_pages, input_ids, tokens, real_row))
-    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(tokens[-1])
-    return SamplerOutput(tokens, None), kv_pages, next_tokens
 
 
 class ModelRunner:
@@ -223,12 +120,12 @@ class ModelRunner:
         # no host/device overlap, the device's busy time.
         self.device_seconds = 0.0
         self._step = jax.jit(functools.partial(
-            _step, self.placement.step_model(self.model)),
+            step, self.placement.step_model(self.model)),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket.
         self._multi = jax.jit(functools.partial(
-            _multi_step, self.placement.step_model(self.model), self.block_size),
+            multi_step, self.placement.step_model(self.model), self.block_size),
             static_argnums=(0, 1), donate_argnums=(3,))
         # Programs compiled ahead by warm-up, by program_key.
         self.programs: dict[tuple, object] = {}
@@ -361,11 +258,8 @@ class ModelRunner:
         structure and shapes of the per-step inputs, the encoder cache's
         among them (params, pages and the LoRA pool never change shape: only
         whether the pool is there)."""
-        per_step = dyn_args[2:3] + dyn_args[5:10]
-        leaves, tree = jax.tree_util.tree_flatten(per_step)
-        return (num_lp, dims, tree,
-                tuple((x.shape, str(x.dtype)) for x in leaves),
-                dyn_args[10] is not None)
+        return _shape_key((num_lp, dims), dyn_args[2:3] + dyn_args[5:10],
+                          dyn_args[10] is not None)
 
     def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
                  mm=None, lora_pool=None):
@@ -373,10 +267,14 @@ class ModelRunner:
         there is one, else jit's own cache (compiling on first use)."""
         dyn = self.step_args(state, packed, logits_idx, smd, targets, mm,
                              lora_pool)
-        program = self.programs.get(self.program_key(num_lp, dims, dyn))
+        return self._run(self._step, self.program_key(num_lp, dims, dyn),
+                         (num_lp, dims), dyn)
+
+    def _run(self, jitted, key, static, dyn):
+        program = self.programs.get(key)
         if program is not None:
             return program(*dyn)
-        return self._step(num_lp, dims, *dyn)
+        return jitted(*static, *dyn)
 
     def multi_step_args(self, packed, smd, stop_ids, lora_pool=None) -> tuple:
         """The multi-step program's dynamic arguments, in order."""
@@ -395,21 +293,17 @@ class ModelRunner:
     @staticmethod
     def multi_step_key(num_steps, dims, dyn_args) -> tuple:
         """`program_key` of a multi-step program (its per-step inputs: the
-        packed buffer and the sampling metadata)."""
-        leaves, tree = jax.tree_util.tree_flatten(dyn_args[4:7])
-        return ("multi", num_steps, dims, tree,
-                tuple((x.shape, str(x.dtype)) for x in leaves),
-                dyn_args[7] is not None)
+        packed buffer, the sampling metadata and the stop ids)."""
+        return _shape_key(("multi", num_steps, dims), dyn_args[4:7],
+                          dyn_args[7] is not None)
 
     def run_multi_step(self, num_steps, dims, packed, smd, stop_ids,
                        lora_pool=None):
         """A window of decode steps through its program: warm-up's when it
         built one, else jit's own cache."""
         dyn = self.multi_step_args(packed, smd, stop_ids, lora_pool)
-        program = self.programs.get(self.multi_step_key(num_steps, dims, dyn))
-        if program is not None:
-            return program(*dyn)
-        return self._multi(num_steps, dims, *dyn)
+        return self._run(self._multi, self.multi_step_key(num_steps, dims, dyn),
+                         (num_steps, dims), dyn)
 
     def dispatch(self, out: SchedulerOutput) -> "InFlightStep":
         """Enqueues one step on the device and returns without waiting.
@@ -496,6 +390,14 @@ class ModelRunner:
         return self.sampling_inputs.collect(step.out.scheduled,
                                             step.wants_logprobs, step.res,
                                             step.prompt_lp, step.plan)
+
+
+def _shape_key(static: tuple, per_step, with_pool: bool) -> tuple:
+    """A program's cache key: its static arguments, then the structure and
+    shapes of its per-step inputs, and whether the LoRA pool is passed."""
+    leaves, tree = jax.tree_util.tree_flatten(per_step)
+    return (*static, tree, tuple((x.shape, str(x.dtype)) for x in leaves),
+            with_pool)
 
 
 @dataclasses.dataclass

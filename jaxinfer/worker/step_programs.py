@@ -1,0 +1,121 @@
+"""The jitted programs a step runs on the device: `step` (one forward
+pass over the step's tokens, then sampling) and `multi_step` (a window of
+decode steps, each one's tokens the next one's inputs). `ModelRunner`
+packs their inputs on the host and keeps their compiled forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.models.runtime import merge_encoder_outputs, run_model
+
+from .logprob_ops import gather_logprobs
+from .packing import unpack_lora_slots, unpack_step
+from .penalties import update_penalty_state
+from .sampler import SamplerOutput, SamplingMetadata, sample
+
+
+def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
+          prev_tokens, packed, logits_indices, smd: SamplingMetadata,
+          prompt_lp_targets, mm=None, lora_pool=None):
+    """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
+    logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
+    logprobs). ``num_logprobs`` (static): None, or the top-K to return.
+    prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
+    the device; an input id -1 - r stands for its row r (a token the host
+    has not read yet). Returns this step's tokens padded the same way.
+    mm: None, or (encoder cache, mm_index [T]) when image placeholders are
+    among the tokens (their embeddings come from the cache). ``lora_pool``:
+    the LoRA adapter slots, given only when a row uses an adapter (then
+    ``packed`` ends with each token's slot)."""
+    # packed: token ids, positions and attention metadata in one int32
+    # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
+    # bucket and the metadata's static flag.
+    input_ids, positions, md = unpack_step(packed, dims)
+    input_ids = jnp.where(input_ids < 0,
+                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
+                          input_ids)
+    inputs_embeds = None if mm is None else merge_encoder_outputs(
+        model, params, input_ids, *mm)
+    lora = None
+    if lora_pool is not None:
+        lora = (lora_pool, unpack_lora_slots(packed, dims))
+    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
+                                 positions, md, logits_indices, inputs_embeds,
+                                 lora=lora)
+    S = logits.shape[0] - (0 if prompt_lp_targets is None
+                           else prompt_lp_targets.shape[0])
+    if smd.penalties is not None:
+        penalty_state = update_penalty_state(penalty_state, smd.penalties)
+    out = sample(logits[:S], smd, penalty_state, num_logprobs)
+    prompt_lp = None
+    if prompt_lp_targets is not None:
+        prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
+    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(out.token_ids)
+    return out, prompt_lp, kv_pages, penalty_state, next_tokens
+
+
+# Stop ids per row a window checks on the device (more are the host's alone:
+# the device then runs on to the window's end, and the host drops the rest).
+WINDOW_STOP_IDS = 8
+
+
+def multi_step(model, block_size, num_steps, dims, params, kv_pages,
+                constants, prev_tokens, packed, smd: SamplingMetadata,
+                stop_ids, lora_pool=None):
+    """Up to ``num_steps`` decode steps in one program (multi-step
+    scheduling): every real row is one decode token; each step's sampled
+    tokens are the next step's inputs, one position on, their K/V slots read
+    from the block tables (the scheduler allocated the pages of the whole
+    window). Sampling draws as the single steps would: each row's output
+    index advances by one per step. The loop ends early once every row has
+    sampled one of its ``stop_ids`` [S, WINDOW_STOP_IDS] (padding -1); the
+    steps it skips leave zeros, which the host drops with every token after
+    a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
+    the last step's tokens padded as _step's)."""
+    input_ids, positions, md = unpack_step(packed, dims)
+    input_ids = jnp.where(input_ids < 0,
+                          prev_tokens[jnp.maximum(-1 - input_ids, 0)],
+                          input_ids)
+    lora = None
+    if lora_pool is not None:
+        lora = (lora_pool, unpack_lora_slots(packed, dims))
+    S, P = md.block_tables.shape
+    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
+    rows = jnp.arange(S, dtype=jnp.int32)
+    # Token t < num_seqs is row t's (one token per row); the rest is padding,
+    # which keeps the null page, as do rows without a sequence.
+    tok = jnp.arange(T, dtype=jnp.int32)
+    real_tok = tok < md.num_seqs[0]
+    tok_row = jnp.minimum(tok, S - 1)
+    real_row = rows < md.num_seqs[0]
+
+    def one_step(carry):
+        i, kv_pages, ids, tokens, running = carry
+        pos = jnp.where(real_tok, positions + i, 0)
+        page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
+        md_i = dataclasses.replace(
+            md, slot_mapping=jnp.where(real_tok, page * block_size + pos % block_size, 0),
+            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+        logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
+                                     pos, md_i, rows, lora=lora)
+        smd_i = smd if smd.positions is None else dataclasses.replace(
+            smd, positions=smd.positions + i)
+        new = sample(logits, smd_i).token_ids
+        running = running & ~jnp.any(new[:, None] == stop_ids, axis=1)
+        ids = jnp.zeros_like(ids).at[:S].set(new)
+        return i + 1, kv_pages, ids, tokens.at[i].set(new), running
+
+    def more(carry):
+        i, _, _, _, running = carry
+        return (i < num_steps) & jnp.any(running)
+
+    tokens = jnp.zeros((num_steps, S), jnp.int32)
+    _, kv_pages, _, tokens, _ = jax.lax.while_loop(
+        more, one_step, (jnp.int32(0), kv_pages, input_ids, tokens, real_row))
+    next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(tokens[-1])
+    return SamplerOutput(tokens, None), kv_pages, next_tokens
