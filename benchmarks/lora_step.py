@@ -42,13 +42,11 @@ parameters, raw repeats, medians, ratios, targets) and prints a table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import gc
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -68,6 +66,8 @@ from jaxinfer.models import resolve_model  # noqa: E402
 from jaxinfer.models import lora as model_lora  # noqa: E402
 from jaxinfer.sampling_params import SamplingParams  # noqa: E402
 from jaxinfer.worker import model_runner as runner_module  # noqa: E402
+from benchmarks.run_stamp import run_stamp  # noqa: E402
+from jaxinfer.worker import step_programs  # noqa: E402
 
 BLOCK = 16
 LLAMA3_8B = os.path.join(os.path.dirname(__file__), "models", "llama3-8b")
@@ -204,7 +204,7 @@ def force_product(runner, method: str | None, compiler_options=None) -> None:
     step is traced again with it), compiled with ``compiler_options``."""
     model_lora.lora_product = (_ORIGINAL_PRODUCT if method is None
                                else _forced(method))
-    runner._step = jax.jit(functools.partial(runner_module._step, runner.model),
+    runner._step = jax.jit(functools.partial(step_programs.step, runner.model),
                            static_argnums=(0, 1), donate_argnums=(3, 4),
                            compiler_options=compiler_options)
     runner.programs.clear()
@@ -395,9 +395,7 @@ def main():
         roof = roofline()
     result = dict(
         workload="lora-step", model="tiny" if args.smoke else "llama3-8b",
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                              text=True).stdout.strip(),
+        **run_stamp(),
         device=str(jax.devices()[0].device_kind), jax=jax.__version__,
         jaxlib=__import__("jaxlib").__version__,
         params=dict(S=S, L=L, rank=args.rank, adapters=n, rows_per_adapter=per_group,
