@@ -116,7 +116,9 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
 
 # Per trace: each layer input the adapters' shrinks read, behind an
 # optimization barrier (`_shrink_input`), by id, holding the input itself so
-# that its id cannot be reused while the entry lives.
+# that its id cannot be reused while the entry lives. (Two traces at once in
+# two threads can only miss each other's entries: an extra barrier, the
+# same values.)
 _SHRINK_INPUTS: dict[int, tuple[jax.Array, jax.Array]] = {}
 
 
