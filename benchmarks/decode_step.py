@@ -21,11 +21,9 @@ BENCH_SMOKE=1 runs a tiny shape on CPU to check the script.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -33,6 +31,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.run_stamp import run_stamp  # noqa: E402
 from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
 from jaxinfer.models import AttentionMetadata, ModelConfig, model_class  # noqa: E402
 from jaxinfer.models.dummy import random_params  # noqa: E402
@@ -150,9 +149,7 @@ def main():
             del state, run, step
     result = dict(
         workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
-        backend=backend, date=datetime.datetime.now(datetime.UTC).isoformat(),
-        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                              text=True).stdout.strip(),
+        backend=backend, **run_stamp(),
         device=roof["device"], jax=jax.__version__,
         jaxlib=__import__("jaxlib").__version__,
         weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,

@@ -11,14 +11,13 @@ Writes ``benchmarks/results/fp8-schemes-accuracy-cpu.json``.
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import json
 import os
-import subprocess
 
+from benchmarks.run_stamp import run_stamp
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.models import resolve_model
-from jaxinfer.models.quantization import resolve as R
 from jaxinfer.models.quantization.config import QuantizationConfig
 from jaxinfer.models.quantization.methods import Fp8Weights
 from tests.models import test_quantized_accuracy as T
@@ -35,24 +34,21 @@ def main():
             [len(o.prompt_token_ids) for o in outs])
     del llm
     ref = T._logits(resolve_model(T.MODEL), traj)
+    files = resolve_model(T.MODEL)
     rows = []
-    at_load = R.at_load
-    try:
-        for per_channel, activation in SCHEMES:
-            R.at_load = lambda m, pc=per_channel, a=activation: QuantizationConfig(
-                "fp8", "float", Fp8Weights(per_channel=pc, activation=a))
-            top1, kl = T._agreement(ref, T._logits(
-                resolve_model(T.MODEL, quantization="fp8"), traj))
-            rows.append(dict(per_channel_weights=per_channel,
-                             activations=activation, top1=top1, kl=kl))
-            print(rows[-1], flush=True)
-    finally:
-        R.at_load = at_load
+    for per_channel, activation in SCHEMES:
+        # What quantization="fp8" resolves to, with this scheme's scales.
+        qc = QuantizationConfig("fp8", "float", Fp8Weights(
+            per_channel=per_channel, activation=activation))
+        quantized = dataclasses.replace(
+            files, config=dataclasses.replace(files.config, quantization=qc))
+        top1, kl = T._agreement(ref, T._logits(quantized, traj))
+        rows.append(dict(per_channel_weights=per_channel,
+                         activations=activation, top1=top1, kl=kl))
+        print(rows[-1], flush=True)
     out = dict(workload="fp8-schemes-accuracy", model=T.MODEL,
                positions=int(ref.shape[0]),
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-               commit=subprocess.run(["git", "rev-parse", "HEAD"],
-                                     capture_output=True, text=True).stdout.strip(),
+               **run_stamp(),
                command="PYTHONPATH=$PWD python benchmarks/fp8_schemes_accuracy.py",
                rows=rows)
     path = os.path.join(os.path.dirname(__file__), "results",

@@ -17,18 +17,17 @@ token for k = 1 and each k, medians of repeats, and the ratio).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.lora_step import (BLOCK, LLAMA3_8B, DecodeBatch, make_runner,  # noqa: E402
+from benchmarks.run_stamp import run_stamp  # noqa: E402
+from benchmarks.lora_step import (LLAMA3_8B, DecodeBatch, make_runner,  # noqa: E402
                                   run_loop, tiny_model_dir)
 from jaxinfer.core.scheduler_output import SchedulerOutput  # noqa: E402
 from jaxinfer.models import resolve_model  # noqa: E402
@@ -83,9 +82,7 @@ def main():
         del runner
     result = dict(
         workload="multi-step", model="tiny" if args.smoke else "llama3-8b",
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                              text=True).stdout.strip(),
+        **run_stamp(),
         device=str(jax.devices()[0].device_kind), jax=jax.__version__,
         rows=rows, command="python3 benchmarks/multi_step.py --out $OUT"
         + (" --smoke" if args.smoke else ""))
