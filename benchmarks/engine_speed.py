@@ -8,7 +8,8 @@ transformers' continuous batching on the same prompts. GPU machine, repo root, t
 saved in .tok (carried):
 
     export PYTHONPATH=$PWD
-    python3 benchmarks/engine_speed.py --out $OUT --peers [--only tp256-512,lat128]
+    python3 benchmarks/engine_speed.py --out $OUT --peers [--only tp256-512,lat128] \
+        [--engine num_scheduler_steps=8 ...]
 
 Writes ``summary.json`` (bench records, ready times, rooflines) and
 ``<workload>.steps.jsonl`` timelines; `benchmarks/timeline_report.py DIR
@@ -98,10 +99,26 @@ def measure_roofline() -> dict:
                 device=torch.cuda.get_device_name())
 
 
-def make_llm(tokenizer: str, cache_dir: str):
+def engine_overrides(pairs: list[str]) -> dict:
+    """``--engine KEY=VALUE`` pairs as EngineArgs fields (VALUE read as a
+    Python literal where it is one: ``num_scheduler_steps=8``)."""
+    import ast
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine wants KEY=VALUE, not {pair!r}")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def make_llm(tokenizer: str, cache_dir: str, overrides: dict | None = None):
     from jaxinfer import LLM
     return LLM(tokenizer=tokenizer, warmup=True,
-               compilation_cache_dir=cache_dir, **ENGINE)
+               compilation_cache_dir=cache_dir, **{**ENGINE, **(overrides or {})})
 
 
 def ready(tokenizer: str, cache_dir: str) -> None:
@@ -167,6 +184,9 @@ def main() -> int:
     ap.add_argument("--cache-dir", default="/tmp/jaxinfer-xla-cache")
     ap.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip-ready", action="store_true")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engine setting over ENGINE's, for the workloads' "
+                         "engine (not the ready runs); repeatable")
     ap.add_argument("--peers", action="store_true",
                     help="also the decode step alone and HF transformers' "
                          "continuous batching (tp256-512's prompts)")
@@ -177,7 +197,7 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     summary = {"commit": subprocess.run(["git", "rev-parse", "HEAD"],
                                         capture_output=True, text=True).stdout.strip(),
-               "engine": ENGINE, "runs": {}}
+               "engine": {**ENGINE, **engine_overrides(args.engine)}, "runs": {}}
     summary["roofline"] = measure_roofline()
     path = os.path.join(args.out, "summary.json")
 
@@ -202,7 +222,7 @@ def main() -> int:
         print(f"peers: {json.dumps(summary['peers'])[:600]}", flush=True)
         save()
     t0 = time.perf_counter()
-    llm = make_llm(args.tokenizer, args.cache_dir)
+    llm = make_llm(args.tokenizer, args.cache_dir, engine_overrides(args.engine))
     summary["ready_in_process_s"] = time.perf_counter() - t0
     for name in args.only.split(","):
         rec = run_workload(llm, name, args.out)
