@@ -10,8 +10,10 @@ One command (GPU machine, repo root):
     export PYTHONPATH=$PWD
     python3 benchmarks/multi_step.py --out $OUT
 
-``--smoke`` runs the tiny model on CPU. Writes ``multi-step.json`` (ms per
-token for k = 1 and each k, medians of repeats, and the ratio).
+``--smoke`` runs the tiny model on CPU; ``--loops while,scan,unroll`` times
+each way of looping a window (`step_programs.WINDOW_LOOPS`). Writes
+``multi-step.json`` (ms per token for k = 1 and each k and loop, medians of
+repeats, and the ratios).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main():
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per repeat")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--loops", default="while",
+                    help="window loops to time (step_programs.WINDOW_LOOPS)")
     args = ap.parse_args()
     model_dir = tiny_model_dir() if args.smoke else LLAMA3_8B
     dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -66,25 +70,33 @@ def main():
                              "reference" if args.smoke else None)
         batch = DecodeBatch(S, L, vocab)
         per_token = {}
-        for k in [1] + ks:
+        variants = [("1", 1, None)] + [(f"{k}-{loop}", k, loop)
+                                       for loop in args.loops.split(",")
+                                       for k in ks]
+        for name, k, loop in variants:
+            if loop is not None:
+                runner.use_window_loop(loop)
+
             def outs():
                 if k == 1:
                     return [batch.step([None] * S) for _ in range(args.tokens)]
                 return windows(batch, k, args.tokens // k)
             run_loop(runner, outs())  # compiles
             ts = [run_loop(runner, outs()) / args.tokens for _ in range(args.repeats)]
-            per_token[k] = dict(ms=1e3 * statistics.median(ts),
-                                repeats_ms=[1e3 * t for t in ts])
-            print(f"S={S} k={k}: {per_token[k]['ms']:.3f} ms per step", flush=True)
+            per_token[name] = dict(ms=1e3 * statistics.median(ts),
+                                   repeats_ms=[1e3 * t for t in ts])
+            print(f"S={S} {name}: {per_token[name]['ms']:.3f} ms per step",
+                  flush=True)
         rows.append(dict(S=S, L=L, per_token=per_token,
-                         speedup={k: per_token[1]["ms"] / per_token[k]["ms"]
-                                  for k in ks}))
+                         speedup={name: per_token["1"]["ms"] / v["ms"]
+                                  for name, v in per_token.items() if name != "1"}))
         del runner
     result = dict(
         workload="multi-step", model="tiny" if args.smoke else "llama3-8b",
         **run_stamp(),
         device=str(jax.devices()[0].device_kind), jax=jax.__version__,
-        rows=rows, command="python3 benchmarks/multi_step.py --out $OUT"
+        rows=rows, command="python3 benchmarks/multi_step.py --out $OUT "
+        f"--sizes {args.sizes} --ks {args.ks} --loops {args.loops}"
         + (" --smoke" if args.smoke else ""))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "multi-step.json"), "w") as f:

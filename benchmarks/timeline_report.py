@@ -26,12 +26,18 @@ LLAMA3_8B = dict(streamed_weight_bytes=15.01e9, token_params=7.50e9,
 
 
 def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
+    """One record's t_min; a multi-step window (``num_steps`` k) sums its k
+    decode steps, each row's KV one token longer every step."""
     tokens = r["prefill_tokens"] + r["decode_tokens"]
-    t_bytes = (m["streamed_weight_bytes"] + r["kv_tokens"] *
-               m["kv_bytes_per_token"]) / roof["bw"]
-    t_flops = (2 * m["token_params"] * tokens +
-               m["attn_flops_per_pair"] * r["attn_pairs"]) / roof["flops"]
-    return max(t_bytes, t_flops)
+    total = 0.0
+    for i in range(r.get("num_steps", 1)):
+        grown = i * r["decode_tokens"]  # decode rows gain a token per step
+        t_bytes = (m["streamed_weight_bytes"] + (r["kv_tokens"] + grown) *
+                   m["kv_bytes_per_token"]) / roof["bw"]
+        t_flops = (2 * m["token_params"] * tokens + m["attn_flops_per_pair"]
+                   * (r["attn_pairs"] + grown)) / roof["flops"]
+        total += max(t_bytes, t_flops)
+    return total
 
 
 def load_steps(path: str) -> list[dict]:

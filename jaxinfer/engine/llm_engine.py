@@ -309,7 +309,8 @@ class LLMEngine:
             compile_ms=compile_ms,
             compiles=compiles,
             preempted=inflight.preempted, pages_in_use=inflight.queue[0],
-            running=inflight.queue[1], waiting=inflight.queue[2]))
+            running=inflight.queue[1], waiting=inflight.queue[2],
+            num_steps=inflight.out.num_steps))
 
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv

@@ -79,6 +79,9 @@ class StepRecord:
     pages_in_use: int  # when the step was scheduled
     running: int  # requests running, when the step was scheduled
     waiting: int  # requests queued, when the step was scheduled
+    # Decode steps the program ran (a multi-step window: num_scheduler_steps);
+    # the token and KV fields above are its first step's.
+    num_steps: int = 1
 
 
 class StepTimeline:

@@ -122,13 +122,13 @@ class ModelRunner:
         self._step = jax.jit(functools.partial(
             step, self.placement.step_model(self.model)),
                              static_argnums=(0, 1), donate_argnums=(3, 4))
-        # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
-        # on first use of each bucket.
-        self._multi = jax.jit(functools.partial(
-            multi_step, self.placement.step_model(self.model), self.block_size),
-            static_argnums=(0, 1), donate_argnums=(3,))
         # Programs compiled ahead by warm-up, by program_key.
         self.programs: dict[tuple, object] = {}
+        # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
+        # on first use of each bucket. "scan": on the H200 a "while" window
+        # cost 4-29% more per token than single steps (the host reads its
+        # condition back each step), "scan" 1-2% (multi-step-h200.json).
+        self.use_window_loop("scan")
         # The last step's sampled tokens on the device, padded to
         # max_num_seqs, and the row of each request that sampled in it.
         # (Committed like the step's own output, so that the first step and
@@ -275,6 +275,15 @@ class ModelRunner:
         if program is not None:
             return program(*dyn)
         return jitted(*static, *dyn)
+
+    def use_window_loop(self, loop: str) -> None:
+        """How multi-step windows loop (`step_programs.WINDOW_LOOPS`); drops
+        the window programs built so far."""
+        self._multi = jax.jit(functools.partial(
+            multi_step, self.placement.step_model(self.model), self.block_size,
+            loop=loop), static_argnums=(0, 1), donate_argnums=(3,))
+        self.programs = {k: v for k, v in self.programs.items()
+                         if k[0] != "multi"}
 
     def multi_step_args(self, packed, smd, stop_ids, lora_pool=None) -> tuple:
         """The multi-step program's dynamic arguments, in order."""

@@ -64,18 +64,26 @@ def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
 WINDOW_STOP_IDS = 8
 
 
+# How a window's steps are looped (static): "while" ends early once every
+# row has stopped, but its condition is read back by the host each step on
+# a GPU; "scan" runs all num_steps with a trip count XLA knows; "unroll"
+# traces num_steps copies of the step into one straight program.
+WINDOW_LOOPS = ("while", "scan", "unroll")
+
+
 def multi_step(model, block_size, num_steps, dims, params, kv_pages,
                 constants, prev_tokens, packed, smd: SamplingMetadata,
-                stop_ids, lora_pool=None):
+                stop_ids, lora_pool=None, *, loop: str = "while"):
     """Up to ``num_steps`` decode steps in one program (multi-step
     scheduling): every real row is one decode token; each step's sampled
     tokens are the next step's inputs, one position on, their K/V slots read
     from the block tables (the scheduler allocated the pages of the whole
     window). Sampling draws as the single steps would: each row's output
-    index advances by one per step. The loop ends early once every row has
-    sampled one of its ``stop_ids`` [S, WINDOW_STOP_IDS] (padding -1); the
-    steps it skips leave zeros, which the host drops with every token after
-    a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
+    index advances by one per step. With ``loop="while"`` the loop ends
+    early once every row has sampled one of its ``stop_ids`` [S,
+    WINDOW_STOP_IDS] (padding -1); the steps it skips leave zeros, which the
+    host drops with every token after a stop, as it drops the tokens the
+    other loops sample past a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
     the last step's tokens padded as _step's)."""
     input_ids, positions, md = unpack_step(packed, dims)
     input_ids = jnp.where(input_ids < 0,
@@ -96,6 +104,7 @@ def multi_step(model, block_size, num_steps, dims, params, kv_pages,
 
     def one_step(carry):
         i, kv_pages, ids, tokens, running = carry
+        i = jnp.asarray(i, jnp.int32)
         pos = jnp.where(real_tok, positions + i, 0)
         page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
         md_i = dataclasses.replace(
@@ -115,7 +124,16 @@ def multi_step(model, block_size, num_steps, dims, params, kv_pages,
         return (i < num_steps) & jnp.any(running)
 
     tokens = jnp.zeros((num_steps, S), jnp.int32)
-    _, kv_pages, _, tokens, _ = jax.lax.while_loop(
-        more, one_step, (jnp.int32(0), kv_pages, input_ids, tokens, real_row))
+    carry = (jnp.int32(0), kv_pages, input_ids, tokens, real_row)
+    if loop == "while":
+        carry = jax.lax.while_loop(more, one_step, carry)
+    elif loop == "scan":
+        carry = jax.lax.fori_loop(0, num_steps, lambda _, c: one_step(c), carry)
+    elif loop == "unroll":
+        for _ in range(num_steps):
+            carry = one_step(carry)
+    else:
+        raise ValueError(f"loop must be one of {WINDOW_LOOPS}, not {loop!r}")
+    _, kv_pages, _, tokens, _ = carry
     next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(tokens[-1])
     return SamplerOutput(tokens, None), kv_pages, next_tokens

@@ -13,6 +13,7 @@ import pytest
 
 from jaxinfer import SamplingParams
 from jaxinfer.errors import InvalidConfigError
+from jaxinfer.worker.step_programs import WINDOW_LOOPS
 
 from .conftest import random_prompts
 from .test_overlap import _pages_all_free, _params, _run
@@ -121,10 +122,13 @@ def test_warmup_builds_the_windows_too(make_llm):
     assert events == [], f"{len(events)} compilations after warm-up"
 
 
-def test_a_window_stops_on_the_device_when_every_row_has(make_llm):
-    """A lone request whose stop id it samples inside a window: the window's
-    later steps are skipped on the device (their tokens stay 0) and the
-    output ends at the stop, as with single steps."""
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_a_window_ends_at_a_stop_id_sampled_inside_it(make_llm, loop):
+    """A lone request whose stop id it samples inside a window: the output
+    ends at the stop, as with single steps. The engine's "scan" windows run
+    on to the window's end (the host drops what follows the stop); a
+    "while" window skips its later steps on the device (their tokens stay
+    0)."""
     import numpy as np
     prompt = {"prompt_token_ids": [5, 6, 7, 8, 9]}
     free = make_llm().generate([prompt], SamplingParams(
@@ -138,6 +142,8 @@ def test_a_window_stops_on_the_device_when_every_row_has(make_llm):
     for k in (1, 4):
         llm = make_llm(num_scheduler_steps=k)
         runner = llm.llm_engine.runner
+        if k > 1:
+            runner.use_window_loop(loop)
         collect = runner.collect
 
         def spy(step, collect=collect):
@@ -149,4 +155,19 @@ def test_a_window_stops_on_the_device_when_every_row_has(make_llm):
         out = llm.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
         outs[k] = (out.token_ids, out.finish_reason)
     assert outs[4] == outs[1] == (free[:j + 1], "stop")
-    assert raw[0][:j] == free[1:j + 1] and raw[0][j:] == [0] * (4 - j)
+    assert raw[0][:j] == free[1:j + 1]
+    assert raw[0][j:] == ([0] * (4 - j) if loop == "while" else free[j + 1:5])
+
+
+def test_window_loops_sample_the_same_tokens(make_llm):
+    """The three ways of looping a window give the single steps' tokens."""
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 10]}]
+    sp = SamplingParams(max_tokens=10, temperature=0.8, seed=11, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in
+            make_llm().generate(prompts, sp, use_tqdm=False)]
+    for loop in WINDOW_LOOPS:
+        llm = make_llm(num_scheduler_steps=4)
+        llm.llm_engine.runner.use_window_loop(loop)
+        got = [o.outputs[0].token_ids for o in
+               llm.generate(prompts, sp, use_tqdm=False)]
+        assert got == want, loop

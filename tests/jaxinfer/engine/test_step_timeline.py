@@ -61,6 +61,39 @@ def test_timeline_fields_match_the_steps(make_llm, tmp_path):
         seen.add(shape)
 
 
+def test_a_window_is_one_record_of_its_steps(make_llm, tmp_path):
+    """With multi-step decode a window is one record with its num_steps;
+    the report's roofline counts each of its steps."""
+    from benchmarks.timeline_report import step_t_min
+    path = tmp_path / "steps.jsonl"
+    llm = make_llm(profile_steps=str(path), num_scheduler_steps=4)
+    engine = llm.llm_engine
+    sent = []
+    dispatch = engine.runner.dispatch
+
+    def spy(out):
+        if out.scheduled:
+            sent.append(out.num_steps)
+        return dispatch(out)
+    engine.runner.dispatch = spy
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(
+        max_tokens=13, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    engine.timeline.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["num_steps"] for r in records] == sent
+    assert 4 in sent
+    fed = sum((r["decode_tokens"] + r["prefill_tokens"]) * r["num_steps"]
+              for r in records)
+    assert fed == 3 + len(outs[0].outputs[0].token_ids) - 1
+    window = next(r for r in records if r["num_steps"] == 4)
+    roof = {"bw": 1e12, "flops": 1e14}
+    singles = [dict(window, num_steps=1, kv_tokens=window["kv_tokens"] + i,
+                    attn_pairs=window["attn_pairs"] + i) for i in range(4)]
+    assert step_t_min(window, roof) == pytest.approx(
+        sum(step_t_min(r, roof) for r in singles))
+    assert step_t_min(window, roof) > 3.9 * step_t_min(singles[0], roof)
+
+
 def test_warmup_builds_exactly_the_listed_buckets(make_llm):
     llm = make_llm(warmup=True, max_num_seqs=4)
     runner = llm.llm_engine.runner
