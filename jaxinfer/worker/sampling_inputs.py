@@ -30,8 +30,14 @@ def _pow2(n: int, floor: int = 1) -> int:
     return v
 
 
+# Id lists (allowed, banned, biased) pad to a power of two of at least this
+# many: each width is its own compiled step, and a [S, 16] scatter costs no
+# more than a [S, 1] one, so short lists share one program.
+LIST_WIDTH_FLOOR = 16
+
+
 def _pad_lists(rows: list[list[int]], S: int, pad: int, dtype=np.int32,
-               floor: int = 1) -> np.ndarray:
+               floor: int = LIST_WIDTH_FLOOR) -> np.ndarray:
     width = _pow2(max((len(r) for r in rows), default=1), floor)
     out = np.full((S, width), pad, dtype)
     for i, r in enumerate(rows):

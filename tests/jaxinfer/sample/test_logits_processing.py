@@ -134,3 +134,22 @@ def test_top_k_in_rounds_equals_lax_top_k():
         ev, ei = jax.lax.top_k(jnp.asarray(x), k)
         np.testing.assert_array_equal(np.asarray(v), np.asarray(ev))
         np.testing.assert_array_equal(np.asarray(i), np.asarray(ei))
+
+
+def test_short_id_lists_share_one_width():
+    """Allowed and biased id lists of 1 to 16 ids pad to one width (one
+    compiled step for all of them); 17 ids take the next power of two."""
+    from jaxinfer.worker.sampling_inputs import LIST_WIDTH_FLOOR
+
+    def widths(n):
+        ids = list(range(3, 3 + n))
+        req = _request("w", [1], [], allowed_token_ids=ids,
+                       logit_bias={i: 1.0 for i in ids})
+        md = SamplingInputs(V, 4, 0).build(
+            [ScheduledRequest("w", [1], 0, [], True)], {"w": _joined(req)}, 4)
+        assert md.bias_values.shape == md.bias_ids.shape
+        return md.allowed_ids.shape, md.bias_ids.shape
+
+    assert LIST_WIDTH_FLOOR == 16
+    assert {widths(n) for n in (1, 3, 16)} == {((4, 16), (4, 16))}
+    assert widths(17) == ((4, 32), (4, 32))
