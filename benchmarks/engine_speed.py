@@ -128,7 +128,8 @@ def ready(tokenizer: str, cache_dir: str) -> None:
     e = llm.llm_engine
     print(json.dumps({"ready_s": time.perf_counter() - t0,
                       "warmup_s": e.warmup_seconds,
-                      "programs": e.warmup_programs}))
+                      "programs": e.warmup_programs,
+                      "programs_loaded": getattr(e.runner, "programs_loaded", 0)}))
 
 
 def run_workload(llm, name: str, out_dir: str) -> dict:

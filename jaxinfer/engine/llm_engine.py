@@ -24,6 +24,7 @@ from ..outputs import RequestOutput
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
 from ..tokenizer import load_tokenizer
+from ..worker.executable_cache import executable_cache_for
 from ..worker.warmup import enable_compilation_cache, warm_up
 from .input_processor import InputProcessor, ProcessedInput
 from .output_processor import OutputProcessor
@@ -101,7 +102,9 @@ class LLMEngine:
         self.image_processor = make_image_processor(
             self.files, args, self.tokenizer)  # None: the model takes text only
         self.warmup_programs, self.warmup_seconds = (
-            warm_up(self.runner) if args.warmup else (0, 0.0))
+            warm_up(self.runner, executables=executable_cache_for(
+                self.runner, self.compilation_cache_dir))
+            if args.warmup else (0, 0.0))
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self.num_steps = self.last_step_tokens = 0
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -68,7 +68,8 @@ def _dummy_batch(T: int, S: int, P: int):
         np.zeros(S, np.int32)
 
 
-def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
+def warm_up(runner, max_workers: int | None = None,
+            executables=None) -> tuple[int, float]:
     """Compiles the step for every bucket (`Buckets.all_shapes`) in its
     greedy, sampled and filtered variants (each also with LoRA adapters
     when LoRA is on; each decode bucket also as a multi-step window when
@@ -77,7 +78,9 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     Tracing and lowering run one program at a time (they hold the GIL); the
     XLA compiles, most of the time, run in a thread pool, and the
     executables go to ``runner.programs``, where `ModelRunner.run_step`
-    finds them. Returns (programs, seconds)."""
+    finds them. ``executables``: an `ExecutableCache`; programs it holds
+    are loaded instead of lowered and compiled, and those compiled are saved
+    into it. Returns (programs, seconds)."""
     t0 = time.perf_counter()
     shapes = runner.buckets.all_shapes()
     # Greedy, plain sampling, and sampling with top-k / top-p / min-p (one
@@ -90,6 +93,16 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
     # Multi-step decode: each decode bucket also as a window of k steps.
     k = runner.scheduler_config.num_scheduler_steps
     lowered = {}
+
+    def lower(key, jitted, static, dyn):
+        if key in runner.programs or key in lowered:
+            return
+        exe = None if executables is None else executables.load(key)
+        if exe is not None:
+            runner.programs[key] = exe
+        else:
+            lowered[key] = jitted.lower(*static, *dyn)
+    n_before = len(runner.programs)
     for T, S, P, decode_only in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
         dims = (T, S, P, decode_only)
@@ -105,21 +118,23 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
                 sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
             dyn = runner.step_args(None, packed, logits_idx, smd, None, mm,
                                    None if pool is None else pool.arrays)
-            key = runner.program_key(None, dims, dyn)
-            if key not in runner.programs and key not in lowered:
-                lowered[key] = runner._step.lower(None, dims, *dyn)
+            lower(runner.program_key(None, dims, dyn), runner._step,
+                  (None, dims), dyn)
             if decode_only and mm is None and k > 1:  # its decode window
                 dyn = runner.multi_step_args(packed, smd,
                                              runner.window_stop_ids([], S),
                                              None if pool is None else pool.arrays)
-                key = runner.multi_step_key(k, dims, dyn)
-                if key not in runner.programs and key not in lowered:
-                    lowered[key] = runner._multi.lower(k, dims, *dyn)
+                lower(runner.multi_step_key(k, dims, dyn), runner._multi,
+                      (k, dims), dyn)
+    n_loaded = len(runner.programs) - n_before
     t_lower = time.perf_counter() - t0
     workers = max_workers or min(len(lowered), os.cpu_count() or 1) or 1
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         compiled = pool.map(lambda low: low.compile(), lowered.values())
         runner.programs.update(zip(lowered, compiled))
+    if executables is not None:
+        for key in lowered:
+            executables.save(key, runner.programs[key])
     runner.kv_pages, n_copy = runner.page_mover.warm_up(
         runner.kv_pages, runner.scheduler_config.preemption_mode == "swap")
     if runner.encoder is not None:  # one program per image batch size
@@ -129,9 +144,10 @@ def warm_up(runner, max_workers: int | None = None) -> tuple[int, float]:
         n_copy += 1
     jax.block_until_ready(runner.kv_pages)
     seconds = time.perf_counter() - t0
-    logger.info("warm-up compiled %d step programs (%d shape buckets x %d "
-                "sampling variants x %d LoRA variants; lowering %.1fs, %d "
-                "compile threads) and %d copy and encoder programs in %.1fs",
-                len(lowered), len(shapes), len(variants), len(lora_pools),
-                t_lower, workers, n_copy, seconds)
-    return len(lowered) + n_copy, seconds
+    logger.info("warm-up compiled %d step programs and loaded %d saved ones "
+                "(%d shape buckets x %d sampling variants x %d LoRA variants; "
+                "lowering %.1fs, %d compile threads) and %d copy and encoder "
+                "programs in %.1fs", len(lowered), n_loaded, len(shapes),
+                len(variants), len(lora_pools), t_lower, workers, n_copy, seconds)
+    runner.programs_loaded = n_loaded
+    return len(lowered) + n_loaded + n_copy, seconds
