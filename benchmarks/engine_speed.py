@@ -126,7 +126,15 @@ def ready(tokenizer: str, cache_dir: str) -> None:
     t0 = time.perf_counter()
     llm = make_llm(tokenizer, cache_dir)
     e = llm.llm_engine
-    print(json.dumps({"ready_s": time.perf_counter() - t0,
+    ready_s = time.perf_counter() - t0
+    # Greedy tokens from random weights: cold (compiled) and warm (loaded)
+    # engines must agree.
+    from jaxinfer import SamplingParams
+    out = llm.generate([{"prompt_token_ids": list(range(100, 164))}],
+                       SamplingParams(temperature=0.0, max_tokens=16,
+                                      ignore_eos=True), use_tqdm=False)
+    print(json.dumps({"ready_s": ready_s,
+                      "greedy_tokens": out[0].outputs[0].token_ids,
                       "warmup_s": e.warmup_seconds,
                       "programs": e.warmup_programs,
                       "programs_loaded": getattr(e.runner, "programs_loaded", 0)}))
@@ -218,6 +226,10 @@ def main() -> int:
             summary[f"ready_{which}"]["process_s"] = time.perf_counter() - t0
             print(f"ready {which}: {summary[f'ready_{which}']}", flush=True)
             save()
+        cold, warm = (summary[f"ready_{w}"].get("greedy_tokens") for w in ("cold", "warm"))
+        summary["ready_same_tokens"] = cold is not None and cold == warm
+        print(f"cold and warm engines' greedy tokens equal: "
+              f"{summary['ready_same_tokens']}", flush=True)
     if args.peers:
         summary["peers"] = run_peers(args.out)
         print(f"peers: {json.dumps(summary['peers'])[:600]}", flush=True)

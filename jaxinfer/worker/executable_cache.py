@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import logging
 import os
 import pickle
 import tempfile
+import threading
 
 import jax
 
@@ -79,6 +81,19 @@ def runner_fingerprint(runner) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+@functools.lru_cache(maxsize=1)
+def _kernel_runtimes() -> None:
+    """Mosaic GPU kernels find their host runtime through an environment
+    variable that importing ``jax.experimental.mosaic.gpu`` sets; a program
+    loaded before anything lowered a kernel in this process failed with
+    "Failed to lookup host symbol ... anonymous_mosaic_gpu" (H200, jax 0.11)."""
+    if jax.default_backend() == "gpu":
+        try:
+            importlib.import_module("jax.experimental.mosaic.gpu")
+        except ImportError:  # a jaxlib without Mosaic GPU: no such kernels
+            pass
+
+
 def _key_digest(key) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
 
@@ -95,6 +110,7 @@ class ExecutableCache:
         self.directory = os.path.join(directory, fingerprint)
         self.fingerprint = fingerprint
         self.loaded = self.saved = 0
+        self._lock = threading.Lock()  # warm-up loads in a thread pool
 
     def _path(self, digest: str) -> str:
         return os.path.join(self.directory, digest + ENTRY_SUFFIX)
@@ -109,6 +125,7 @@ class ExecutableCache:
         path = self._path(digest)
         if not os.path.exists(path):
             return None
+        _kernel_runtimes()
         try:
             with open(path, "rb") as f:
                 entry = pickle.load(f)
@@ -124,8 +141,9 @@ class ExecutableCache:
             except OSError:
                 pass
             return None
-        _IN_PROCESS[(self.fingerprint, digest)] = exe
-        self.loaded += 1
+        with self._lock:
+            _IN_PROCESS[(self.fingerprint, digest)] = exe
+            self.loaded += 1
         return exe
 
     def save(self, key, compiled) -> None:

@@ -68,6 +68,17 @@ def _dummy_batch(T: int, S: int, P: int):
         np.zeros(S, np.int32)
 
 
+def _load_saved(executables, keys: list, max_workers: int | None) -> dict:
+    """{key: program} for the keys ``executables`` holds, loaded in a
+    thread pool (deserializing is C++ work, mostly outside the GIL)."""
+    if executables is None or not keys:
+        return {}
+    workers = max_workers or min(len(keys), os.cpu_count() or 1) or 1
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return {key: exe for key, exe in zip(keys, pool.map(executables.load, keys))
+                if exe is not None}
+
+
 def warm_up(runner, max_workers: int | None = None,
             executables=None) -> tuple[int, float]:
     """Compiles the step for every bucket (`Buckets.all_shapes`) in its
@@ -92,17 +103,11 @@ def warm_up(runner, max_workers: int | None = None,
     lora_pools = [None] if runner.lora is None else [None, runner.lora.pool]
     # Multi-step decode: each decode bucket also as a window of k steps.
     k = runner.scheduler_config.num_scheduler_steps
-    lowered = {}
+    todo = {}  # program key -> (jitted, static args, dynamic args)
 
-    def lower(key, jitted, static, dyn):
-        if key in runner.programs or key in lowered:
-            return
-        exe = None if executables is None else executables.load(key)
-        if exe is not None:
-            runner.programs[key] = exe
-        else:
-            lowered[key] = jitted.lower(*static, *dyn)
-    n_before = len(runner.programs)
+    def want(key, jitted, static, dyn):
+        if key not in runner.programs:
+            todo.setdefault(key, (jitted, static, dyn))
     for T, S, P, decode_only in shapes:
         input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
         dims = (T, S, P, decode_only)
@@ -118,15 +123,21 @@ def warm_up(runner, max_workers: int | None = None,
                 sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
             dyn = runner.step_args(None, packed, logits_idx, smd, None, mm,
                                    None if pool is None else pool.arrays)
-            lower(runner.program_key(None, dims, dyn), runner._step,
-                  (None, dims), dyn)
+            want(runner.program_key(None, dims, dyn), runner._step,
+                 (None, dims), dyn)
             if decode_only and mm is None and k > 1:  # its decode window
                 dyn = runner.multi_step_args(packed, smd,
                                              runner.window_stop_ids([], S),
                                              None if pool is None else pool.arrays)
-                lower(runner.multi_step_key(k, dims, dyn), runner._multi,
-                      (k, dims), dyn)
-    n_loaded = len(runner.programs) - n_before
+                want(runner.multi_step_key(k, dims, dyn), runner._multi,
+                     (k, dims), dyn)
+    loaded = _load_saved(executables, list(todo), max_workers)
+    runner.programs.update(loaded)
+    n_loaded = len(loaded)
+    # What was not saved (or did not load) is lowered here, one at a time.
+    lowered = {key: jitted.lower(*static, *dyn)
+               for key, (jitted, static, dyn) in todo.items()
+               if key not in loaded}
     t_lower = time.perf_counter() - t0
     workers = max_workers or min(len(lowered), os.cpu_count() or 1) or 1
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
