@@ -134,12 +134,14 @@ class SamplingInputs:
                                      constant_values=1.0)
                 kw["min_p"] = np.pad(np.array([sp.min_p for sp in sps],
                                               np.float32), (0, S - n))
-        if any(sp.allowed_token_ids for sp in sps):
+        if (any(sp.allowed_token_ids or sp.logit_bias for sp in sps)
+                or any(s.banned_ids for s in sched)):
+            # The three id lists travel together (empty rows where unused:
+            # all-pad allowed rows mean no limit): one compiled variant for
+            # any mix of them instead of seven.
             kw["allowed_ids"] = _pad_lists(
                 [sp.allowed_token_ids or [] for sp in sps], S, V)
-        if any(s.banned_ids for s in sched):
             kw["banned_ids"] = _pad_lists([s.banned_ids for s in sched], S, V)
-        if any(sp.logit_bias for sp in sps):
             items = [list((sp.logit_bias or {}).items()) for sp in sps]
             kw["bias_ids"] = _pad_lists([[k for k, _ in it] for it in items], S, V)
             kw["bias_values"] = _pad_lists([[v for _, v in it] for it in items],

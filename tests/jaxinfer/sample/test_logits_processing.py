@@ -153,3 +153,25 @@ def test_short_id_lists_share_one_width():
     assert LIST_WIDTH_FLOOR == 16
     assert {widths(n) for n in (1, 3, 16)} == {((4, 16), (4, 16))}
     assert widths(17) == ((4, 32), (4, 32))
+
+
+def test_id_lists_travel_together():
+    """A batch using any of allowed ids, bans or bias gets all three (one
+    compiled variant), the unused ones empty: the logits are as if only the
+    used one were applied."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxinfer.worker.sampler import process_logits
+    req = _request("b", [1], [], logit_bias={5: 3.0})
+    md = SamplingInputs(V, 4, 0).build(
+        [ScheduledRequest("b", [1], 0, [], True)], {"b": _joined(req)}, 4)
+    assert md.allowed_ids is not None and md.banned_ids is not None
+    assert bool(np.all(np.asarray(md.allowed_ids) == V))
+    assert bool(np.all(np.asarray(md.banned_ids) == V))
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, V)),
+                         jnp.float32)
+    want = np.asarray(logits).copy()
+    want[0, 5] += 3.0
+    np.testing.assert_allclose(np.asarray(process_logits(logits, md, None)),
+                               want, rtol=1e-6)
