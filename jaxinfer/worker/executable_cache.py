@@ -77,7 +77,9 @@ def runner_fingerprint(runner) -> str:
              runner.block_size, repr(runner.placement.mesh),
              _layout(runner.params), _layout(runner.kv_pages),
              _layout(runner.constants), _layout(runner.prev_tokens),
-             repr(runner.scheduler_config), repr(runner.cache_config)]
+             repr(runner.scheduler_config), repr(runner.cache_config),
+             # LoRA slots' ranks and targets shape the adapter programs.
+             repr(getattr(runner.lora, "config", None))]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
