@@ -35,8 +35,9 @@ class ScheduledRequest:
     sample_index: int = 0  # which output token the row samples (0 = first); seeds its draw
     banned_ids: list[int] = dataclasses.field(default_factory=list)  # ids it must not sample
     # Rows of a multi-step window: the ids whose sampling ends the request
-    # (EOS unless ignore_eos, stop_token_ids); the window stops early on the
-    # device once every row has sampled one. The host checks every stop.
+    # (EOS unless ignore_eos, stop_token_ids); a "while" window stops early
+    # on the device once every row has sampled one. The host checks every
+    # stop.
     stop_ids: list[int] = dataclasses.field(default_factory=list)
 
 

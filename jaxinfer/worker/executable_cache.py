@@ -31,7 +31,6 @@ import logging
 import os
 import pickle
 import tempfile
-import threading
 
 import jax
 
@@ -111,8 +110,6 @@ class ExecutableCache:
     def __init__(self, directory: str, fingerprint: str):
         self.directory = os.path.join(directory, fingerprint)
         self.fingerprint = fingerprint
-        self.loaded = self.saved = 0
-        self._lock = threading.Lock()  # warm-up loads in a thread pool
 
     def _path(self, digest: str) -> str:
         return os.path.join(self.directory, digest + ENTRY_SUFFIX)
@@ -143,9 +140,7 @@ class ExecutableCache:
             except OSError:
                 pass
             return None
-        with self._lock:
-            _IN_PROCESS[(self.fingerprint, digest)] = exe
-            self.loaded += 1
+        _IN_PROCESS[(self.fingerprint, digest)] = exe
         return exe
 
     def save(self, key, compiled) -> None:
@@ -170,7 +165,6 @@ class ExecutableCache:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, self._path(digest))
-            self.saved += 1
         except OSError as e:
             logger.warning("could not save a step program in %s: %s",
                            self.directory, e)

@@ -279,6 +279,7 @@ class ModelRunner:
     def use_window_loop(self, loop: str) -> None:
         """How multi-step windows loop (`step_programs.WINDOW_LOOPS`); drops
         the window programs built so far."""
+        self.window_loop = loop
         self._multi = jax.jit(functools.partial(
             multi_step, self.placement.step_model(self.model), self.block_size,
             loop=loop), static_argnums=(0, 1), donate_argnums=(3,))
@@ -290,9 +291,11 @@ class ModelRunner:
         return (self.params, self.kv_pages, self.constants, self.prev_tokens,
                 packed, smd, stop_ids, lora_pool)
 
-    @staticmethod
-    def window_stop_ids(sched, S: int) -> np.ndarray:
-        """[S, WINDOW_STOP_IDS] each row's first stop ids, padded with -1."""
+    def window_stop_ids(self, sched, S: int) -> np.ndarray | None:
+        """[S, WINDOW_STOP_IDS] each row's first stop ids, padded with -1,
+        for "while" windows; None for the others (they run to the end)."""
+        if self.window_loop != "while":
+            return None
         out = np.full((S, WINDOW_STOP_IDS), -1, np.int32)
         for i, s in enumerate(sched):
             ids = s.stop_ids[:WINDOW_STOP_IDS]

@@ -73,7 +73,7 @@ WINDOW_LOOPS = ("while", "scan", "unroll")
 
 def multi_step(model, block_size, num_steps, dims, params, kv_pages,
                 constants, prev_tokens, packed, smd: SamplingMetadata,
-                stop_ids, lora_pool=None, *, loop: str = "while"):
+                stop_ids, lora_pool=None, *, loop: str = "scan"):
     """Up to ``num_steps`` decode steps in one program (multi-step
     scheduling): every real row is one decode token; each step's sampled
     tokens are the next step's inputs, one position on, their K/V slots read
@@ -83,8 +83,11 @@ def multi_step(model, block_size, num_steps, dims, params, kv_pages,
     early once every row has sampled one of its ``stop_ids`` [S,
     WINDOW_STOP_IDS] (padding -1); the steps it skips leave zeros, which the
     host drops with every token after a stop, as it drops the tokens the
-    other loops sample past a stop. Returns (SamplerOutput with token_ids [num_steps, S], kv_pages,
-    the last step's tokens padded as _step's)."""
+    other loops sample past a stop (they take ``stop_ids`` None). Returns
+    (SamplerOutput with token_ids [num_steps, S], kv_pages, the last step's
+    tokens padded as `step`'s)."""
+    if (stop_ids is None) != (loop != "while"):
+        raise ValueError(f"stop_ids are for while windows only, not {loop!r}")
     input_ids, positions, md = unpack_step(packed, dims)
     input_ids = jnp.where(input_ids < 0,
                           prev_tokens[jnp.maximum(-1 - input_ids, 0)],
@@ -115,7 +118,8 @@ def multi_step(model, block_size, num_steps, dims, params, kv_pages,
         smd_i = smd if smd.positions is None else dataclasses.replace(
             smd, positions=smd.positions + i)
         new = sample(logits, smd_i).token_ids
-        running = running & ~jnp.any(new[:, None] == stop_ids, axis=1)
+        if stop_ids is not None:
+            running = running & ~jnp.any(new[:, None] == stop_ids, axis=1)
         ids = jnp.zeros_like(ids).at[:S].set(new)
         return i + 1, kv_pages, ids, tokens.at[i].set(new), running
 

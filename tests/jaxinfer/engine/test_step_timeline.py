@@ -10,6 +10,7 @@ import pytest
 from jaxinfer import SamplingParams
 
 from .conftest import random_prompts
+from .test_multi_step import _windows
 
 pytestmark = pytest.mark.slow
 
@@ -68,14 +69,7 @@ def test_a_window_is_one_record_of_its_steps(make_llm, tmp_path):
     path = tmp_path / "steps.jsonl"
     llm = make_llm(profile_steps=str(path), num_scheduler_steps=4)
     engine = llm.llm_engine
-    sent = []
-    dispatch = engine.runner.dispatch
-
-    def spy(out):
-        if out.scheduled:
-            sent.append(out.num_steps)
-        return dispatch(out)
-    engine.runner.dispatch = spy
+    sent = _windows(engine)
     outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(
         max_tokens=13, temperature=0.0, ignore_eos=True), use_tqdm=False)
     engine.timeline.close()
