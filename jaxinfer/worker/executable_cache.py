@@ -183,8 +183,10 @@ def executable_cache_for(runner, compilation_cache_dir: str | None,
         return None
     if enabled is None:
         env = os.environ.get("JAXINFER_EXECUTABLE_CACHE", "")
-        enabled = env == "1" if env in ("0", "1") else (
-            jax.default_backend() == "gpu")
+        if env not in ("", "0", "1"):
+            raise ValueError(f"JAXINFER_EXECUTABLE_CACHE must be 1 (on), 0 "
+                             f"(off) or unset (on GPU only), not {env!r}")
+        enabled = env == "1" if env else jax.default_backend() == "gpu"
     if not enabled:
         return None
     return ExecutableCache(os.path.join(compilation_cache_dir, "executables"),

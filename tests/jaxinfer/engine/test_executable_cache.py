@@ -92,6 +92,9 @@ def test_off_without_a_compilation_cache_and_on_cpu_by_default(monkeypatch):
     assert ec.executable_cache_for(Runner(), "/tmp/x") is None  # CPU: off
     monkeypatch.setenv("JAXINFER_EXECUTABLE_CACHE", "0")
     assert ec.executable_cache_for(Runner(), "/tmp/x", enabled=None) is None
+    monkeypatch.setenv("JAXINFER_EXECUTABLE_CACHE", "yes")
+    with pytest.raises(ValueError, match="JAXINFER_EXECUTABLE_CACHE must be"):
+        ec.executable_cache_for(Runner(), "/tmp/x")
 
 
 def test_an_entry_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
