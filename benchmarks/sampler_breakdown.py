@@ -24,7 +24,8 @@ from benchmarks.kernels.bench_attention import time_fn  # noqa: E402
 from benchmarks.sampler_bench import metadata  # noqa: E402
 from jaxinfer.worker.logprob_ops import gather_logprobs, top_k_in_rounds  # noqa: E402
 from jaxinfer.worker.penalties import PenaltyState  # noqa: E402
-from jaxinfer.worker.sampler import (_draw, _filter_by_sorting_rows,  # noqa: E402
+from jaxinfer.worker.sampler import (_draw, _filter_by_bisection,  # noqa: E402
+                                     _filter_by_sorting_rows,
                                      _temperature_and_min_p, filter_logits,
                                      process_logits)
 from jaxinfer.worker.top_candidates import top_candidates  # noqa: E402
@@ -47,6 +48,8 @@ def main():
         "process_logits": jax.jit(lambda x, md, st: process_logits(x, md, st)),
         "filter_logits": jax.jit(lambda x, md, st: filter_logits(x, md)),
         "filter_by_sorting_rows": jax.jit(lambda x, md, st: _filter_by_sorting_rows(
+            _temperature_and_min_p(x, md), md)),
+        "filter_by_bisection": jax.jit(lambda x, md, st: _filter_by_bisection(
             _temperature_and_min_p(x, md), md)),
         **{f"filter_kept{kb}_block{bs}": jax.jit(
             lambda x, md, st, kb=kb, bs=bs: filter_logits(

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.worker.sampler import (SamplingMetadata, _filter_by_sorting_rows,
+from jaxinfer.worker.sampler import (SamplingMetadata, _filter_by_bisection,
+                                     _filter_by_sorting_rows,
                                      _temperature_and_min_p,
                                      _threshold_from_candidates, filter_logits)
 from jaxinfer.worker.top_candidates import (count_at_least, top_candidates,
@@ -57,6 +58,32 @@ def test_rows_the_candidates_decide_equal_the_full_sort(seed):
     np.testing.assert_array_equal(
         np.asarray(filter_logits(x, md, kept_blocks=KEPT,
                                  block_size=BLOCK))[sampled], by_sort[sampled])
+
+
+@jax.jit
+def _whole_rows(x, md):
+    x = _temperature_and_min_p(x, md)
+    return _filter_by_bisection(x, md), _filter_by_sorting_rows(x, md)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_bisection_keeps_exactly_what_the_sort_keeps(seed):
+    """CPU's whole-row path (no sort) against the sort, on every row:
+    ties, -inf runs, top-k past the row's finite entries, top-p = 1."""
+    by_bisection, by_sort = map(np.asarray, _whole_rows(*batch(seed)))
+    np.testing.assert_array_equal(by_bisection, by_sort)
+
+
+def test_bisection_treats_signed_zeros_as_one_value():
+    """-0.0 == 0.0 as floats but not as bits: a top-k that cuts inside a
+    run of zeros of both signs keeps the whole run, as the sort does."""
+    x = jnp.asarray([[1.0, -0.0, 0.0, -0.0, 0.0, -1.0, -2.0]], jnp.float32)
+    md = SamplingMetadata(temperature=jnp.ones(1), top_k=jnp.asarray([2]),
+                          top_p=jnp.asarray([0.999], jnp.float32))
+    by_bisection, by_sort = map(np.asarray, _whole_rows(x, md))
+    np.testing.assert_array_equal(by_bisection, by_sort)
+    assert np.isfinite(by_bisection).sum() == 5
 
 
 def test_both_outcomes_occur():
