@@ -43,7 +43,10 @@ def check_request_body(kind: str, body: Any, own_fields: set[str]) -> None:
             entry = request_field_status("stream_options", name)
             if entry is not None:
                 entry.check(f"stream_options.{name}", value)
-    for message in body.get("messages") or ():
+    messages = body.get("messages")
+    # Only a list is walked: any other type (true, 3, a string) is the
+    # model's to refuse with a 400, not an iteration to crash on.
+    for message in messages if isinstance(messages, list) else ():
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
             kind_ = part.get("type") if isinstance(part, dict) else None
