@@ -86,6 +86,8 @@ TRACED_AS = {
     "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
     "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
     "int4-pallas": ("int4", {"INT4_MATMUL": "pallas"}),
+    "int4-pallas-partials": ("int4", {"INT4_MATMUL": "pallas",
+                                      "INT4_SCALE_ON": "partials"}),
 }
 
 
@@ -96,11 +98,19 @@ def switches(variant):
     old = {k: getattr(qm, k) for k in flags}
     for k, v in flags.items():
         setattr(qm, k, v)
+    # The switches are module globals, not part of any jit key: a layer
+    # traced under other switches (llama.apply_layer caches its trace by
+    # the layer's settings) would be reused as it is. Before this, the
+    # "int4-pallas" rows timed XLA's int4 program a second time.
+    if flags:
+        jax.clear_caches()
     try:
         yield
     finally:
         for k, v in old.items():
             setattr(qm, k, v)
+        if flags:
+            jax.clear_caches()
 
 
 def base_variant(variant):
@@ -184,6 +194,7 @@ def layers(D, F, Ms, roof):
     """XLA's lowering of each method: up + down projections chained."""
     rows = []
     names = ["bf16", "int4", "int4-bitcast", "int4-native-u4", "int4-pallas",
+             "int4-pallas-partials",
              "int8", "fp8", "fp8-channel-token"]
     for M in Ms:
         x = jax.random.normal(jax.random.key(5), (M, D), jnp.bfloat16)
@@ -372,13 +383,45 @@ def param_bytes(cfg):
                  device_bytes_in_use=stats.get("bytes_in_use"))]
 
 
+def install_int4_tunings(path: str) -> dict:
+    """Makes the int4 kernel's default tuning the fastest one timed in
+    ``path`` (bench_int4.py's int4-kernel.json) for each (In, Out, M) it
+    holds; other shapes keep the built-in default. Returns the table."""
+    from jaxinfer.pallas_kernels import int4_matmul as i4
+    best: dict = {}
+    for one in path.split(","):  # several runs' files: the best of all
+        with open(one) as f:
+            data = json.load(f)
+        for r in data["rows"]:
+            if r["variant"] == "kernel" and "us" in r:
+                key = (r["In"], r["Out"], r["M"])
+                if key not in best or r["us"] < best[key]["us"]:
+                    best[key] = r
+    builtin = i4.default_tuning
+    group = data["group_size"]
+
+    def pick(M, n_out, groups, scale_on="weights"):
+        hit = best.get((groups * group, n_out, M))
+        if hit is None:
+            return builtin(M, n_out, groups, scale_on)
+        return i4.Int4MatmulTuning(**hit["tuning"])
+    i4.default_tuning = pick
+    return {f"{k[0]}x{k[1]} M={k[2]}": v["tuning"] for k, v in best.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sections", default="check,layers,decode,prefill,kv,bytes")
+    ap.add_argument("--int4-tuning", default=None,
+                    help="bench_int4.py's int4-kernel.json (or several, "
+                    "comma-separated): the Pallas int4 variants take the "
+                    "fastest tuning timed per shape")
     args = ap.parse_args()
     sections = args.sections.split(",")
+    int4_tunings = (install_int4_tunings(args.int4_tuning)
+                    if args.int4_tuning else None)
     cfg = TINY if SMOKE else LLAMA3_8B
     backend = "pallas_interpret" if SMOKE else "pallas"
     roof = roofline()
@@ -398,7 +441,8 @@ def main():
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
                        [(1, 1024), (256, 1024)],
-                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
+                       ("bf16", "int4", "int4-pallas", "int4-pallas-partials",
+                        "fp8"), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         ("bf16", "fp8"), backend, roof)
@@ -411,7 +455,9 @@ def main():
         device=roof["device"], jax=jax.__version__,
         jaxlib=__import__("jaxlib").__version__, int4_unpack=qm.INT4_UNPACK,
         bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
-        copy_s=roof["copy_s"], matmul_s=roof["matmul_s"], rows=rows)
+        copy_s=roof["copy_s"], matmul_s=roof["matmul_s"],
+        int4_tunings=int4_tunings, command="python3 benchmarks/quant_step.py "
+        + " ".join(sys.argv[1:]), rows=rows)
     device = roof["device"].lower().replace(" ", "-")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"quant-step-{device}.json")

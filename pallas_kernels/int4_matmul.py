@@ -40,6 +40,17 @@ class Int4MatmulTuning:
     splits: int = 4  # programs sharing one tile's groups (split-K)
     num_warps: int = 4
     num_stages: int = 2
+    # "weights": dequantize each code to (q - z) * s before its dot (two
+    # multiplies per weight); "partials": dot the raw codes, then apply the
+    # group's zero point and scale to the [bm, bn] partial product, as
+    # s * (x . q - z * sum(x)) with sum(x) per group computed outside (no
+    # per-weight arithmetic but the nibble's mask and convert).
+    scale_on: str = "weights"
+    unroll: int = 1  # groups per loop step (fori_loop's unroll)
+    # "dot": tensor-core dots of block_m rows; "gemv": one row (M = 1) as
+    # elementwise multiply-adds into a [block_n, group] accumulator summed
+    # once at the end: no padding of the row to 16, no dot-operand layouts.
+    form: str = "dot"
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
@@ -48,6 +59,13 @@ class Int4MatmulTuning:
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
         if self.splits < 1:
             raise ValueError(f"splits must be >= 1, got {self.splits}")
+        if self.scale_on not in ("weights", "partials"):
+            raise ValueError(f"scale_on must be 'weights' or 'partials', "
+                             f"got {self.scale_on!r}")
+        if self.unroll < 1:
+            raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+        if self.form not in ("dot", "gemv"):
+            raise ValueError(f"form must be 'dot' or 'gemv', got {self.form!r}")
 
 
 def _dot_nt(a, b):
@@ -63,7 +81,7 @@ def _kernel(
     s_ref,  # [bn, G] scales
     z_ref,  # [bn, G] uint8 zero points
     o_ref,  # [bm, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int):
+    *, groups_per_split: int, group_bytes: int, unroll: int):
     split = pl.program_id(2)
     bm, bn = o_ref.shape
 
@@ -80,32 +98,116 @@ def _kernel(
         return acc
 
     o_ref[...] = jax.lax.fori_loop(0, groups_per_split, body,
-                                   jnp.zeros((bm, bn), jnp.float32))
+                                   jnp.zeros((bm, bn), jnp.float32),
+                                   unroll=unroll)
+
+
+def _kernel_scale_partials(
+    x_even_ref,  # [bm, In / 2] inputs 0, 2, 4, ...
+    x_odd_ref,  # [bm, In / 2] inputs 1, 3, 5, ...
+    xsum_ref,  # [bm, G] f32 sum of each group's inputs
+    q_ref,  # [bn, In / 2] uint8 codes, two per byte
+    s_ref,  # [G, bn] scales (transposed: a group's scales are one row)
+    z_ref,  # [G, bn] uint8 zero points (transposed)
+    o_ref,  # [bm, bn] f32 this split's partial product
+    *, groups_per_split: int, group_bytes: int, unroll: int):
+    split = pl.program_id(2)
+    bm, bn = o_ref.shape
+    dt = x_even_ref.dtype
+
+    def body(g, acc):
+        gi = split * groups_per_split + g
+        cols = pl.ds(gi * group_bytes, group_bytes)
+        q = q_ref[:, cols]  # [bn, group_bytes]
+        # Codes 0..15 are exact in every float dtype the kernel takes.
+        dots = (_dot_nt(x_even_ref[:, cols], (q & 0xF).astype(dt))
+                + _dot_nt(x_odd_ref[:, cols], (q >> 4).astype(dt)))
+        s = s_ref[pl.ds(gi, 1), :].astype(jnp.float32)  # [1, bn]
+        z = z_ref[pl.ds(gi, 1), :].astype(jnp.float32)
+        return acc + s * (dots - z * xsum_ref[:, pl.ds(gi, 1)])
+
+    o_ref[...] = jax.lax.fori_loop(0, groups_per_split, body,
+                                   jnp.zeros((bm, bn), jnp.float32),
+                                   unroll=unroll)
+
+
+def _kernel_gemv(
+    x_even_ref,  # [1, In / 2]
+    x_odd_ref,  # [1, In / 2]
+    xsum_ref,  # [1, G] f32 sum of each group's inputs
+    q_ref,  # [bn, In / 2] uint8 codes, two per byte
+    s_ref,  # [bn, G] scales
+    z_ref,  # [bn, G] uint8 zero points
+    o_ref,  # [1, bn] f32 this split's partial product
+    *, groups_per_split: int, group_bytes: int, unroll: int):
+    split = pl.program_id(2)
+    bn = o_ref.shape[1]
+
+    def body(g, carry):
+        acc, zacc = carry
+        gi = split * groups_per_split + g
+        cols = pl.ds(gi * group_bytes, group_bytes)
+        q = q_ref[:, cols]  # [bn, group_bytes]
+        s = s_ref[:, pl.ds(gi, 1)].astype(jnp.float32)  # [bn, 1]
+        z = z_ref[:, pl.ds(gi, 1)].astype(jnp.float32)
+        xe = x_even_ref[:, cols].astype(jnp.float32)  # [1, group_bytes]
+        xo = x_odd_ref[:, cols].astype(jnp.float32)
+        codes = ((q & 0xF).astype(jnp.float32) * xe
+                 + (q >> 4).astype(jnp.float32) * xo)
+        # The zero point's share, s * z * sum(x), once per group and row.
+        return (acc + codes * s,
+                zacc + s * z * xsum_ref[:, pl.ds(gi, 1)])
+
+    acc, zacc = jax.lax.fori_loop(
+        0, groups_per_split, body,
+        (jnp.zeros((bn, group_bytes), jnp.float32),
+         jnp.zeros((bn, 1), jnp.float32)), unroll=unroll)
+    o_ref[...] = (jnp.sum(acc, axis=1, keepdims=True) - zacc).reshape(1, bn)
 
 
 def _call(x_even, x_odd, qweight, scales, qzeros, tuning, interpret):
     M, half = x_even.shape
     n_out, G = scales.shape
-    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
-    kernel = functools.partial(_kernel, groups_per_split=G // splits,
-                               group_bytes=half // G)
+    bn, splits = tuning.block_n, tuning.splits
+    bm = 1 if tuning.form == "gemv" else tuning.block_m
+    settings = dict(groups_per_split=G // splits, group_bytes=half // G,
+                    unroll=min(tuning.unroll, G // splits))
+    x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
+    q_spec = pl.BlockSpec((bn, half), lambda i, j, k: (j, 0))
+    xsum = None
+    if tuning.scale_on == "partials" or tuning.form == "gemv":
+        xsum = (x_even.astype(jnp.float32) + x_odd.astype(jnp.float32)
+                ).reshape(M, G, -1).sum(axis=-1)
+    if tuning.form == "gemv":
+        kernel = functools.partial(_kernel_gemv, **settings)
+        args = (x_even, x_odd, xsum, qweight, scales, qzeros)
+        group_cols = pl.BlockSpec((bn, G), lambda i, j, k: (j, 0))
+        in_specs = [x_spec, x_spec,
+                    pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
+                    q_spec, group_cols, group_cols]
+    elif tuning.scale_on == "partials":
+        kernel = functools.partial(_kernel_scale_partials, **settings)
+        args = (x_even, x_odd, xsum, qweight, scales.T, qzeros.T)
+        group_rows = pl.BlockSpec((G, bn), lambda i, j, k: (0, j))
+        in_specs = [x_spec, x_spec,
+                    pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
+                    q_spec, group_rows, group_rows]
+    else:
+        kernel = functools.partial(_kernel, **settings)
+        args = (x_even, x_odd, qweight, scales, qzeros)
+        group_cols = pl.BlockSpec((bn, G), lambda i, j, k: (j, 0))
+        in_specs = [x_spec, x_spec, q_spec, group_cols, group_cols]
     return pl.pallas_call(
         kernel,
         grid=(M // bm, n_out // bn, splits),
-        in_specs=[
-            pl.BlockSpec((bm, half), lambda i, j, k: (i, 0)),
-            pl.BlockSpec((bm, half), lambda i, j, k: (i, 0)),
-            pl.BlockSpec((bn, half), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((bn, G), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((bn, G), lambda i, j, k: (j, 0)),
-        ],
+        in_specs=in_specs,
         out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j)),
         out_shape=jax.ShapeDtypeStruct((splits, M, n_out), jnp.float32),
         compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps,
                                              num_stages=tuning.num_stages),
         interpret=interpret,
         name="int4_matmul",
-    )(x_even, x_odd, qweight, scales, qzeros)
+    )(*args)
 
 
 def _check(x, qweight, scales, qzeros, tuning):
@@ -132,14 +234,16 @@ def _check(x, qweight, scales, qzeros, tuning):
             f"block_n={tuning.block_n} must divide the {n_out} outputs")
 
 
-def default_tuning(M: int, n_out: int, groups: int) -> Int4MatmulTuning:
+def default_tuning(M: int, n_out: int, groups: int,
+                   scale_on: str = "weights") -> Int4MatmulTuning:
     """Split the groups over up to 4 programs for small batches (a decode
     has too few output tiles to fill the GPU otherwise); larger row
     blocks for larger batches."""
     block_m = 16 if M <= 16 else 64 if M <= 64 else 128
     splits = max(d for d in (4, 2, 1) if groups % d == 0) if M <= 64 else 1
     block_n = max(b for b in (64, 32, 16) if n_out % b == 0 or b == 16)
-    return Int4MatmulTuning(block_m=block_m, block_n=block_n, splits=splits)
+    return Int4MatmulTuning(block_m=block_m, block_n=block_n, splits=splits,
+                            scale_on=scale_on)
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
@@ -157,7 +261,11 @@ def int4_matmul(
         tuning = default_tuning(x.shape[0], *scales.shape)
     _check(x, qweight, scales, qzeros, tuning)
     M = x.shape[0]
-    rows = -(-M // tuning.block_m) * tuning.block_m
+    if tuning.form == "gemv" and M != 1:
+        raise Int4MatmulShapeError(
+            f"form='gemv' takes one row, got {M}: use form='dot'")
+    block_m = 1 if tuning.form == "gemv" else tuning.block_m
+    rows = -(-M // block_m) * block_m
     xp = jnp.pad(x, ((0, rows - M), (0, 0)))
     partial = _call(xp[:, 0::2], xp[:, 1::2], qweight, scales, qzeros,
                     tuning, interpret)

@@ -55,6 +55,10 @@ INT4_UNPACK = "shift"
 # registers; one device only: XLA cannot split a custom kernel under
 # tensor parallelism). benchmarks/quant_step.py times both.
 INT4_MATMUL = "xla"
+# Where the Pallas kernel applies zero points and scales (its tuning's
+# ``scale_on``): "weights" (each dequantized code) or "partials" (each
+# group's partial product). benchmarks/quant_step.py times both.
+INT4_SCALE_ON = "weights"
 
 # The param names of the methods below: their dtypes are their own (codes,
 # scales), never the model's float dtype.
@@ -252,13 +256,15 @@ class GroupedWeights:
 
 
 def _int4_kernel(x2, weights, out_shape):
-    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
+    from jaxinfer.pallas_kernels.int4_matmul import default_tuning, int4_matmul
     n_out = math.prod(out_shape)
     lead = x2.shape[:-1]
-    y = int4_matmul(x2.reshape(-1, x2.shape[-1]),
-                    weights["qweight"].reshape(n_out, -1),
-                    weights["scales"].reshape(n_out, -1),
+    rows = x2.reshape(-1, x2.shape[-1])
+    scales = weights["scales"].reshape(n_out, -1)
+    y = int4_matmul(rows, weights["qweight"].reshape(n_out, -1), scales,
                     weights["qzeros"].reshape(n_out, -1),
+                    tuning=default_tuning(rows.shape[0], n_out,
+                                          scales.shape[1], INT4_SCALE_ON),
                     interpret=jax.default_backend() == "cpu")
     return y.reshape(lead + tuple(out_shape))
 

@@ -24,14 +24,21 @@ def _case(M, n_in, n_out, groups, dtype, seed=0):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scale_on, unroll, form", [
+    ("weights", 1, "dot"), ("partials", 2, "dot"), ("weights", 2, "gemv")])
 @pytest.mark.parametrize("M, n_in, n_out, groups, splits, dtype", [
     (1, 256, 64, 2, 1, jnp.float32),
     (5, 512, 128, 4, 2, jnp.float32),
     (17, 256, 64, 8, 4, jnp.bfloat16),  # groups of 32: 16-byte steps
+    (1, 256, 64, 8, 4, jnp.bfloat16),
 ])
-def test_matches_the_reference(M, n_in, n_out, groups, splits, dtype):
+def test_matches_the_reference(M, n_in, n_out, groups, splits, dtype,
+                               scale_on, unroll, form):
+    if form == "gemv" and M != 1:
+        pytest.skip("the gemv form takes one row (refused: see below)")
     x, q, s, z = _case(M, n_in, n_out, groups, dtype)
-    tuning = Int4MatmulTuning(block_n=64, splits=splits)
+    tuning = Int4MatmulTuning(block_n=64, splits=splits, scale_on=scale_on,
+                              unroll=unroll, form=form)
     got = int4_matmul(x, q, s, z, tuning=tuning, interpret=True)
     want = int4_matmul_reference(x, q, s, z)
     tol = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -73,3 +80,13 @@ def test_shapes_it_refuses():
                     interpret=True)
     with pytest.raises(ValueError, match="power of two"):
         Int4MatmulTuning(block_n=48)
+    with pytest.raises(ValueError, match="scale_on"):
+        Int4MatmulTuning(scale_on="codes")
+    with pytest.raises(ValueError, match="unroll"):
+        Int4MatmulTuning(unroll=0)
+    with pytest.raises(ValueError, match="form"):
+        Int4MatmulTuning(form="gemm")
+    x, q, s, z = _case(2, 256, 64, 2, jnp.float32)
+    with pytest.raises(Int4MatmulShapeError, match="one row, got 2"):
+        int4_matmul(x, q, s, z, tuning=Int4MatmulTuning(splits=1, form="gemv"),
+                    interpret=True)
