@@ -46,11 +46,6 @@ class Int4MatmulTuning:
     # s * (x . q - z * sum(x)) with sum(x) per group computed outside (no
     # per-weight arithmetic but the nibble's mask and convert).
     scale_on: str = "weights"
-    unroll: int = 1  # groups per loop step (fori_loop's unroll)
-    # "dot": tensor-core dots of block_m rows; "gemv": one row (M = 1) as
-    # elementwise multiply-adds into a [block_n, group] accumulator summed
-    # once at the end: no padding of the row to 16, no dot-operand layouts.
-    form: str = "dot"
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
@@ -62,10 +57,6 @@ class Int4MatmulTuning:
         if self.scale_on not in ("weights", "partials"):
             raise ValueError(f"scale_on must be 'weights' or 'partials', "
                              f"got {self.scale_on!r}")
-        if self.unroll < 1:
-            raise ValueError(f"unroll must be >= 1, got {self.unroll}")
-        if self.form not in ("dot", "gemv"):
-            raise ValueError(f"form must be 'dot' or 'gemv', got {self.form!r}")
 
 
 def _dot_nt(a, b):
@@ -81,7 +72,7 @@ def _kernel(
     s_ref,  # [bn, G] scales
     z_ref,  # [bn, G] uint8 zero points
     o_ref,  # [bm, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int, unroll: int):
+    *, groups_per_split: int, group_bytes: int):
     split = pl.program_id(2)
     bm, bn = o_ref.shape
 
@@ -98,8 +89,7 @@ def _kernel(
         return acc
 
     o_ref[...] = jax.lax.fori_loop(0, groups_per_split, body,
-                                   jnp.zeros((bm, bn), jnp.float32),
-                                   unroll=unroll)
+                                   jnp.zeros((bm, bn), jnp.float32))
 
 
 def _kernel_scale_partials(
@@ -110,7 +100,7 @@ def _kernel_scale_partials(
     s_ref,  # [G, bn] scales (transposed: a group's scales are one row)
     z_ref,  # [G, bn] uint8 zero points (transposed)
     o_ref,  # [bm, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int, unroll: int):
+    *, groups_per_split: int, group_bytes: int):
     split = pl.program_id(2)
     bm, bn = o_ref.shape
     dt = x_even_ref.dtype
@@ -127,65 +117,19 @@ def _kernel_scale_partials(
         return acc + s * (dots - z * xsum_ref[:, pl.ds(gi, 1)])
 
     o_ref[...] = jax.lax.fori_loop(0, groups_per_split, body,
-                                   jnp.zeros((bm, bn), jnp.float32),
-                                   unroll=unroll)
-
-
-def _kernel_gemv(
-    x_even_ref,  # [1, In / 2]
-    x_odd_ref,  # [1, In / 2]
-    xsum_ref,  # [1, G] f32 sum of each group's inputs
-    q_ref,  # [bn, In / 2] uint8 codes, two per byte
-    s_ref,  # [bn, G] scales
-    z_ref,  # [bn, G] uint8 zero points
-    o_ref,  # [1, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int, unroll: int):
-    split = pl.program_id(2)
-    bn = o_ref.shape[1]
-
-    def body(g, carry):
-        acc, zacc = carry
-        gi = split * groups_per_split + g
-        cols = pl.ds(gi * group_bytes, group_bytes)
-        q = q_ref[:, cols]  # [bn, group_bytes]
-        s = s_ref[:, pl.ds(gi, 1)].astype(jnp.float32)  # [bn, 1]
-        z = z_ref[:, pl.ds(gi, 1)].astype(jnp.float32)
-        xe = x_even_ref[:, cols].astype(jnp.float32)  # [1, group_bytes]
-        xo = x_odd_ref[:, cols].astype(jnp.float32)
-        codes = ((q & 0xF).astype(jnp.float32) * xe
-                 + (q >> 4).astype(jnp.float32) * xo)
-        # The zero point's share, s * z * sum(x), once per group and row.
-        return (acc + codes * s,
-                zacc + s * z * xsum_ref[:, pl.ds(gi, 1)])
-
-    acc, zacc = jax.lax.fori_loop(
-        0, groups_per_split, body,
-        (jnp.zeros((bn, group_bytes), jnp.float32),
-         jnp.zeros((bn, 1), jnp.float32)), unroll=unroll)
-    o_ref[...] = (jnp.sum(acc, axis=1, keepdims=True) - zacc).reshape(1, bn)
+                                   jnp.zeros((bm, bn), jnp.float32))
 
 
 def _call(x_even, x_odd, qweight, scales, qzeros, tuning, interpret):
     M, half = x_even.shape
     n_out, G = scales.shape
-    bn, splits = tuning.block_n, tuning.splits
-    bm = 1 if tuning.form == "gemv" else tuning.block_m
-    settings = dict(groups_per_split=G // splits, group_bytes=half // G,
-                    unroll=min(tuning.unroll, G // splits))
+    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
+    settings = dict(groups_per_split=G // splits, group_bytes=half // G)
     x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
     q_spec = pl.BlockSpec((bn, half), lambda i, j, k: (j, 0))
-    xsum = None
-    if tuning.scale_on == "partials" or tuning.form == "gemv":
+    if tuning.scale_on == "partials":
         xsum = (x_even.astype(jnp.float32) + x_odd.astype(jnp.float32)
                 ).reshape(M, G, -1).sum(axis=-1)
-    if tuning.form == "gemv":
-        kernel = functools.partial(_kernel_gemv, **settings)
-        args = (x_even, x_odd, xsum, qweight, scales, qzeros)
-        group_cols = pl.BlockSpec((bn, G), lambda i, j, k: (j, 0))
-        in_specs = [x_spec, x_spec,
-                    pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
-                    q_spec, group_cols, group_cols]
-    elif tuning.scale_on == "partials":
         kernel = functools.partial(_kernel_scale_partials, **settings)
         args = (x_even, x_odd, xsum, qweight, scales.T, qzeros.T)
         group_rows = pl.BlockSpec((G, bn), lambda i, j, k: (0, j))
@@ -234,16 +178,44 @@ def _check(x, qweight, scales, qzeros, tuning):
             f"block_n={tuning.block_n} must divide the {n_out} outputs")
 
 
-def default_tuning(M: int, n_out: int, groups: int,
-                   scale_on: str = "weights") -> Int4MatmulTuning:
-    """Split the groups over up to 4 programs for small batches (a decode
-    has too few output tiles to fill the GPU otherwise); larger row
-    blocks for larger batches."""
-    block_m = 16 if M <= 16 else 64 if M <= 64 else 128
-    splits = max(d for d in (4, 2, 1) if groups % d == 0) if M <= 64 else 1
-    block_n = max(b for b in (64, 32, 16) if n_out % b == 0 or b == 16)
-    return Int4MatmulTuning(block_m=block_m, block_n=block_n, splits=splits,
-                            scale_on=scale_on)
+def takes(n_in: int, n_out: int, groups: int, M: int = 1) -> bool:
+    """Whether the kernel takes these shapes with its default tuning (the
+    model falls back to XLA's product where it does not)."""
+    try:
+        _check(jax.ShapeDtypeStruct((M, n_in), jnp.float32),
+               jax.ShapeDtypeStruct((n_out, n_in // 2), jnp.uint8),
+               jax.ShapeDtypeStruct((n_out, groups), jnp.float16),
+               jax.ShapeDtypeStruct((n_out, groups), jnp.uint8),
+               default_tuning(M, n_out, groups))
+    except Int4MatmulShapeError:
+        return False
+    return n_in % 2 == 0
+
+
+def default_tuning(M: int, n_out: int, groups: int) -> Int4MatmulTuning:
+    """The H200 sweep's winners (benchmarks/kernels/bench_int4.py,
+    benchmarks/results/int4-kernel-h200.json, llama3-8b's four projection
+    shapes). Up to 16 rows: row blocks of 16, 64 outputs, the groups split
+    over 8 programs (a decode has too few output tiles to fill the GPU
+    otherwise), scales applied to each group's partial product. Larger
+    batches: row blocks of 128 (64 up to 64 rows), no split, scales on the
+    weights (partials lost 15-30% there)."""
+    if M <= 16:
+        splits = max(d for d in (8, 4, 2, 1) if groups % d == 0)
+        return Int4MatmulTuning(block_m=16, block_n=_block_n(n_out, 64),
+                                splits=splits, num_warps=4, num_stages=3,
+                                scale_on="partials")
+    return Int4MatmulTuning(block_m=64 if M <= 64 else 128,
+                            block_n=_block_n(n_out, 64), splits=1,
+                            num_warps=4, num_stages=3, scale_on="weights")
+
+
+def _block_n(n_out: int, want: int) -> int:
+    """The largest power of two <= ``want`` dividing ``n_out`` (>= 16)."""
+    b = want
+    while b > 16 and n_out % b:
+        b //= 2
+    return b
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
@@ -261,11 +233,7 @@ def int4_matmul(
         tuning = default_tuning(x.shape[0], *scales.shape)
     _check(x, qweight, scales, qzeros, tuning)
     M = x.shape[0]
-    if tuning.form == "gemv" and M != 1:
-        raise Int4MatmulShapeError(
-            f"form='gemv' takes one row, got {M}: use form='dot'")
-    block_m = 1 if tuning.form == "gemv" else tuning.block_m
-    rows = -(-M // block_m) * block_m
+    rows = -(-M // tuning.block_m) * tuning.block_m
     xp = jnp.pad(x, ((0, rows - M), (0, 0)))
     partial = _call(xp[:, 0::2], xp[:, 1::2], qweight, scales, qzeros,
                     tuning, interpret)

@@ -50,7 +50,9 @@ def check_request_body(kind: str, body: Any, own_fields: set[str]) -> None:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
             kind_ = part.get("type") if isinstance(part, dict) else None
-            if kind_ in CONTENT_PART_FEATURES:
+            # A type that is not a string (a dict, a list: unhashable) is
+            # the model's 400 too.
+            if isinstance(kind_, str) and kind_ in CONTENT_PART_FEATURES:
                 raise UnsupportedFeatureError(
                     f"messages[].content[].type={kind_!r}",
                     CONTENT_PART_FEATURES[kind_], "send text content only")

@@ -23,6 +23,7 @@ from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
 from jaxinfer.models.runtime import model_constants
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
+from jaxinfer.models.quantization.methods import with_int4_kernel
 
 from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
                       host_available_bytes)
@@ -61,7 +62,10 @@ class ModelRunner:
                  tensor_parallel_size: int = 1, max_logprobs: int = 20,
                  load_format: str = "auto", lora_config=None,
                  pipeline_parallel_size: int = 1, devices=None):
-        self.cfg = files.config
+        # AWQ / GPTQ layers on one GPU multiply with the Pallas int4 kernel.
+        self.cfg = with_int4_kernel(
+            files.config, tensor_parallel_size * pipeline_parallel_size,
+            jax.default_backend())
         self.dtype = dtype
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config

@@ -113,7 +113,11 @@ def _scheme_json(scheme) -> dict | None:
     if scheme is None:
         return None
     kind = next(k for k, c in SCHEMES.items() if isinstance(scheme, c))
-    return {"kind": kind, **dataclasses.asdict(scheme)}
+    # Which kernel multiplies is the runner's choice for its devices
+    # (methods.with_int4_kernel), not part of the checkpoint's format.
+    fields = {k: v for k, v in dataclasses.asdict(scheme).items()
+              if k != "kernel"}
+    return {"kind": kind, **fields}
 
 
 def _scheme_from_json(d: dict | None):

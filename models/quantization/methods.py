@@ -49,16 +49,14 @@ MIN_SCALE = float(jnp.finfo(jnp.float32).tiny)
 # own sub-byte type). Both give the same codes; benchmarks/quant_step.py
 # times them.
 INT4_UNPACK = "shift"
-# How a 4-bit layer with zero points (AWQ, GPTQ) multiplies: "xla" (the
-# codes dequantized by XLA ops feeding an XLA dot) or "pallas" (the Pallas
-# kernel of pallas_kernels/int4_matmul.py, weights dequantized in
-# registers; one device only: XLA cannot split a custom kernel under
-# tensor parallelism). benchmarks/quant_step.py times both.
-INT4_MATMUL = "xla"
-# Where the Pallas kernel applies zero points and scales (its tuning's
-# ``scale_on``): "weights" (each dequantized code) or "partials" (each
-# group's partial product). benchmarks/quant_step.py times both.
-INT4_SCALE_ON = "weights"
+# A 4-bit layer with zero points (AWQ, GPTQ) whose scheme says
+# kernel="pallas" multiplies with the Pallas kernel of
+# pallas_kernels/int4_matmul.py (weights dequantized in registers) for up to
+# this many rows, and with XLA's dequantize-then-dot above: on the H200 the
+# kernel beat XLA's int4 product 4.7x at one row and 1.8x at 256
+# (benchmarks/results/int4-kernel-h200.json), but is far below the tensor
+# cores' rate, where a prefill's bf16 dot is not.
+INT4_KERNEL_MAX_ROWS = 256
 
 # The param names of the methods below: their dtypes are their own (codes,
 # scales), never the model's float dtype.
@@ -207,6 +205,12 @@ class GroupedWeights:
     offsets: bool = False
     scale_dtype: str = "float16"
     act_order: bool = False
+    # "xla": codes dequantized by XLA ops feeding an XLA dot; "pallas": the
+    # int4 kernel where it applies (4-bit codes with zero points, decode-
+    # sized batches). The runner picks "pallas" on one GPU
+    # (with_int4_kernel); a field, so a program traced with one is never
+    # reused for the other.
+    kernel: str = "xla"
     name = "grouped"
 
     def __post_init__(self):
@@ -214,6 +218,9 @@ class GroupedWeights:
             raise ValueError(f"bits must be 4 or 8, got {self.bits}")
         if self.signed and self.bits != 8:
             raise ValueError("signed codes are 8-bit")
+        if self.kernel not in ("xla", "pallas"):
+            raise ValueError(f"kernel must be 'xla' or 'pallas', got "
+                             f"{self.kernel!r}")
 
     def code_dtype(self):
         return jnp.int8 if self.signed else jnp.uint8
@@ -245,14 +252,21 @@ class GroupedWeights:
         x2 = _flat_input(module, x)
         if self.act_order:
             x2 = jnp.take(x2, weights["perm"], axis=-1)
-        if INT4_MATMUL == "pallas" and self._kernel_takes(weights):
+        rows = math.prod(x2.shape[:-1])
+        if (self.kernel == "pallas" and rows <= INT4_KERNEL_MAX_ROWS
+                and self._kernel_takes(weights)):
             return _int4_kernel(x2, weights, module.out_shape)
         w = dequantize_grouped(self, weights).astype(x.dtype)
         return _dot_minor(x2, w, len(module.out_shape))
 
     def _kernel_takes(self, weights) -> bool:
-        return (self.bits == 4 and self.zeros and not self.offsets
-                and weights["qweight"].dtype == jnp.uint8)
+        if not (self.bits == 4 and self.zeros and not self.offsets
+                and weights["qweight"].dtype == jnp.uint8):
+            return False
+        from jaxinfer.pallas_kernels.int4_matmul import takes
+        q, s = weights["qweight"], weights["scales"]
+        n_out = math.prod(q.shape[:-1])
+        return takes(2 * q.shape[-1], n_out, s.shape[-1])
 
 
 def _int4_kernel(x2, weights, out_shape):
@@ -264,7 +278,7 @@ def _int4_kernel(x2, weights, out_shape):
     y = int4_matmul(rows, weights["qweight"].reshape(n_out, -1), scales,
                     weights["qzeros"].reshape(n_out, -1),
                     tuning=default_tuning(rows.shape[0], n_out,
-                                          scales.shape[1], INT4_SCALE_ON),
+                                          scales.shape[1]),
                     interpret=jax.default_backend() == "cpu")
     return y.reshape(lead + tuple(out_shape))
 
@@ -326,3 +340,22 @@ class QuantizedLinear:
 
     def apply(self, module, weights, x):
         return self._method(module).apply(module, weights, x)
+
+
+def with_int4_kernel(cfg, devices_per_replica: int, platform: str):
+    """``cfg`` with its 4-bit zero-point schemes on the Pallas int4 kernel
+    when the model runs on one GPU; as it is otherwise (CPU: the kernel
+    would be interpreted; several devices: XLA's partitioner cannot split
+    a custom kernel, so the sharded layers keep XLA's product)."""
+    q = getattr(cfg, "quantization", None)
+    if q is None or platform != "gpu" or devices_per_replica != 1:
+        return cfg
+
+    def on_kernel(scheme):
+        if (isinstance(scheme, GroupedWeights) and scheme.bits == 4
+                and scheme.zeros and not scheme.offsets):
+            return dataclasses.replace(scheme, kernel="pallas")
+        return scheme
+    q = dataclasses.replace(q, scheme=on_kernel(q.scheme), overrides=tuple(
+        (path, on_kernel(m)) for path, m in q.overrides))
+    return dataclasses.replace(cfg, quantization=q)

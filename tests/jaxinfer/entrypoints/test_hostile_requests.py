@@ -182,12 +182,16 @@ def test_lone_surrogates_are_400_in_openai_shape(server, path, body):
     assert "not valid Unicode" in err["message"]
 
 
-@pytest.mark.parametrize("messages", [True, 3, "hi", {"role": "user"}, None])
+@pytest.mark.parametrize("messages", [
+    True, 3, "hi", {"role": "user"}, None,
+    [{"role": "user", "content": [{"type": {"a": 1}}]}],  # unhashable type
+    [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
 def test_messages_of_the_wrong_type_are_400_naming_messages(server, path,
                                                             messages):
-    """Found by the fuzz: ``"messages": true`` was a 500 (the compatibility
-    check iterated it before the model could refuse it)."""
+    """Found by the fuzz: ``"messages": true`` and a content part whose
+    ``type`` was a dict were 500s (the compatibility check iterated, then
+    hashed, them before the model could refuse them)."""
     err = openai_error(post(server, path, {"messages": messages}), 400)
     assert "messages" in (err["param"] or "") + err["message"]
 
