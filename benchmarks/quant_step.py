@@ -73,6 +73,10 @@ VARIANTS = {
     "bf16": None,
     "int4": QuantizationConfig("awq", "awq", qm.GroupedWeights(
         bits=4, group_size=32 if SMOKE else 128, zeros=True)),
+    # The same params on the Pallas int4 kernel (what the runner picks on
+    # one GPU: methods.with_int4_kernel).
+    "int4-pallas": QuantizationConfig("awq", "awq", qm.GroupedWeights(
+        bits=4, group_size=32 if SMOKE else 128, zeros=True, kernel="pallas")),
     "int8": QuantizationConfig("int8", "float", qm.Int8Weights()),
     "fp8": QuantizationConfig("fp8", "float", qm.Fp8Weights()),
     "fp8-channel-token": QuantizationConfig("fp8", "float", qm.Fp8Weights(
@@ -85,9 +89,6 @@ VARIANTS = {
 TRACED_AS = {
     "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
     "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
-    "int4-pallas": ("int4", {"INT4_MATMUL": "pallas"}),
-    "int4-pallas-partials": ("int4", {"INT4_MATMUL": "pallas",
-                                      "INT4_SCALE_ON": "partials"}),
 }
 
 
@@ -100,8 +101,8 @@ def switches(variant):
         setattr(qm, k, v)
     # The switches are module globals, not part of any jit key: a layer
     # traced under other switches (llama.apply_layer caches its trace by
-    # the layer's settings) would be reused as it is. Before this, the
-    # "int4-pallas" rows timed XLA's int4 program a second time.
+    # the layer's settings) would be reused as it is. (That is how the
+    # first "int4-pallas" rows, then a switch too, timed XLA's program.)
     if flags:
         jax.clear_caches()
     try:
@@ -194,7 +195,6 @@ def layers(D, F, Ms, roof):
     """XLA's lowering of each method: up + down projections chained."""
     rows = []
     names = ["bf16", "int4", "int4-bitcast", "int4-native-u4", "int4-pallas",
-             "int4-pallas-partials",
              "int8", "fp8", "fp8-channel-token"]
     for M in Ms:
         x = jax.random.normal(jax.random.key(5), (M, D), jnp.bfloat16)
@@ -400,11 +400,14 @@ def install_int4_tunings(path: str) -> dict:
     builtin = i4.default_tuning
     group = data["group_size"]
 
-    def pick(M, n_out, groups, scale_on="weights"):
+    fields = {f.name for f in dataclasses.fields(i4.Int4MatmulTuning)}
+
+    def pick(M, n_out, groups):
         hit = best.get((groups * group, n_out, M))
         if hit is None:
-            return builtin(M, n_out, groups, scale_on)
-        return i4.Int4MatmulTuning(**hit["tuning"])
+            return builtin(M, n_out, groups)
+        return i4.Int4MatmulTuning(**{k: v for k, v in hit["tuning"].items()
+                                      if k in fields})
     i4.default_tuning = pick
     return {f"{k[0]}x{k[1]} M={k[2]}": v["tuning"] for k, v in best.items()}
 
@@ -441,8 +444,7 @@ def main():
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
                        [(1, 1024), (256, 1024)],
-                       ("bf16", "int4", "int4-pallas", "int4-pallas-partials",
-                        "fp8"), backend, roof)
+                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         ("bf16", "fp8"), backend, roof)

@@ -8,9 +8,14 @@ same run as the roofline.
 
 AWQ layout, groups of 128 inputs. Each timing runs 8 layers of distinct
 weights in one program (more bytes than the 50 MB L2, one host dispatch) and
-reports the median time per layer. Stage 1 sweeps block_n x splits for both
-``scale_on`` forms; stage 2 varies warps, stages and unroll around the best
-of stage 1. Prints a table last; writes int4-kernel.json to --out.
+reports the median time per layer. Stage 1 sweeps block_n x splits (decode)
+or block_m x block_n (M = 256) for both ``scale_on`` forms; stage 2 varies
+warps and stages around the decode's best. Prints a table last; writes
+int4-kernel.json to --out. (The first sweep, int4-kernel-h200.json, also
+tried fori_loop's unroll, which the Triton lowering refuses, and the run
+in int4-kernel-gemv-h200.json a one-row gemv form, and the one in
+int4-kernel-group-steps-h200.json several groups per loop step: both
+dropped, each within 5% of the form kept; pallas_kernels/NOTES.md.)
 BENCH_SMOKE=1 runs tiny shapes in interpret mode on CPU (checks the script).
 """
 
@@ -70,14 +75,7 @@ def per_layer_us(fn, *args):
     return [t / LAYERS * 1e6 for t in time_fn(fn, *args, repeats=5)]
 
 
-def sweep_tunings(M, forms):
-    if M == 1 and "gemv" in forms:
-        for bn, splits, warps in itertools.product(
-                (32, 64, 128, 256), (1, 2, 4, 8, 16), (4, 8)):
-            yield Int4MatmulTuning(block_n=bn, splits=splits, num_warps=warps,
-                                   num_stages=3, form="gemv")
-    if "dot" not in forms:
-        return
+def sweep_tunings(M):
     if M <= 16:
         for scale_on, bn, splits in itertools.product(
                 ("weights", "partials"), (64, 128, 256), (1, 2, 4, 8)):
@@ -91,9 +89,8 @@ def sweep_tunings(M, forms):
 
 
 def around(best):
-    for warps, stages, unroll in itertools.product((4, 8), (2, 3, 4), (1, 2)):
-        t = dataclasses.replace(best, num_warps=warps, num_stages=stages,
-                                unroll=unroll)
+    for warps, stages in itertools.product((4, 8), (2, 3, 4)):
+        t = dataclasses.replace(best, num_warps=warps, num_stages=stages)
         if t != best:
             yield t
 
@@ -104,11 +101,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--ms", default=",".join(map(str, MS)),
                     help="rows to time, comma-separated")
-    ap.add_argument("--forms", default="dot,gemv",
-                    help="kernel forms to sweep: dot, gemv (M = 1 only)")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
-    forms = args.forms.split(",")
     deadline = time.time() + args.budget_s
     roof = roofline()
     interpret = SMOKE
@@ -153,7 +147,7 @@ def main():
                              us=tried[t], repeats_us=ts))
             checks.append(err < 2e-2)
 
-        for t in sweep_tunings(M, forms):
+        for t in sweep_tunings(M):
             try_tuning(t)
         timed = {t: v for t, v in tried.items() if v is not None}
         if timed and M <= 16:  # decode: the case the targets name
@@ -168,7 +162,7 @@ def main():
                jax=jax.__version__, bw_bytes_per_s=roof["bw"],
                all_close=all(checks), group_size=GROUP, **run_stamp(),
                command="python3 benchmarks/kernels/bench_int4.py --out $OUT "
-               f"--ms {args.ms} --forms {args.forms}",
+               f"--ms {args.ms}",
                rows=rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "int4-kernel.json"), "w") as f:
@@ -190,8 +184,7 @@ def main():
               f"{get['int4 xla dequant+dot']['us']:9.1f} {b['us']:8.1f} "
               f"{bf / b['us']:7.2f}x {b['copy_bw_fraction']:8.2f}  "
               f"bm{t['block_m']} bn{t['block_n']} s{t['splits']} "
-              f"w{t['num_warps']} st{t['num_stages']} u{t['unroll']} "
-              f"{t['scale_on']} {t['form']}")
+              f"w{t['num_warps']} st{t['num_stages']} {t['scale_on']}")
 
 
 if __name__ == "__main__":

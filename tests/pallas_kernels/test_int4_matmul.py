@@ -123,3 +123,4 @@ def test_shapes_it_refuses():
     with pytest.raises(ValueError, match="scale_on"):
         Int4MatmulTuning(scale_on="codes")
 
+
