@@ -265,3 +265,44 @@ def test_dummy_weights_of_a_quantized_config(checkpoints, tmp_path):
     out = llm.generate(["Hello"], SamplingParams(max_tokens=3, temperature=0),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def _greedy(folder, **kw):
+    from jaxinfer import LLM, SamplingParams
+    llm = LLM(folder, dtype="float32", max_model_len=128, max_num_seqs=4,
+              max_num_batched_tokens=64, block_size=16, **kw)
+    prompts = [{"prompt_token_ids": [5, 17, 300, 41]},
+               {"prompt_token_ids": list(range(100, 133))}]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0,
+                                                ignore_eos=True))
+    return llm, [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.slow
+def test_the_engine_runs_awq_layers_on_the_int4_kernel(checkpoints,
+                                                       monkeypatch):
+    """On one GPU the runner puts 4-bit zero-point layers on the Pallas
+    int4 kernel (methods.with_int4_kernel); here the choice is forced on
+    CPU, where the kernel runs interpreted. The engine's greedy tokens equal
+    XLA's dequantize-then-dot path's, and every such layer took the kernel."""
+    import jax
+
+    from jaxinfer.models.quantization import methods as qm
+    from jaxinfer.pallas_kernels import int4_matmul as i4
+    from jaxinfer.worker import model_runner
+    folder = checkpoints["awq"][0]
+    xla_llm, want = _greedy(folder)
+    assert xla_llm.llm_engine.runner.cfg.quantization.scheme.kernel == "xla"
+    calls = []
+    real = i4.int4_matmul
+    monkeypatch.setattr(i4, "int4_matmul",
+                        lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    if jax.default_backend() != "gpu":
+        monkeypatch.setattr(model_runner, "with_int4_kernel",
+                            lambda cfg, n, platform: qm.with_int4_kernel(
+                                cfg, n, "gpu"))
+    kernel_llm, got = _greedy(folder, warmup=False)
+    assert kernel_llm.llm_engine.runner.cfg.quantization.scheme.kernel \
+        == "pallas"
+    assert calls  # traced through the kernel, not XLA's product
+    assert got == want
