@@ -11,8 +11,8 @@ embedded model saved in ``.tok`` (carried). Writes int4-engine.json.
 
 The check is the tokens and the runner's choice. The ms per token of the
 first run (int4-engine-h200.json: about 100 ms for 4 layers, both paths)
-is not a step's time: without warm-up the timed call still met programs
-the first call had not built; use quant_step.py for speed.
+are not step times and were not investigated (programs built inside the
+timed call are the likely cause); quant_step.py measures speed.
 """
 
 from __future__ import annotations
