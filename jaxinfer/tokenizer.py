@@ -4,7 +4,8 @@ GGUF file's metadata (vocab, merges, special tokens and chat template).
 A GGUF tokenizer is rebuilt once per file: its fast form (``tokenizer.json``
 and its config) is saved into the file's weight-cache entry
 (``models/weight_cache.py``) and later starts load that, without parsing the
-GGUF's vocabulary again.
+GGUF's vocabulary again, and through `tokenizers` alone until something
+needs transformers (``fast_tokenizer.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 
 from jaxinfer.models import TokenizerSource
 
+from .fast_tokenizer import LazyFastTokenizer, serves_fast
 from .gguf_tokenizer import byte_level_bpe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -27,12 +29,9 @@ CACHED_TOKENIZER_DIR = "tokenizer"
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(source: TokenizerSource):
-    from transformers.utils import logging as hf_logging
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # GGUF conversion prints progress bars
     try:
         if source.gguf_file is None:
-            return _from_folder(source.directory)
+            return _quietly(_from_folder, source.directory)
         cached = (os.path.join(source.cache_dir, CACHED_TOKENIZER_DIR)
                   if source.cache_dir else None)
         if cached and os.path.isdir(cached):
@@ -42,13 +41,23 @@ def load_tokenizer(source: TokenizerSource):
                 logger.warning("the cached tokenizer in %s is unreadable (%s); "
                                "rebuilding it from the GGUF file", cached, e)
                 shutil.rmtree(cached, ignore_errors=True)
-        tok = _from_gguf(source)
+        tok = _quietly(_from_gguf, source)
         if cached:
             _save(tok, cached)
         return tok
     except (OSError, ValueError, ImportError) as e:
         where = os.path.join(source.directory, source.gguf_file or "")
         raise ValueError(f"could not load a tokenizer from {where}: {e}") from e
+
+
+def _quietly(load, *args):
+    """``load(*args)`` with transformers' logging at errors only (its GGUF
+    conversion prints progress bars)."""
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return load(*args)
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -59,17 +68,17 @@ def _from_folder(directory: str):
 
 
 def _from_cache(directory: str):
-    """A tokenizer saved by ``_save``. Ours (byte-level BPE) load as a plain
-    fast tokenizer: AutoTokenizer would first import the config machinery,
-    which imports torch, for nothing."""
-    import json
-    with open(os.path.join(directory, "tokenizer_config.json")) as f:
-        cls = json.load(f).get("tokenizer_class")
-    if cls in ("PreTrainedTokenizerFast", "TokenizersBackend"):
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast.from_pretrained(directory,
-                                                       local_files_only=True)
-    return _from_folder(directory)
+    """A tokenizer saved by ``_save``. Ours (byte-level BPE) are served by
+    `tokenizers` until something needs transformers (fast_tokenizer.py):
+    importing it is most of a warm start's tokenizer time, and AutoTokenizer
+    would also import the config machinery, which imports torch."""
+    if serves_fast(directory):
+        tok = LazyFastTokenizer(directory)
+        if tok.eos_token_id is None and "eos_token" in tok._config:
+            raise ValueError(f"eos_token {tok._config['eos_token']!r} is not "
+                             "in the vocabulary")
+        return tok
+    return _quietly(_from_folder, directory)
 
 
 def _from_gguf(source: TokenizerSource):

@@ -1,0 +1,114 @@
+"""The cached GGUF tokenizer served by `tokenizers` alone (fast_tokenizer.py)
+answers exactly as transformers' PreTrainedTokenizerFast of the same folder,
+and a start that only encodes and decodes never imports transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxinfer.fast_tokenizer import LazyFastTokenizer, serves_fast
+from jaxinfer.gguf_tokenizer import byte_level_bpe_tokenizer
+from jaxinfer.models.embedded import embedded_model_path
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """The embedded model's tokenizer saved as tokenizer.py's cache does."""
+    directory = str(tmp_path_factory.mktemp("tokenizer"))
+    byte_level_bpe_tokenizer(
+        embedded_model_path("smollm2-135m-instruct")).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def pair(saved):
+    from transformers import PreTrainedTokenizerFast
+    return LazyFastTokenizer(saved), PreTrainedTokenizerFast.from_pretrained(saved)
+
+
+texts = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS),
+                           st.sampled_from([" ", "\n\n", "  x", "12345", "élan"])),
+                 max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=texts, add_special=st.booleans(), skip=st.booleans())
+def test_encode_and_decode_equal_transformers(pair, text, add_special, skip):
+    fast, hf = pair
+    ids = fast.encode(text, add_special_tokens=add_special)
+    assert ids == hf.encode(text, add_special_tokens=add_special)
+    assert fast.decode(ids, skip_special_tokens=skip) == hf.decode(
+        ids, skip_special_tokens=skip)
+    if ids:
+        assert fast.decode(ids[0]) == hf.decode(ids[0])
+
+
+def test_special_ids_template_and_everything_else(pair):
+    fast, hf = pair
+    assert fast._full is None  # nothing above needed transformers
+    assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
+        hf.eos_token_id, hf.bos_token_id, hf.pad_token_id)
+    assert fast.eos_token_id is not None
+    assert fast.chat_template == hf.chat_template and fast.chat_template
+    # Anything else is the HF object's own answer.
+    msgs = [{"role": "user", "content": "hi"}]
+    assert fast.apply_chat_template(msgs, add_generation_prompt=True) == \
+        hf.apply_chat_template(msgs, add_generation_prompt=True)
+    assert fast.convert_ids_to_tokens([1, 2, 300]) == \
+        hf.convert_ids_to_tokens([1, 2, 300])
+    assert len(fast) == len(hf)
+    assert fast("a b").input_ids == hf("a b").input_ids
+    assert fast._full is not None
+    with pytest.raises(AttributeError):
+        fast._no_such_private_name
+    again = pickle.loads(pickle.dumps(fast))
+    assert again.encode("<|im_start|>hi") == fast.encode("<|im_start|>hi")
+
+
+def test_only_plain_saved_folders_are_served_fast(saved, tmp_path):
+    assert serves_fast(saved)
+    assert not serves_fast(str(tmp_path))  # no config at all
+    with open(os.path.join(saved, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    for change in ({"tokenizer_class": "LlamaTokenizer"},
+                   {"clean_up_tokenization_spaces": True}):
+        other = tmp_path / next(iter(change))
+        other.mkdir()
+        for name in os.listdir(saved):
+            (other / name).write_bytes(open(os.path.join(saved, name), "rb").read())
+        (other / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+        assert not serves_fast(str(other))
+
+
+def test_a_warm_start_that_only_encodes_never_imports_transformers(saved):
+    """The README's main job needs encode, decode and EOS: a process that
+    loads the cached tokenizer through load_tokenizer and uses them has no
+    transformers module afterwards."""
+    script = textwrap.dedent(f"""
+        import sys
+        from jaxinfer.models import TokenizerSource
+        from jaxinfer import tokenizer
+        source = TokenizerSource(directory="/nonexistent", gguf_file="x.gguf",
+                                 cache_dir={os.path.dirname(saved)!r})
+        tokenizer.CACHED_TOKENIZER_DIR = {os.path.basename(saved)!r}
+        tok = tokenizer.load_tokenizer(source)
+        ids = tok.encode("<|im_start|>user The capital of France is")
+        print(tok.decode(ids, skip_special_tokens=True), tok.eos_token_id)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in
+                     ("transformers", "torch")))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    assert out[0] == "user The capital of France is 2"
+    assert out[1] == "[]"
