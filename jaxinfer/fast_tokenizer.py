@@ -8,7 +8,8 @@ object itself, so `LazyFastTokenizer` answers those directly and builds
 transformers' `PreTrainedTokenizerFast` from the same folder only when
 something else is asked for (a chat template, ``save_pretrained``,
 ``convert_ids_to_tokens``...): every other attribute is the HF object's own,
-so nothing behaves differently, it only arrives later.
+so nothing behaves differently, it only arrives later. ``LLM.get_tokenizer()``
+hands out that object itself (what vLLM users pass to transformers).
 
 Only folders whose config says the backend tokenizer is the whole story are
 taken (a `PreTrainedTokenizerFast` / `TokenizersBackend` class, no clean-up
@@ -17,6 +18,7 @@ of decoded spaces): the ones ``tokenizer.py`` saves for GGUF files.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -49,52 +51,33 @@ def serves_fast(directory: str) -> bool:
 
 
 class LazyFastTokenizer:
-    """encode / decode / eos_token_id / backend_tokenizer / chat_template
+    """encode / decode / the special ids / chat_template / backend_tokenizer
     from `tokenizers`; anything else from a `PreTrainedTokenizerFast` made
-    on first use."""
+    on first use. Once that object exists every call goes to it, so what a
+    caller changes through it (``add_special_tokens``, a new
+    ``chat_template``) is what later calls see; setting a public attribute
+    sets it there. A copy is transformers' own object."""
 
     def __init__(self, directory: str):
         from tokenizers import Tokenizer
-        self.name_or_path = directory
+        self._directory = directory
         with open(os.path.join(directory, CONFIG_FILE)) as f:
             self._config = json.load(f)
-        self.backend_tokenizer = Tokenizer.from_file(
-            os.path.join(directory, TOKENIZER_FILE))
-        self.eos_token_id = self._special_id("eos_token")
-        self.bos_token_id = self._special_id("bos_token")
-        self.pad_token_id = self._special_id("pad_token")
-        self.chat_template = self._config.get("chat_template")
-        template = os.path.join(directory, "chat_template.jinja")
-        if self.chat_template is None and os.path.isfile(template):
-            with open(template) as f:
-                self.chat_template = f.read()
+        self._backend = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
+        self._ids = {key: self._special_id(key)
+                     for key in ("eos_token", "bos_token", "pad_token")}
+        template = self._config.get("chat_template")
+        path = os.path.join(directory, "chat_template.jinja")
+        if template is None and os.path.isfile(path):
+            with open(path) as f:
+                template = f.read()
+        self._template = template
         self._full = None
         self._lock = threading.Lock()
 
     def _special_id(self, key: str) -> int | None:
         text = _token_text(self._config.get(key))
-        return None if text is None else self.backend_tokenizer.token_to_id(text)
-
-    # -- the hot paths ------------------------------------------------------
-
-    def encode(self, text, add_special_tokens: bool = True, **kwargs):
-        if kwargs or not isinstance(text, str):
-            return self.full.encode(text, add_special_tokens=add_special_tokens,
-                                    **kwargs)
-        return self.backend_tokenizer.encode(
-            text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs):
-        if kwargs:
-            return self.full.decode(token_ids,
-                                    skip_special_tokens=skip_special_tokens,
-                                    **kwargs)
-        if isinstance(token_ids, int):
-            token_ids = [token_ids]
-        return self.backend_tokenizer.decode(
-            [int(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
-
-    # -- everything else: transformers' own object --------------------------
+        return None if text is None else self._backend.token_to_id(text)
 
     @property
     def full(self):
@@ -103,15 +86,66 @@ class LazyFastTokenizer:
             if self._full is None:
                 from transformers import PreTrainedTokenizerFast
                 self._full = PreTrainedTokenizerFast.from_pretrained(
-                    self.name_or_path, local_files_only=True)
+                    self._directory, local_files_only=True)
             return self._full
 
+    # -- the hot paths ------------------------------------------------------
+
+    def encode(self, text, add_special_tokens: bool = True, **kwargs):
+        if self._full is not None or kwargs or not isinstance(text, str):
+            return self.full.encode(text, add_special_tokens=add_special_tokens,
+                                    **kwargs)
+        return self._backend.encode(
+            text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs):
+        if self._full is not None or kwargs:
+            return self.full.decode(token_ids,
+                                    skip_special_tokens=skip_special_tokens,
+                                    **kwargs)
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        return self._backend.decode([int(t) for t in token_ids],
+                                    skip_special_tokens=skip_special_tokens)
+
+    @property
+    def backend_tokenizer(self):
+        return self._backend if self._full is None else self._full.backend_tokenizer
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._ids["eos_token"] if self._full is None else self._full.eos_token_id
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._ids["bos_token"] if self._full is None else self._full.bos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._ids["pad_token"] if self._full is None else self._full.pad_token_id
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._template if self._full is None else self._full.chat_template
+
+    @property
+    def name_or_path(self) -> str:
+        return self._directory
+
+    # -- everything else: transformers' own object --------------------------
+
     def __getattr__(self, name: str):
-        # Only reached for names not set above; private names (pickle's and
-        # copy's probes among them) are not forwarded.
+        # Only reached for names not defined above; private names (pickle's
+        # and copy's probes among them) are not forwarded.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.full, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.full, name, value)
 
     def __len__(self) -> int:
         return len(self.full)
@@ -119,8 +153,19 @@ class LazyFastTokenizer:
     def __call__(self, *args, **kwargs):
         return self.full(*args, **kwargs)
 
+    def __copy__(self):
+        return copy.copy(self.full)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.full, memo)
+
     def __reduce__(self):
-        return (LazyFastTokenizer, (self.name_or_path,))
+        return (LazyFastTokenizer, (self._directory,))
 
     def __repr__(self) -> str:
-        return f"LazyFastTokenizer({self.name_or_path!r})"
+        return f"LazyFastTokenizer({self._directory!r})"
+
+
+def hf_tokenizer(tokenizer):
+    """transformers' object behind ``tokenizer`` (itself when it is one)."""
+    return tokenizer.full if isinstance(tokenizer, LazyFastTokenizer) else tokenizer

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from ..config import EngineArgs
 from ..engine.llm_engine import LLMEngine
+from ..fast_tokenizer import hf_tokenizer
 from ..lora.request import LoRARequest, per_prompt
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
@@ -33,7 +34,9 @@ class LLM:
         return llm
 
     def get_tokenizer(self):
-        return self.llm_engine.tokenizer
+        """transformers' tokenizer, as vLLM's (the engine may serve a cached
+        GGUF tokenizer without it: fast_tokenizer.py)."""
+        return hf_tokenizer(self.llm_engine.tokenizer)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True,

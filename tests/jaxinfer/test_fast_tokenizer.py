@@ -54,13 +54,13 @@ def test_encode_and_decode_equal_transformers(pair, text, add_special, skip):
         assert fast.decode(ids[0]) == hf.decode(ids[0])
 
 
-def test_special_ids_template_and_everything_else(pair):
-    fast, hf = pair
-    assert fast._full is None  # nothing above needed transformers
+def test_special_ids_template_and_everything_else(saved, pair):
+    fast, hf = LazyFastTokenizer(saved), pair[1]
     assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
         hf.eos_token_id, hf.bos_token_id, hf.pad_token_id)
     assert fast.eos_token_id is not None
     assert fast.chat_template == hf.chat_template and fast.chat_template
+    assert fast._full is None  # nothing above needed transformers
     # Anything else is the HF object's own answer.
     msgs = [{"role": "user", "content": "hi"}]
     assert fast.apply_chat_template(msgs, add_generation_prompt=True) == \
@@ -74,6 +74,42 @@ def test_special_ids_template_and_everything_else(pair):
         fast._no_such_private_name
     again = pickle.loads(pickle.dumps(fast))
     assert again.encode("<|im_start|>hi") == fast.encode("<|im_start|>hi")
+
+
+def test_changes_made_through_transformers_are_seen(saved):
+    """Once transformers' object exists every call goes to it: a token added
+    or a template set through the wrapper is what encode, decode and the
+    detokenizer's backend see. A copy is transformers' own object."""
+    import copy
+
+    from transformers import PreTrainedTokenizerBase
+    fast = LazyFastTokenizer(saved)
+    before = fast.encode("a <image> b")
+    fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    new_id = fast.convert_tokens_to_ids("<image>")
+    assert new_id not in before and new_id in fast.encode("a <image> b")
+    assert fast.backend_tokenizer.token_to_id("<image>") == new_id
+    assert fast.decode([new_id], skip_special_tokens=True) == ""
+    fast.chat_template = "{{ messages[0]['content'] }}"
+    assert fast.chat_template == fast.full.chat_template == \
+        "{{ messages[0]['content'] }}"
+    fast.eos_token = "<|endoftext|>"
+    assert fast.eos_token_id == fast.full.convert_tokens_to_ids("<|endoftext|>")
+    for twin in (copy.copy(LazyFastTokenizer(saved)), copy.deepcopy(fast)):
+        assert isinstance(twin, PreTrainedTokenizerBase)
+    assert copy.deepcopy(fast).convert_tokens_to_ids("<image>") == new_id
+
+
+def test_llm_get_tokenizer_is_transformers_own(saved):
+    """vLLM's LLM.get_tokenizer() gives the HF tokenizer: so does ours, for
+    the same wrapper the engine serves."""
+    from transformers import PreTrainedTokenizerBase
+
+    from jaxinfer.entrypoints.llm import LLM
+    llm = LLM.__new__(LLM)
+    llm.llm_engine = type("Engine", (), {"tokenizer": LazyFastTokenizer(saved)})()
+    assert isinstance(llm.get_tokenizer(), PreTrainedTokenizerBase)
+    assert llm.get_tokenizer() is llm.llm_engine.tokenizer.full
 
 
 def test_only_plain_saved_folders_are_served_fast(saved, tmp_path):

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
 from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING, AsyncLLMEngine
+from ...fast_tokenizer import hf_tokenizer
 from ..http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from ..server_runner import DEFAULT_GRACE_PERIOD_S, run_server
 from .errors import APIError, error_response, install_error_handlers
@@ -64,6 +65,9 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
     under their names)."""
     names = list(served_model_names or [str(engine.engine.args.model)])
     template = load_chat_template(chat_template)
+    # A server renders chat templates: build transformers' tokenizer now
+    # rather than inside the first chat request (fast_tokenizer.py).
+    hf_tokenizer(engine.tokenizer)
     models = ServingModels(engine, names)
     models.load_static(lora_modules or [])
     completion = OpenAIServingCompletion(engine, names, models)
