@@ -66,6 +66,9 @@ class LazyFastTokenizer:
         self._backend = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
         self._ids = {key: self._special_id(key)
                      for key in ("eos_token", "bos_token", "pad_token")}
+        if self._ids["eos_token"] is None and "eos_token" in self._config:
+            raise ValueError(f"eos_token {self._config['eos_token']!r} is not "
+                             "in the vocabulary")
         template = self._config.get("chat_template")
         path = os.path.join(directory, "chat_template.jinja")
         if template is None and os.path.isfile(path):

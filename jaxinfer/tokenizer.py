@@ -73,11 +73,7 @@ def _from_cache(directory: str):
     importing it is most of a warm start's tokenizer time, and AutoTokenizer
     would also import the config machinery, which imports torch."""
     if serves_fast(directory):
-        tok = LazyFastTokenizer(directory)
-        if tok.eos_token_id is None and "eos_token" in tok._config:
-            raise ValueError(f"eos_token {tok._config['eos_token']!r} is not "
-                             "in the vocabulary")
-        return tok
+        return LazyFastTokenizer(directory)
     return _quietly(_from_folder, directory)
 
 

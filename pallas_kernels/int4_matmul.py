@@ -121,26 +121,51 @@ def _kernel_scale_partials(
 
 
 def _call(x_even, x_odd, qweight, scales, qzeros, tuning, interpret):
-    M, half = x_even.shape
-    n_out, G = scales.shape
-    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
-    settings = dict(groups_per_split=G // splits, group_bytes=half // G)
-    x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
-    q_spec = pl.BlockSpec((bn, half), lambda i, j, k: (j, 0))
+    M = x_even.shape[0]
+    G = scales.shape[1]
     if tuning.scale_on == "partials":
         xsum = (x_even.astype(jnp.float32) + x_odd.astype(jnp.float32)
                 ).reshape(M, G, -1).sum(axis=-1)
-        kernel = functools.partial(_kernel_scale_partials, **settings)
-        args = (x_even, x_odd, xsum, qweight, scales.T, qzeros.T)
-        group_rows = pl.BlockSpec((G, bn), lambda i, j, k: (0, j))
-        in_specs = [x_spec, x_spec,
-                    pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
-                    q_spec, group_rows, group_rows]
-    else:
-        kernel = functools.partial(_kernel, **settings)
-        args = (x_even, x_odd, qweight, scales, qzeros)
-        group_cols = pl.BlockSpec((bn, G), lambda i, j, k: (j, 0))
-        in_specs = [x_spec, x_spec, q_spec, group_cols, group_cols]
+        return partials_call(x_even, x_odd, xsum, qweight, scales.T, qzeros.T,
+                             tuning, interpret)
+    half = x_even.shape[1]
+    bm, bn = tuning.block_m, tuning.block_n
+    x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
+    group_cols = pl.BlockSpec((bn, G), lambda i, j, k: (j, 0))
+    kernel = functools.partial(_kernel, groups_per_split=G // tuning.splits,
+                               group_bytes=half // G)
+    return _pallas_call(kernel, (x_even, x_odd, qweight, scales, qzeros),
+                        [x_spec, x_spec, _q_spec(half, bn), group_cols,
+                         group_cols], M, scales.shape[0], tuning, interpret)
+
+
+def partials_call(x_even, x_odd, xsum, qweight, scales_t, qzeros_t, tuning,
+                  interpret=False):
+    """The partials form's ``pallas_call`` on inputs already prepared: the
+    groups' input sums [M, G] and the transposed scales and zero points
+    [G, Out] (``_call`` makes them in XLA; a benchmark can time the kernel
+    without them). Returns the splits' partial products [splits, M, Out]."""
+    M, half = x_even.shape
+    G, n_out = scales_t.shape
+    bm, bn = tuning.block_m, tuning.block_n
+    x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
+    group_rows = pl.BlockSpec((G, bn), lambda i, j, k: (0, j))
+    kernel = functools.partial(_kernel_scale_partials,
+                               groups_per_split=G // tuning.splits,
+                               group_bytes=half // G)
+    return _pallas_call(
+        kernel, (x_even, x_odd, xsum, qweight, scales_t, qzeros_t),
+        [x_spec, x_spec, pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
+         _q_spec(half, bn), group_rows, group_rows], M, n_out, tuning,
+        interpret)
+
+
+def _q_spec(half, bn):
+    return pl.BlockSpec((bn, half), lambda i, j, k: (j, 0))
+
+
+def _pallas_call(kernel, args, in_specs, M, n_out, tuning, interpret):
+    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
     return pl.pallas_call(
         kernel,
         grid=(M // bm, n_out // bn, splits),

@@ -1,9 +1,9 @@
 """How much of the int4 matmul's decode time is its XLA wrapper (padding,
 the even/odd split, the per-group sums, the scale transposes, the split-K
 sum) rather than the Pallas kernel: the full ``int4_matmul`` against
-``_call`` alone on inputs prepared outside the timed program, at one row,
-llama3-8b's four projection shapes, 8 layers of distinct weights per
-program, beside XLA's bf16 dot. GPU machine, repo root:
+``partials_call`` (the ``pallas_call`` alone) on inputs prepared outside
+the timed program, at one row, llama3-8b's four projection shapes, 8
+layers of distinct weights per program, beside XLA's bf16 dot. GPU machine, repo root:
 
     PYTHONPATH=$PWD python3 benchmarks/kernels/int4_wrapper_probe.py --out $OUT
 
@@ -54,8 +54,8 @@ def main():
         def kernel_only(xe, xo, xsum, q, st, zt):
             out = 0
             for i in range(LAYERS):
-                out = out + _kernel_call(xe, xo, xsum, q[i], st[i], zt[i], t,
-                                         interpret)[0, 0, 0]
+                out = out + im.partials_call(xe, xo, xsum, q[i], st[i], zt[i], t,
+                                             interpret)[0, 0, 0]
             return out
         alone = per_layer_us(jax.jit(kernel_only), xe, xo, xsum, q, st, zt)
         w16 = jax.random.normal(key, (LAYERS, n_in, n_out), jnp.bfloat16)
@@ -79,30 +79,6 @@ def main():
     for r in rows:
         print(f"{r['shape']:8} {r['int4_matmul_us']:8.1f} {r['kernel_alone_us']:8.1f}"
               f" {r['bf16_dot_us']:8.1f} {r['copy_us']:8.1f}")
-
-
-def _kernel_call(xe, xo, xsum, q, st, zt, tuning, interpret):
-    """``im._call``'s partials form with the sums and transposes given."""
-    import functools
-
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-    M, half = xe.shape
-    G, n_out = st.shape
-    bm, bn, splits = tuning.block_m, tuning.block_n, tuning.splits
-    kernel = functools.partial(im._kernel_scale_partials,
-                               groups_per_split=G // splits, group_bytes=half // G)
-    x_spec = pl.BlockSpec((bm, half), lambda i, j, k: (i, 0))
-    rows = pl.BlockSpec((G, bn), lambda i, j, k: (0, j))
-    return pl.pallas_call(
-        kernel, grid=(M // bm, n_out // bn, splits),
-        in_specs=[x_spec, x_spec, pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
-                  pl.BlockSpec((bn, half), lambda i, j, k: (j, 0)), rows, rows],
-        out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j)),
-        out_shape=jax.ShapeDtypeStruct((splits, M, n_out), jnp.float32),
-        compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps,
-                                             num_stages=tuning.num_stages),
-        interpret=interpret, name="int4_matmul")(xe, xo, xsum, q, st, zt)
 
 
 if __name__ == "__main__":
