@@ -1,4 +1,4 @@
-"""Where a step program's lowering goes (the serial part of a cold or
+"""(Needs branch step-split's warmup.wanted_programs.) Where a step program's lowering goes (the serial part of a cold or
 cache-warm warm-up): builds the llama3-8b-shaped engine without warm-up,
 lowers the first ``--programs`` programs warm-up would build (its own
 order, `warmup.wanted_programs`) under cProfile, and prints the seconds per
