@@ -22,9 +22,7 @@ VARIANTS = {
     "opt0": "--xla_backend_optimization_level=0",
     "no_fusion_emitters": "--xla_cpu_use_fusion_emitters=false",
     "split1": "--xla_cpu_parallel_codegen_split_count=1",
-    "no_slp": "--xla_cpu_disable_slp_vectorizer=true",
     "no_xnnpack": "--xla_cpu_use_xnnpack=false",
-    "no_unroll": "--xla_cpu_disable_loop_unrolling=true",
 }
 
 CHILD = r"""
