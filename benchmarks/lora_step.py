@@ -200,13 +200,16 @@ _ORIGINAL_PRODUCT = model_lora.lora_product
 
 
 def force_product(runner, method: str | None, compiler_options=None) -> None:
-    """Makes the runner's step use one LoRA product (a fresh jit, so the
-    step is traced again with it), compiled with ``compiler_options``."""
+    """Makes the runner's forward program use one LoRA product (a fresh
+    jit, so it is traced again with it), compiled with
+    ``compiler_options``."""
     model_lora.lora_product = (_ORIGINAL_PRODUCT if method is None
                                else _forced(method))
-    runner._step = jax.jit(functools.partial(step_programs.step, runner.model),
-                           static_argnums=(0, 1), donate_argnums=(3, 4),
-                           compiler_options=compiler_options)
+    runner._forward = jax.jit(
+        functools.partial(step_programs.forward, runner.model,
+                          logits_sharding=runner.placement.replicated),
+        static_argnums=(0,), donate_argnums=(2,),
+        compiler_options=compiler_options)
     runner.programs.clear()
 
 

@@ -76,8 +76,20 @@ def main():
         blanks = [[]] * (len(inspect.signature(SchedulerOutput).parameters) - 2)
         runner.dispatch(SchedulerOutput(rows, S, *blanks[:5]), reqs)
     args = seen["args"]
-    dyn = runner.step_args(*args[2:])
-    jaxpr = jax.make_jaxpr(runner._step, static_argnums=(0, 1))(args[0], args[1], *dyn)
+    if hasattr(runner, "forward_args"):  # the step as two programs: both
+        import functools
+
+        from jaxinfer.worker import step_programs
+        num_lp, dims, state, packed, logits_idx, smd, targets, *rest = args
+        mm, pool = (rest + [None, None])[:2]
+        dyn = (runner.params, runner.kv_pages, state, runner.constants,
+               runner.prev_tokens, packed, logits_idx, smd, targets, mm, pool)
+        whole = functools.partial(step_programs.step, runner.model)
+        jaxpr = jax.make_jaxpr(whole, static_argnums=(0, 1))(num_lp, dims, *dyn)
+    else:
+        dyn = runner.step_args(*args[2:])
+        jaxpr = jax.make_jaxpr(runner._step, static_argnums=(0, 1))(
+            args[0], args[1], *dyn)
     c: collections.Counter = collections.Counter()
     count(jaxpr.jaxpr, c)
     print(json.dumps({"total": sum(c.values()), **dict(sorted(c.items()))}))

@@ -41,7 +41,7 @@ from .penalties import PenaltyState
 from .placement import Placement
 from .runner_output import ModelRunnerOutput
 from .sampling_inputs import SamplingInputs
-from .step_programs import WINDOW_STOP_IDS, multi_step, step
+from .step_programs import WINDOW_STOP_IDS, forward, multi_step, sample_step
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +123,18 @@ class ModelRunner:
         # Seconds from launching each step to its tokens being ready: with
         # no host/device overlap, the device's busy time.
         self.device_seconds = 0.0
-        self._step = jax.jit(functools.partial(
-            step, self.placement.step_model(self.model)),
-                             static_argnums=(0, 1), donate_argnums=(3, 4))
-        # Programs compiled ahead by warm-up, by program_key.
+        # A step is two programs (step_programs.forward, sample_step): the
+        # forward pass, one per bucket whatever the batch's sampling needs,
+        # and the sampler, one per sampling variant and S. The logits
+        # between them are pinned replicated, so the sampler's programs,
+        # compiled ahead from their shapes, take them as they come.
+        self._forward = jax.jit(functools.partial(
+            forward, self.placement.step_model(self.model),
+            logits_sharding=self.placement.replicated),
+                                static_argnums=(0,), donate_argnums=(2,))
+        self._sample = jax.jit(sample_step, static_argnums=(0,),
+                               donate_argnums=(2,))
+        # Programs compiled ahead by warm-up, by forward_key / sample_key.
         self.programs: dict[tuple, object] = {}
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket. "scan": on the H200 a "while" window
@@ -249,30 +257,53 @@ class ModelRunner:
         smd = self.sampling_inputs.build(sched, self.requests, S)
         return input_ids, positions, md, logits_idx, smd
 
-    def step_args(self, state, packed, logits_idx, smd, targets,
-                  mm=None, lora_pool=None) -> tuple:
-        """The step's dynamic arguments, in order."""
-        return (self.params, self.kv_pages, state, self.constants,
-                self.prev_tokens, packed, logits_idx, smd, targets, mm,
-                lora_pool)
+    def forward_args(self, packed, logits_idx, mm=None, lora_pool=None) -> tuple:
+        """The forward program's dynamic arguments, in order."""
+        return (self.params, self.kv_pages, self.constants, self.prev_tokens,
+                packed, logits_idx, mm, lora_pool)
 
     @staticmethod
-    def program_key(num_lp, dims, dyn_args) -> tuple:
-        """What selects one compiled program: the static arguments and the
+    def forward_key(dims, fwd_args) -> tuple:
+        """What selects one compiled forward program: the bucket and the
         structure and shapes of the per-step inputs, the encoder cache's
-        among them (params, pages and the LoRA pool never change shape: only
-        whether the pool is there)."""
-        return _shape_key((num_lp, dims), dyn_args[2:3] + dyn_args[5:10],
-                          dyn_args[10] is not None)
+        among them (params, pages and the LoRA pool never change shape:
+        only whether the pool is there)."""
+        return _shape_key(("forward", dims), fwd_args[4:7],
+                          fwd_args[7] is not None)
+
+    def sample_args(self, logits, state, smd, targets) -> tuple:
+        """The sampler program's dynamic arguments, in order (``logits``:
+        the forward program's, or their ShapeDtypeStruct when compiling
+        ahead)."""
+        return (logits, state, self.prev_tokens, smd, targets)
+
+    def logits_struct(self, rows: int) -> jax.ShapeDtypeStruct:
+        """What the forward program hands the sampler: [rows, V] float32,
+        replicated."""
+        return jax.ShapeDtypeStruct((rows, self.cfg.vocab_size), jnp.float32,
+                                    sharding=self.placement.replicated)
+
+    @staticmethod
+    def sample_key(num_lp, smp_args) -> tuple:
+        """What selects one compiled sampler program: the top-K logprobs
+        (static), then the structure and shapes of the logits, penalty
+        state, sampling metadata and prompt-logprob targets."""
+        return _shape_key(("sample", num_lp), smp_args[:2] + smp_args[3:5],
+                          False)
 
     def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
                  mm=None, lora_pool=None):
-        """One step through its program: compiled ahead by warm-up when
-        there is one, else jit's own cache (compiling on first use)."""
-        dyn = self.step_args(state, packed, logits_idx, smd, targets, mm,
-                             lora_pool)
-        return self._run(self._step, self.program_key(num_lp, dims, dyn),
-                         (num_lp, dims), dyn)
+        """One step through its two programs (each compiled ahead by
+        warm-up when there is one, else by jit's own cache on first use).
+        Returns (SamplerOutput, prompt logprobs, kv_pages, penalty state,
+        the step's tokens padded to max_num_seqs)."""
+        fwd = self.forward_args(packed, logits_idx, mm, lora_pool)
+        logits, kv_pages = self._run(self._forward, self.forward_key(dims, fwd),
+                                     (dims,), fwd)
+        smp = self.sample_args(logits, state, smd, targets)
+        out, prompt_lp, state, next_tokens = self._run(
+            self._sample, self.sample_key(num_lp, smp), (num_lp,), smp)
+        return out, prompt_lp, kv_pages, state, next_tokens
 
     def _run(self, jitted, key, static, dyn):
         program = self.programs.get(key)

@@ -1,6 +1,7 @@
-"""The jitted programs a step runs on the device: `step` (one forward
-pass over the step's tokens, then sampling) and `multi_step` (a window of
-decode steps, each one's tokens the next one's inputs). `ModelRunner`
+"""The jitted programs a step runs on the device: `forward` (one forward
+pass over the step's tokens) then `sample_step` (sampling its logits), and
+`multi_step` (a window of decode steps, each one's tokens the next one's
+inputs). `ModelRunner`
 packs their inputs on the host and keeps their compiled forms.
 """
 
@@ -19,19 +20,25 @@ from .penalties import update_penalty_state
 from .sampler import SamplerOutput, SamplingMetadata, sample
 
 
-def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
-          prev_tokens, packed, logits_indices, smd: SamplingMetadata,
-          prompt_lp_targets, mm=None, lora_pool=None):
-    """logits_indices [S + Tp]: the S sampled rows, then Tp rows whose
-    logits score prompt tokens ``prompt_lp_targets`` [Tp] (None: no prompt
-    logprobs). ``num_logprobs`` (static): None, or the top-K to return.
+def forward(model, dims, params, kv_pages, constants, prev_tokens, packed,
+            logits_indices, mm=None, lora_pool=None, *, logits_sharding=None):
+    """A step's forward pass: returns (logits [len(logits_indices), V]
+    float32, updated kv_pages). logits_indices [S + Tp]: the S sampled rows,
+    then Tp rows whose logits score prompt tokens (prompt logprobs).
     prev_tokens [max_num_seqs]: the previous step's sampled tokens, still on
     the device; an input id -1 - r stands for its row r (a token the host
-    has not read yet). Returns this step's tokens padded the same way.
-    mm: None, or (encoder cache, mm_index [T]) when image placeholders are
-    among the tokens (their embeddings come from the cache). ``lora_pool``:
-    the LoRA adapter slots, given only when a row uses an adapter (then
-    ``packed`` ends with each token's slot)."""
+    has not read yet). mm: None, or (encoder cache, mm_index [T]) when image
+    placeholders are among the tokens (their embeddings come from the
+    cache). ``lora_pool``: the LoRA adapter slots, given only when a row
+    uses an adapter (then ``packed`` ends with each token's slot).
+    ``logits_sharding``: where the logits are placed (the sampler's
+    programs are compiled for it).
+
+    The forward pass and `sample_step` are separate programs: the sampling
+    variants (greedy, sampled, filtered, logprobs, penalties) all share one
+    forward program per bucket, which holds nearly all of a step's build
+    time (its attention kernels' lowering and XLA's compile of every layer),
+    and the sampler's programs depend on S alone."""
     # packed: token ids, positions and attention metadata in one int32
     # buffer (one host->device transfer); dims = (T, S, P, decode_only): the
     # bucket and the metadata's static flag.
@@ -47,6 +54,18 @@ def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
                                  positions, md, logits_indices, inputs_embeds,
                                  lora=lora)
+    if logits_sharding is not None:
+        logits = jax.lax.with_sharding_constraint(logits, logits_sharding)
+    return logits, kv_pages
+
+
+def sample_step(num_logprobs, logits, penalty_state, prev_tokens,
+                smd: SamplingMetadata, prompt_lp_targets):
+    """Sampling over `forward`'s logits: the first S rows are sampled, the
+    rest score ``prompt_lp_targets`` [Tp] (None: no prompt logprobs).
+    ``num_logprobs`` (static): None, or the top-K to return. Returns
+    (SamplerOutput, prompt logprobs or None, penalty_state, this step's
+    tokens padded to prev_tokens' length)."""
     S = logits.shape[0] - (0 if prompt_lp_targets is None
                            else prompt_lp_targets.shape[0])
     if smd.penalties is not None:
@@ -56,6 +75,21 @@ def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
     if prompt_lp_targets is not None:
         prompt_lp = gather_logprobs(logits[S:], prompt_lp_targets, num_logprobs)
     next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(out.token_ids)
+    return out, prompt_lp, penalty_state, next_tokens
+
+
+def step(model, num_logprobs, dims, params, kv_pages, penalty_state, constants,
+         prev_tokens, packed, logits_indices, smd: SamplingMetadata,
+         prompt_lp_targets, mm=None, lora_pool=None):
+    """`forward` then `sample_step` as one function (the engine runs them as
+    two programs; benchmarks time the whole step as one). Returns (out,
+    prompt_lp, kv_pages, penalty_state, next_tokens)."""
+    logits, kv_pages = forward(model, dims, params, kv_pages, constants,
+                               prev_tokens, packed, logits_indices, mm,
+                               lora_pool)
+    out, prompt_lp, penalty_state, next_tokens = sample_step(
+        num_logprobs, logits, penalty_state, prev_tokens, smd,
+        prompt_lp_targets)
     return out, prompt_lp, kv_pages, penalty_state, next_tokens
 
 

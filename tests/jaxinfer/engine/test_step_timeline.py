@@ -92,17 +92,24 @@ def test_warmup_builds_exactly_the_listed_buckets(make_llm):
     llm = make_llm(warmup=True, max_num_seqs=4)
     runner = llm.llm_engine.runner
     shapes = runner.buckets.all_shapes()
-    built = [key[1] for key in runner.programs]
-    # Three sampling variants (greedy, sampled, filtered) per listed shape.
-    assert sorted(set(built)) == sorted(shapes)
-    assert len(built) == 3 * len(shapes)
+    built = [key[1] for key in runner.programs if key[0] == "forward"]
+    assert sorted(built) == sorted(shapes)  # one forward program per shape
+    # Three sampler variants (greedy, sampled, filtered) per S of a shape.
+    samplers = [key for key in runner.programs if key[0] == "sample"]
+    assert len(samplers) == 3 * len({shape[1] for shape in shapes})
+    assert len(runner.programs) == len(shapes) + len(samplers)
     used = []
     run_step = runner.run_step
 
-    def spy(num_lp, dims, *args):
-        dyn = runner.step_args(*args)
-        used.append(runner.program_key(num_lp, dims, dyn) in runner.programs)
-        return run_step(num_lp, dims, *args)
+    def spy(num_lp, dims, state, packed, logits_idx, smd, targets, mm=None,
+            lora_pool=None):
+        fwd = runner.forward_args(packed, logits_idx, mm, lora_pool)
+        smp = runner.sample_args(runner.logits_struct(len(logits_idx)), state,
+                                 smd, targets)
+        used.append(runner.forward_key(dims, fwd) in runner.programs and
+                    runner.sample_key(num_lp, smp) in runner.programs)
+        return run_step(num_lp, dims, state, packed, logits_idx, smd, targets,
+                        mm, lora_pool)
     runner.run_step = spy
     llm.generate([{"prompt_token_ids": p} for p in random_prompts(6, seed=2)],
                  [SamplingParams(max_tokens=5, temperature=t, top_p=p)
