@@ -142,7 +142,17 @@ class DistributedRunner(ModelRunner):
         """The other processes: runs process 0's steps until it stops;
         returns the number of steps run."""
         steps = 0
+        earlier = None  # the tokens of the step before the last one run
         while True:
+            # JAX on CPU starts each program once its inputs are ready, not
+            # in launch order. Process 0 sends step N+1 only after reading
+            # step N-1's tokens, so step N is already running there; this
+            # process must be as far along before its receive (itself a
+            # collective, its inputs always ready) is launched, or the
+            # receive can start ahead of step N's collectives here while
+            # process 0 waits in them: both then wait forever.
+            if earlier is not None:
+                jax.block_until_ready(earlier)
             kind, payload = self.channel.recv()
             if kind == STOP:
                 logger.info("process 0 stopped the engine after %d steps", steps)
@@ -155,6 +165,7 @@ class DistributedRunner(ModelRunner):
                     self.penalty_state = PenaltyState.zeros(
                         self.sampling_inputs.slots.rows, self.cfg.vocab_size)
                 state, self.penalty_state = self.penalty_state, None
+            earlier = self.prev_tokens
             _, _, self.kv_pages, state, self.prev_tokens = self.run_step(
                 num_lp, dims, state, packed, logits_idx, smd, targets)
             if state is not None:
