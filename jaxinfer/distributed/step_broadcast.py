@@ -46,10 +46,12 @@ class StepChannel:
     The buffer has a capacity both sides know, so one message is one
     collective; a larger message is preceded by a GROW message carrying the
     new capacity. Process 0 never waits for its own sends: they queue on
-    its device behind the step in flight, and the others read them there.
+    its device behind the step in flight, and the others read them there
+    (``in_order``: each message is waited for, see `DistributedRunner`).
     """
 
-    def __init__(self, capacity: int = 1 << 16):
+    def __init__(self, capacity: int = 1 << 16, in_order: bool = False):
+        self.in_order = in_order
         devices = [jax.local_devices(process_index=p)[0]
                    for p in range(jax.process_count())]
         self.mesh = Mesh(np.array(devices), ("processes",))
@@ -68,7 +70,10 @@ class StepChannel:
         buf[:_HEADER] = (kind, len(payload), new_words)
         buf.view(np.uint8)[4 * _HEADER:4 * _HEADER + len(payload)] = \
             np.frombuffer(payload, np.uint8)
-        return self._collective(buf)
+        out = self._collective(buf)
+        if self.in_order:
+            jax.block_until_ready(out)
+        return out
 
     def send(self, kind: int, payload: bytes = b"") -> jax.Array:
         """Process 0: enqueues one message (and a GROW first if needed);
@@ -100,7 +105,16 @@ class DistributedRunner(ModelRunner):
     memory, and adapter slots and encoded images exist on process 0 only."""
 
     def __init__(self, *args, **kwargs):
-        self.channel = StepChannel()
+        # On the CPU a program starts once its inputs are ready, not in the
+        # order it was launched, so a process could start the channel's
+        # collective (its inputs are always ready) ahead of a step's
+        # collectives launched before it, while the other process waits in
+        # the step's: both then wait forever. There every collective
+        # program finishes before the next is launched. A GPU runs one
+        # device's programs in launch order, which is the same on every
+        # process, so nothing waits there.
+        self.in_order = jax.devices()[0].platform == "cpu"
+        self.channel = StepChannel(in_order=self.in_order)
         self.is_driver = jax.process_index() == 0
         self._stopped = False
         super().__init__(*args, **kwargs)
@@ -120,6 +134,8 @@ class DistributedRunner(ModelRunner):
         # so neither is ever set.
         assert mm is None and lora_pool is None
         if self.is_driver:
+            if self.in_order:
+                jax.block_until_ready(self.prev_tokens)
             self.channel.send(STEP, pickle.dumps(
                 (num_lp, dims, state is not None, packed, logits_idx, smd,
                  targets), protocol=pickle.HIGHEST_PROTOCOL))
@@ -136,23 +152,17 @@ class DistributedRunner(ModelRunner):
         """Process 0: tells the others the engine is done (idempotent)."""
         if self.is_driver and not self._stopped:
             self._stopped = True
+            if self.in_order:
+                jax.block_until_ready(self.prev_tokens)
             jax.block_until_ready(self.channel.send(STOP))
 
     def follow(self) -> int:
         """The other processes: runs process 0's steps until it stops;
         returns the number of steps run."""
         steps = 0
-        earlier = None  # the tokens of the step before the last one run
         while True:
-            # JAX on CPU starts each program once its inputs are ready, not
-            # in launch order. Process 0 sends step N+1 only after reading
-            # step N-1's tokens, so step N is already running there; this
-            # process must be as far along before its receive (itself a
-            # collective, its inputs always ready) is launched, or the
-            # receive can start ahead of step N's collectives here while
-            # process 0 waits in them: both then wait forever.
-            if earlier is not None:
-                jax.block_until_ready(earlier)
+            if self.in_order:
+                jax.block_until_ready(self.prev_tokens)
             kind, payload = self.channel.recv()
             if kind == STOP:
                 logger.info("process 0 stopped the engine after %d steps", steps)
@@ -165,7 +175,6 @@ class DistributedRunner(ModelRunner):
                     self.penalty_state = PenaltyState.zeros(
                         self.sampling_inputs.slots.rows, self.cfg.vocab_size)
                 state, self.penalty_state = self.penalty_state, None
-            earlier = self.prev_tokens
             _, _, self.kv_pages, state, self.prev_tokens = self.run_step(
                 num_lp, dims, state, packed, logits_idx, smd, targets)
             if state is not None:
