@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from .heap import startup_heap_frozen
+
 # ShareGPT's mean prompt / output lengths in tokens (Llama tokenizer), as in
 # vLLM's benchmarks; lognormal lengths with these means and sigma 1.
 SHAREGPT_MEANS = (215, 200)
@@ -112,7 +114,7 @@ def run_throughput(ns) -> int:
     runner.device_seconds = 0.0
     if llm.llm_engine.timeline is not None:
         llm.llm_engine.timeline.restart()
-    with _maybe_trace(ns.profile_trace):
+    with startup_heap_frozen() as frozen, _maybe_trace(ns.profile_trace):
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
@@ -126,7 +128,8 @@ def run_throughput(ns) -> int:
         "prompt_tokens": n_in, "output_tokens": n_out,
         "requests_per_s": len(outs) / elapsed,
         "output_tokens_per_s": n_out / elapsed,
-        "total_tokens_per_s": (n_in + n_out) / elapsed})
+        "total_tokens_per_s": (n_in + n_out) / elapsed,
+        "gc_frozen_objects": frozen})
     _write(ns, record)
     print(f"Throughput: {record['requests_per_s']:.2f} requests/s, "
           f"{record['total_tokens_per_s']:.1f} total tokens/s, "
@@ -154,11 +157,12 @@ def run_latency(ns) -> int:
         one_batch()
     if llm.llm_engine.timeline is not None:
         llm.llm_engine.timeline.restart()
-    with _maybe_trace(ns.profile_trace):
+    with startup_heap_frozen() as frozen, _maybe_trace(ns.profile_trace):
         times = [one_batch() for _ in range(ns.num_iters)]
     record = _record(ns, "latency", llm, {
         "latencies_s": times, "median_s": statistics.median(times),
-        "p90_s": float(np.percentile(times, 90))})
+        "p90_s": float(np.percentile(times, 90)),
+        "gc_frozen_objects": frozen})
     _write(ns, record)
     print(f"Latency of a batch of {ns.batch_size} ({ns.input_len} in, "
           f"{ns.output_len} out): median {record['median_s'] * 1e3:.1f} ms, "

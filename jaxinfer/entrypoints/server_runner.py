@@ -19,6 +19,7 @@ import logging
 import threading
 
 from ..errors import ServerShuttingDownError
+from .heap import startup_heap_frozen
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ def run_server(app, engine, *, host: str, port: int,
         timer.start()
 
     engine.on_death(exit_after_death)
-    server.run()
+    with startup_heap_frozen():  # heap.py: no long collector pauses
+        server.run()
     return 1 if engine.dead_error is not None else 0
 
 

@@ -1,5 +1,6 @@
 """`jaxinfer bench` on a config-only model with dummy weights."""
 
+import gc
 import json
 
 import pytest
@@ -38,6 +39,10 @@ def test_throughput_runs_every_request_to_its_length(config_only_model, tmp_path
     assert rec["output_tokens"] == 6 * 5  # ignore_eos: every output full length
     assert rec["output_tokens_per_s"] == pytest.approx(30 / rec["elapsed_s"])
     assert rec["warmup_programs"] > 0  # compiles stayed out of the timing
+    # The start-up heap was frozen while timing (entrypoints/heap.py), and
+    # nothing stays frozen once the benchmark is done.
+    assert rec["gc_frozen_objects"] > 10_000
+    assert gc.get_freeze_count() == 0
     # Device time is part of the wall time, and the host's share is not 0.
     assert 0.0 < rec["device_busy_fraction"] < 1.0
 
