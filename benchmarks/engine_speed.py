@@ -11,9 +11,10 @@ saved in .tok (carried):
     python3 benchmarks/engine_speed.py --out $OUT --peers [--only tp256-512,lat128] \
         [--engine num_scheduler_steps=8 ...]
 
-Writes ``summary.json`` (bench records, ready times, rooflines) and
-``<workload>.steps.jsonl`` timelines; `benchmarks/timeline_report.py DIR
---png` draws them. Every workload runs on the same engine (max_model_len
+Writes ``summary.json`` (bench records, ready times, rooflines),
+``<workload>.steps.jsonl`` timelines and, where matplotlib is installed,
+their ``<workload>.png`` (`benchmarks/timeline_report.py DIR --png` draws
+them again). Every workload runs on the same engine (max_model_len
 2048, the engine's defaults otherwise), warmed up once.
 """
 
@@ -249,7 +250,12 @@ def main() -> int:
         save()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timeline_report import report_dir
-    print(report_dir(args.out, summary))
+    try:  # the timeline PNGs too, where matplotlib is there (the GPU machine)
+        import matplotlib  # noqa: F401
+        png = True
+    except ImportError:
+        png = False
+    print(report_dir(args.out, summary, png=png))
     return 0
 
 
