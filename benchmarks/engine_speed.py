@@ -28,6 +28,7 @@ import sys
 import time
 
 from hf_peer import prompts as peer_prompts
+from run_stamp import run_stamp
 
 ENGINE = dict(model="benchmarks/models/llama3-8b", load_format="dummy",
               dtype="bfloat16", max_model_len=2048)
@@ -205,8 +206,7 @@ def main() -> int:
         ready(args.tokenizer, args.cache_dir)
         return 0
     os.makedirs(args.out, exist_ok=True)
-    summary = {"commit": subprocess.run(["git", "rev-parse", "HEAD"],
-                                        capture_output=True, text=True).stdout.strip(),
+    summary = {**run_stamp(),  # commit, and the digest of the tree that ran
                "engine": {**ENGINE, **engine_overrides(args.engine)}, "runs": {}}
     summary["roofline"] = measure_roofline()
     path = os.path.join(args.out, "summary.json")
