@@ -7,8 +7,10 @@ gained work (docs/performance.md section 7):
 
     PYTHONPATH=$PWD python benchmarks/step_primitives.py
 
-Runs on this commit's runner API and on the one before the SchedulerOutput
-contract (``dispatch(out, requests)``, as at a920951). Prints JSON.
+Runs on this commit's runner API (the step as forward and sampler programs,
+counted together), on the fused step before it (``runner.step_args``, as at
+ec0f032) and on the one before the SchedulerOutput contract
+(``dispatch(out, requests)``, as at a920951). Prints JSON.
 """
 
 from __future__ import annotations

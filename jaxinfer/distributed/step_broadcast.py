@@ -123,6 +123,12 @@ class DistributedRunner(ModelRunner):
             # (registered earlier, so run later) waits for them in turn.
             atexit.register(self.shutdown)
 
+    def _wait_for_last_step(self) -> None:
+        """Before a channel message: on CPU (``in_order``), the last step's
+        programs, collectives included, must have finished."""
+        if self.in_order:
+            jax.block_until_ready(self.prev_tokens)
+
     def _num_blocks(self) -> int:
         # Every process must hold the same pool: the smallest one wins.
         local = np.array([super()._num_blocks()], np.int64)
@@ -134,8 +140,7 @@ class DistributedRunner(ModelRunner):
         # so neither is ever set.
         assert mm is None and lora_pool is None
         if self.is_driver:
-            if self.in_order:
-                jax.block_until_ready(self.prev_tokens)
+            self._wait_for_last_step()
             self.channel.send(STEP, pickle.dumps(
                 (num_lp, dims, state is not None, packed, logits_idx, smd,
                  targets), protocol=pickle.HIGHEST_PROTOCOL))
@@ -152,8 +157,7 @@ class DistributedRunner(ModelRunner):
         """Process 0: tells the others the engine is done (idempotent)."""
         if self.is_driver and not self._stopped:
             self._stopped = True
-            if self.in_order:
-                jax.block_until_ready(self.prev_tokens)
+            self._wait_for_last_step()
             jax.block_until_ready(self.channel.send(STOP))
 
     def follow(self) -> int:
@@ -161,8 +165,7 @@ class DistributedRunner(ModelRunner):
         returns the number of steps run."""
         steps = 0
         while True:
-            if self.in_order:
-                jax.block_until_ready(self.prev_tokens)
+            self._wait_for_last_step()
             kind, payload = self.channel.recv()
             if kind == STOP:
                 logger.info("process 0 stopped the engine after %d steps", steps)
