@@ -31,7 +31,7 @@ CACHED_TOKENIZER_DIR = "tokenizer"
 def load_tokenizer(source: TokenizerSource):
     try:
         if source.gguf_file is None:
-            return _quietly(_from_folder, source.directory)
+            return _from_cache(source.directory)
         cached = (os.path.join(source.cache_dir, CACHED_TOKENIZER_DIR)
                   if source.cache_dir else None)
         if cached and os.path.isdir(cached):
@@ -68,10 +68,13 @@ def _from_folder(directory: str):
 
 
 def _from_cache(directory: str):
-    """A tokenizer saved by ``_save``. Ours (byte-level BPE) are served by
-    `tokenizers` until something needs transformers (fast_tokenizer.py):
-    importing it is most of a warm start's tokenizer time, and AutoTokenizer
-    would also import the config machinery, which imports torch."""
+    """A model folder's tokenizer, or one saved by ``_save``. A plain fast
+    tokenizer (ours for GGUF files are byte-level BPE; `serves_fast` says
+    which others qualify) is served by `tokenizers` until something needs
+    transformers (fast_tokenizer.py): importing it is most of a warm start's
+    tokenizer time, and AutoTokenizer would also import the config
+    machinery, which imports torch (10-14 s of a warm llama3-8b start on the
+    H200 machine, docs/performance.md section 14)."""
     if serves_fast(directory):
         return LazyFastTokenizer(directory)
     return _quietly(_from_folder, directory)

@@ -127,6 +127,37 @@ def test_only_plain_saved_folders_are_served_fast(saved, tmp_path):
         assert not serves_fast(str(other))
 
 
+def test_a_model_folder_with_a_plain_fast_tokenizer_is_served_fast(saved, tmp_path):
+    """An HF model folder (no GGUF) whose tokenizer is a plain fast one gets
+    the same wrapper, answering as transformers does; any other folder gets
+    transformers' AutoTokenizer object."""
+    from transformers import PreTrainedTokenizerBase
+
+    from jaxinfer import tokenizer
+    from jaxinfer.models import TokenizerSource
+    plain = tokenizer.load_tokenizer(TokenizerSource(directory=saved))
+    assert isinstance(plain, LazyFastTokenizer)
+    text = "<|im_start|>user The capital of France is"
+    assert plain.encode(text) == pair_encode(saved, text)
+    with open(os.path.join(saved, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    other = tmp_path / "cleanup"
+    other.mkdir()
+    for name in os.listdir(saved):
+        (other / name).write_bytes(open(os.path.join(saved, name), "rb").read())
+    (other / "tokenizer_config.json").write_text(
+        json.dumps({**config, "clean_up_tokenization_spaces": True}))
+    hf = tokenizer.load_tokenizer(TokenizerSource(directory=str(other)))
+    assert not isinstance(hf, LazyFastTokenizer)
+    assert isinstance(hf, PreTrainedTokenizerBase)
+    assert hf.encode(text) == plain.encode(text)
+
+
+def pair_encode(directory: str, text: str) -> list[int]:
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast.from_pretrained(directory).encode(text)
+
+
 def test_a_warm_start_that_only_encodes_never_imports_transformers(saved):
     """The README's main job needs encode, decode and EOS: a process that
     loads the cached tokenizer through load_tokenizer and uses them has no
