@@ -132,6 +132,7 @@ def ready(tokenizer: str, cache_dir: str) -> None:
     # Greedy tokens from random weights: cold (compiled) and warm (loaded)
     # engines must agree.
     from jaxinfer import SamplingParams
+    from jaxinfer.worker.executable_cache import runner_fingerprint
     out = llm.generate([{"prompt_token_ids": list(range(100, 164))}],
                        SamplingParams(temperature=0.0, max_tokens=16,
                                       ignore_eos=True), use_tqdm=False)
@@ -139,7 +140,10 @@ def ready(tokenizer: str, cache_dir: str) -> None:
                       "greedy_tokens": out[0].outputs[0].token_ids,
                       "warmup_s": e.warmup_seconds,
                       "programs": e.warmup_programs,
-                      "programs_loaded": getattr(e.runner, "programs_loaded", 0)}))
+                      "programs_loaded": getattr(e.runner, "programs_loaded", 0),
+                      # What a warm start must match to load the saved programs.
+                      "num_blocks": e.runner.num_blocks,
+                      "fingerprint": runner_fingerprint(e.runner)}))
 
 
 def run_workload(llm, name: str, out_dir: str) -> dict:
@@ -223,7 +227,9 @@ def main() -> int:
                                capture_output=True, text=True)
             lines = p.stdout.strip().splitlines()
             summary[f"ready_{which}"] = (json.loads(lines[-1]) if p.returncode == 0
-                                         else {"rc": p.returncode, "tail": p.stderr[-2000:]})
+                                         else {"rc": p.returncode})
+            # Warnings say why a warm start compiled instead of loading.
+            summary[f"ready_{which}"]["stderr_tail"] = p.stderr[-3000:]
             summary[f"ready_{which}"]["process_s"] = time.perf_counter() - t0
             print(f"ready {which}: {summary[f'ready_{which}']}", flush=True)
             save()

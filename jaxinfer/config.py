@@ -182,7 +182,7 @@ class EngineArgs:
     max_num_seqs: int | None = _arg(
         None, "sequences in one step (default: 256 on GPU, 8 on CPU)")
     max_num_batched_tokens: int | None = _arg(
-        None, "tokens in one step (default: 2048 on GPU, 256 on CPU)")
+        None, "tokens in one step (default: 8192 on GPU, 256 on CPU)")
     enable_chunked_prefill: bool = _arg(True, "split long prompts over steps")
     scheduling_policy: str = _arg(
         "fcfs", "fcfs: arrival order; priority: lower `priority` first "
@@ -366,8 +366,11 @@ class EngineArgs:
         if self.max_num_seqs is None and self.max_num_batched_tokens:
             # The default seat count yields to an explicit token budget.
             max_seqs = min(max_seqs, self.max_num_batched_tokens)
+        # GPU: vLLM's 8192 on a large GPU. Against 2048 on the H200 it ran
+        # 256 x 512/256 5% faster and the longer workloads 0-2% faster
+        # (docs/performance.md section 12).
         max_tokens = self.max_num_batched_tokens or max(
-            256 if on_cpu else 2048, max_seqs)
+            256 if on_cpu else 8192, max_seqs)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:
             max_tokens = max(max_tokens, max_len)
         return SchedulerConfig(

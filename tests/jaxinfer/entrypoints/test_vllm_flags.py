@@ -177,3 +177,17 @@ def test_max_model_len_follows_rope_scaling(rope, length):
         derived, on_cpu=False).max_model_len == length
     with pytest.raises(InvalidConfigError, match="RoPE scaling"):
         EngineArgs(max_model_len=length + 1).scheduler_config(derived, False)
+
+
+def test_default_step_sizes_per_platform():
+    """vLLM's large-GPU token budget (8192) and 256 seats on GPU; a small
+    budget and 8 seats on CPU; an explicit budget smaller than the default
+    seats caps them; chunked prefill off widens the budget to a prompt."""
+    gpu = EngineArgs().scheduler_config(4096, on_cpu=False)
+    assert (gpu.max_num_batched_tokens, gpu.max_num_seqs) == (8192, 256)
+    cpu = EngineArgs().scheduler_config(4096, on_cpu=True)
+    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs) == (256, 8)
+    small = EngineArgs(max_num_batched_tokens=64).scheduler_config(4096, False)
+    assert (small.max_num_batched_tokens, small.max_num_seqs) == (64, 64)
+    whole = EngineArgs(enable_chunked_prefill=False).scheduler_config(4096, True)
+    assert whole.max_num_batched_tokens == 2048  # CPU max_model_len default
