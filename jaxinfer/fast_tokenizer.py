@@ -25,7 +25,7 @@ import threading
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
-_PLAIN_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+PLAIN_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def _token_text(value) -> str | None:
@@ -45,7 +45,7 @@ def serves_fast(directory: str) -> bool:
     except (OSError, ValueError):
         return False
     return (isinstance(config, dict)
-            and config.get("tokenizer_class") in _PLAIN_CLASSES
+            and config.get("tokenizer_class") in PLAIN_CLASSES
             and config.get("clean_up_tokenization_spaces") is False
             and os.path.isfile(os.path.join(directory, TOKENIZER_FILE)))
 

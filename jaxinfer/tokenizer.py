@@ -11,14 +11,17 @@ needs transformers (``fast_tokenizer.py``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
 import tempfile
 
 from jaxinfer.models import TokenizerSource
+from jaxinfer.models.weight_cache import cache_root
 
-from .fast_tokenizer import LazyFastTokenizer, serves_fast
+from .fast_tokenizer import (CONFIG_FILE, PLAIN_CLASSES, TOKENIZER_FILE,
+                             LazyFastTokenizer, serves_fast)
 from .gguf_tokenizer import byte_level_bpe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -31,7 +34,7 @@ CACHED_TOKENIZER_DIR = "tokenizer"
 def load_tokenizer(source: TokenizerSource):
     try:
         if source.gguf_file is None:
-            return _from_cache(source.directory)
+            return _from_model_folder(source.directory)
         cached = (os.path.join(source.cache_dir, CACHED_TOKENIZER_DIR)
                   if source.cache_dir else None)
         if cached and os.path.isdir(cached):
@@ -68,16 +71,69 @@ def _from_folder(directory: str):
 
 
 def _from_cache(directory: str):
-    """A model folder's tokenizer, or one saved by ``_save``. A plain fast
-    tokenizer (ours for GGUF files are byte-level BPE; `serves_fast` says
-    which others qualify) is served by `tokenizers` until something needs
-    transformers (fast_tokenizer.py): importing it is most of a warm start's
-    tokenizer time, and AutoTokenizer would also import the config
-    machinery, which imports torch (10-14 s of a warm llama3-8b start on the
-    H200 machine, docs/performance.md section 14)."""
+    """A tokenizer saved by ``_save``. Ours (byte-level BPE) are served by
+    `tokenizers` until something needs transformers (fast_tokenizer.py):
+    importing it is most of a warm start's tokenizer time, and AutoTokenizer
+    would also import the config machinery, which imports torch."""
     if serves_fast(directory):
         return LazyFastTokenizer(directory)
     return _quietly(_from_folder, directory)
+
+
+# Under the weight cache's root: one empty file per model folder whose
+# tokenizer transformers loads as a plain fast tokenizer, named by a digest
+# of what that choice depends on.
+PLAIN_VERDICTS_DIR = "plain-tokenizers"
+
+
+def _from_model_folder(directory: str):
+    """A model folder's tokenizer: transformers' AutoTokenizer the first
+    time, and from then on, if that gave a plain fast tokenizer, the same
+    served by `tokenizers` alone (fast_tokenizer.py). Importing transformers
+    (and torch through it) was 10-14 s of a warm llama3-8b start on the H200
+    machine (docs/performance.md section 14). Which class AutoTokenizer
+    picks depends on config.json's model type as well as the tokenizer's
+    own config (transformers 5 gives a Qwen2 folder Qwen2Tokenizer, whose
+    pre-tokenizer is not the one in tokenizer.json), so the fast path is
+    taken only where transformers itself was seen to choose the plain
+    class, for these exact files and this transformers version."""
+    if not serves_fast(directory):
+        return _quietly(_from_folder, directory)
+    verdict = _plain_verdict_path(directory)
+    if verdict is not None and os.path.isfile(verdict):
+        return LazyFastTokenizer(directory)
+    tok = _quietly(_from_folder, directory)
+    if verdict is not None and type(tok).__name__ in PLAIN_CLASSES:
+        try:
+            os.makedirs(os.path.dirname(verdict), exist_ok=True)
+            with open(verdict, "w"):
+                pass
+        except OSError as e:  # a read-only cache only costs the next start
+            logger.warning("could not record %s's tokenizer class in %s: %s",
+                           directory, verdict, e)
+    return tok
+
+
+def _plain_verdict_path(directory: str) -> str | None:
+    """Where the verdict on ``directory``'s tokenizer lives: keyed by the
+    tokenizer's files, config.json and transformers' version; None when
+    the weight cache is off."""
+    root = cache_root()
+    if root is None:
+        return None
+    import importlib.metadata
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    h = hashlib.sha256(version.encode())
+    for name in (CONFIG_FILE, TOKENIZER_FILE, "config.json"):
+        path = os.path.join(directory, name)
+        h.update(name.encode())
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+    return os.path.join(root, PLAIN_VERDICTS_DIR, h.hexdigest()[:32])
 
 
 def _from_gguf(source: TokenizerSource):

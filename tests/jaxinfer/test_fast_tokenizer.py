@@ -127,35 +127,63 @@ def test_only_plain_saved_folders_are_served_fast(saved, tmp_path):
         assert not serves_fast(str(other))
 
 
-def test_a_model_folder_with_a_plain_fast_tokenizer_is_served_fast(saved, tmp_path):
-    """An HF model folder (no GGUF) whose tokenizer is a plain fast one gets
-    the same wrapper, answering as transformers does; any other folder gets
-    transformers' AutoTokenizer object."""
+def _copy_folder(src: str, dst, config_changes=None, files=None) -> str:
+    dst.mkdir()
+    for name in os.listdir(src):
+        (dst / name).write_bytes(open(os.path.join(src, name), "rb").read())
+    if config_changes:
+        with open(os.path.join(src, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        (dst / "tokenizer_config.json").write_text(
+            json.dumps({**config, **config_changes}))
+    for name, text in (files or {}).items():
+        (dst / name).write_text(text)
+    return str(dst)
+
+
+def test_a_model_folder_is_served_fast_after_transformers_chose_plain(
+        saved, tmp_path, monkeypatch):
+    """A model folder's first load goes through AutoTokenizer; where that
+    gave a plain fast tokenizer, the next start serves the same files with
+    `tokenizers` alone, answering alike. Where transformers picks a class of
+    its own (a Qwen2 config.json: Qwen2Tokenizer, whose pre-tokenizer splits
+    digits unlike tokenizer.json), or the config asks for clean-up, every
+    start is transformers'. A changed file is judged again."""
     from transformers import PreTrainedTokenizerBase
 
     from jaxinfer import tokenizer
     from jaxinfer.models import TokenizerSource
-    plain = tokenizer.load_tokenizer(TokenizerSource(directory=saved))
-    assert isinstance(plain, LazyFastTokenizer)
-    text = "<|im_start|>user The capital of France is"
-    assert plain.encode(text) == pair_encode(saved, text)
-    with open(os.path.join(saved, "tokenizer_config.json")) as f:
-        config = json.load(f)
-    other = tmp_path / "cleanup"
-    other.mkdir()
-    for name in os.listdir(saved):
-        (other / name).write_bytes(open(os.path.join(saved, name), "rb").read())
-    (other / "tokenizer_config.json").write_text(
-        json.dumps({**config, "clean_up_tokenization_spaces": True}))
-    hf = tokenizer.load_tokenizer(TokenizerSource(directory=str(other)))
-    assert not isinstance(hf, LazyFastTokenizer)
-    assert isinstance(hf, PreTrainedTokenizerBase)
-    assert hf.encode(text) == plain.encode(text)
+    monkeypatch.setenv("JAXINFER_WEIGHT_CACHE_DIR", str(tmp_path / "cache"))
 
-
-def pair_encode(directory: str, text: str) -> list[int]:
-    from transformers import PreTrainedTokenizerFast
-    return PreTrainedTokenizerFast.from_pretrained(directory).encode(text)
+    def load(folder):
+        tokenizer.load_tokenizer.cache_clear()
+        return tokenizer.load_tokenizer(TokenizerSource(directory=folder))
+    llama = _copy_folder(saved, tmp_path / "llama", files={
+        "config.json": json.dumps({"model_type": "llama"})})
+    qwen = _copy_folder(saved, tmp_path / "qwen", files={
+        "config.json": json.dumps({"model_type": "qwen2"})})
+    cleanup = _copy_folder(saved, tmp_path / "cleanup",
+                           {"clean_up_tokenization_spaces": True})
+    text = "<|im_start|>user The capital of France is 12345 élan"
+    first = load(llama)
+    assert not isinstance(first, LazyFastTokenizer)
+    assert isinstance(first, PreTrainedTokenizerBase)
+    second = load(llama)
+    assert isinstance(second, LazyFastTokenizer)
+    assert second.encode(text) == first.encode(text)
+    for folder in (qwen, cleanup):
+        for _ in range(2):
+            tok = load(folder)
+            assert not isinstance(tok, LazyFastTokenizer)
+    # A different tokenizer.json is a different verdict.
+    (tmp_path / "llama" / "tokenizer.json").write_text(
+        open(os.path.join(saved, "tokenizer.json")).read() + "\n")
+    assert not isinstance(load(llama), LazyFastTokenizer)
+    assert isinstance(load(llama), LazyFastTokenizer)
+    # With the cache off, every start is transformers'.
+    monkeypatch.setenv("JAXINFER_WEIGHT_CACHE_DIR", "")
+    assert not isinstance(load(llama), LazyFastTokenizer)
+    tokenizer.load_tokenizer.cache_clear()
 
 
 def test_a_warm_start_that_only_encodes_never_imports_transformers(saved):
