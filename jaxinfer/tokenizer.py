@@ -5,7 +5,9 @@ A GGUF tokenizer is rebuilt once per file: its fast form (``tokenizer.json``
 and its config) is saved into the file's weight-cache entry
 (``models/weight_cache.py``) and later starts load that, without parsing the
 GGUF's vocabulary again, and through `tokenizers` alone until something
-needs transformers (``fast_tokenizer.py``).
+needs transformers (``fast_tokenizer.py``). A model folder's plain fast
+tokenizer is served the same way once transformers has been seen to load
+it as one (`_from_model_folder`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import shutil
 import tempfile
 
 from jaxinfer.models import TokenizerSource
-from jaxinfer.models.weight_cache import cache_root
+from jaxinfer.models.weight_cache import cache_root, file_digest
 
 from .fast_tokenizer import (CONFIG_FILE, PLAIN_CLASSES, TOKENIZER_FILE,
                              LazyFastTokenizer, serves_fast)
@@ -131,8 +133,7 @@ def _plain_verdict_path(directory: str) -> str | None:
         path = os.path.join(directory, name)
         h.update(name.encode())
         if os.path.isfile(path):
-            with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
+            h.update(file_digest(path).encode())
     return os.path.join(root, PLAIN_VERDICTS_DIR, h.hexdigest()[:32])
 
 
