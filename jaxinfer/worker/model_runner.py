@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import time
 
@@ -18,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.models import (AttentionMetadata, ModelFiles, load_params,
-                             model_class, resolve_backend)
+from jaxinfer.models import (ModelFiles, load_params, model_class,
+                             resolve_backend)
 from jaxinfer.models.runtime import model_constants
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
@@ -30,7 +29,6 @@ from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
 from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
-from ..request import PENDING_TOKEN
 from .buckets import Buckets
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
@@ -41,6 +39,7 @@ from .penalties import PenaltyState
 from .placement import Placement
 from .runner_output import ModelRunnerOutput
 from .sampling_inputs import SamplingInputs
+from .step_layout import lay_out_step
 from .step_programs import WINDOW_STOP_IDS, forward, multi_step, sample_step
 
 logger = logging.getLogger(__name__)
@@ -210,51 +209,16 @@ class ModelRunner:
     # -- one step ---------------------------------------------------------
 
     def prepare(self, out: SchedulerOutput):
-        """Packs a step into host arrays padded to its bucket."""
+        """Packs a step into host arrays padded to its bucket
+        (`step_layout.lay_out_step`), with its sampling metadata."""
         sched = out.scheduled
         n_tok = sum(len(s.token_ids) for s in sched)
         n_pages = max(len(s.block_table) for s in sched)
-        T, S, P = self.buckets.pick(n_tok, len(sched), n_pages,
-                                    decode_only=n_tok == len(sched))
-        B, R = self.block_size, len(sched)
-        # Vectorized over requests: per-request NumPy calls cost ~8 us each,
-        # which at 256 sequences was most of the host's share of a step.
-        q_lens = np.fromiter((len(s.token_ids) for s in sched), np.int32, R)
-        starts = np.fromiter((s.start_pos for s in sched), np.int32, R)
-        t_lens = np.fromiter((len(s.block_table) for s in sched), np.int32, R)
-        cu = np.zeros(S + 1, np.int32)
-        np.cumsum(q_lens, out=cu[1:R + 1])
-        cu[R + 1:] = n_tok
-        seq_of = np.repeat(np.arange(R, dtype=np.int32), q_lens)  # [n_tok]
-        pos = starts[seq_of] + np.arange(n_tok, dtype=np.int32) - cu[seq_of]
-        tables = np.zeros((S, P), np.int32)
-        rows = np.repeat(np.arange(R), t_lens)
-        cols = np.arange(rows.size) - np.repeat(np.cumsum(t_lens) - t_lens, t_lens)
-        tables[rows, cols] = np.fromiter(
-            itertools.chain.from_iterable(s.block_table for s in sched),
-            np.int32, rows.size)
-        input_ids = np.zeros(T, np.int32)
-        input_ids[:n_tok] = np.fromiter(
-            itertools.chain.from_iterable(s.token_ids for s in sched),
-            np.int32, n_tok)
-        pending = np.flatnonzero(input_ids[:n_tok] == PENDING_TOKEN)
-        if pending.size:  # tokens of the step before, read on the device
-            rows = [self.prev_rows[sched[i].request_id] for i in seq_of[pending]]
-            input_ids[pending] = -1 - np.asarray(rows, np.int32)
-        positions = np.zeros(T, np.int32)
-        positions[:n_tok] = pos
-        slots = np.zeros(T, np.int32)  # padding -> the null page
-        slots[:n_tok] = tables[seq_of, pos // B] * B + pos % B
-        kv_lens = np.zeros(S, np.int32)
-        kv_lens[:R] = starts + q_lens
-        logits_idx = np.zeros(S, np.int32)
-        logits_idx[:R] = cu[1:R + 1] - 1
-        # One token per sequence: the attention kernels skip their prefill
-        # half (a separate compiled variant of the bucket).
-        md = AttentionMetadata(slots, tables, kv_lens, cu,
-                               np.array([len(sched)], np.int32),
-                               decode_only=n_tok == R)
-        smd = self.sampling_inputs.build(sched, self.requests, S)
+        dims = self.buckets.pick(n_tok, len(sched), n_pages,
+                                 decode_only=n_tok == len(sched))
+        input_ids, positions, md, logits_idx = lay_out_step(
+            sched, dims, self.block_size, self.prev_rows)
+        smd = self.sampling_inputs.build(sched, self.requests, dims[1])
         return input_ids, positions, md, logits_idx, smd
 
     def forward_args(self, packed, logits_idx, mm=None, lora_pool=None) -> tuple:

@@ -16,8 +16,9 @@ class _NoSampling:
 
 
 def _runner():
-    r = ModelRunner.__new__(ModelRunner)  # prepare needs only these four
+    r = ModelRunner.__new__(ModelRunner)  # prepare needs only these five
     r.buckets = Buckets.make(1024, 64, 64)
+    r.prev_rows = {}  # no input reads the step before's tokens here
     r.block_size = B
     r.sampling_inputs = _NoSampling()
     r.requests = {}
