@@ -135,6 +135,9 @@ class ModelRunner:
                                donate_argnums=(2,))
         # Programs compiled ahead by warm-up, by forward_key / sample_key.
         self.programs: dict[tuple, object] = {}
+        # The buckets steps have run in (`_bucket_program`), whose programs
+        # jit has built: `builds_program` is False for them.
+        self._buckets_run: set[tuple] = set()
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket. "scan": on the H200 a "while" window
         # cost 4-29% more per token than single steps (the host reads its
@@ -212,14 +215,38 @@ class ModelRunner:
         """Packs a step into host arrays padded to its bucket
         (`step_layout.lay_out_step`), with its sampling metadata."""
         sched = out.scheduled
-        n_tok = sum(len(s.token_ids) for s in sched)
-        n_pages = max(len(s.block_table) for s in sched)
-        dims = self.buckets.pick(n_tok, len(sched), n_pages,
-                                 decode_only=n_tok == len(sched))
+        dims = self.step_dims(out)[:3]
         input_ids, positions, md, logits_idx = lay_out_step(
             sched, dims, self.block_size, self.prev_rows)
         smd = self.sampling_inputs.build(sched, self.requests, dims[1])
         return input_ids, positions, md, logits_idx, smd
+
+    def step_dims(self, out: SchedulerOutput) -> tuple:
+        """The step's bucket (T, S, P, decode_only)."""
+        sched = out.scheduled
+        n_tok = sum(len(s.token_ids) for s in sched)
+        n_pages = max(len(s.block_table) for s in sched)
+        decode_only = n_tok == len(sched)
+        return (*self.buckets.pick(n_tok, len(sched), n_pages, decode_only),
+                decode_only)
+
+    def _bucket_program(self, out: SchedulerOutput) -> tuple:
+        """What names the model program of a step's bucket (its forward, or
+        its multi-step window): the leading fields of that program's key."""
+        dims = self.step_dims(out)
+        return (("forward", dims) if out.num_steps == 1
+                else ("multi", out.num_steps, dims))
+
+    def builds_program(self, out: SchedulerOutput) -> bool:
+        """Whether dispatching ``out`` would first build its bucket's model
+        program (trace it, then compile it or read it from the compilation
+        cache): warm-up built none for that bucket and no step has run in
+        it. (A new sampling variant's program is not foreseen: it is small.)"""
+        if not out.scheduled:
+            return False
+        name = self._bucket_program(out)
+        return name not in self._buckets_run and not any(
+            key[:len(name)] == name for key in self.programs)
 
     def forward_args(self, packed, logits_idx, mm=None, lora_pool=None) -> tuple:
         """The forward program's dynamic arguments, in order."""
@@ -364,6 +391,7 @@ class ModelRunner:
             out.scheduled, self.requests, len(input_ids)))
         packed = pack_step(input_ids, positions, md, lora_slots)
         lora_pool = None if lora_slots is None else self.lora.pool.arrays
+        self._buckets_run.add(self._bucket_program(out))
         if out.num_steps > 1:
             if num_lp is not None or state is not None or mm is not None:
                 raise RuntimeError(  # the scheduler keeps these single-step

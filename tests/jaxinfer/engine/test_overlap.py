@@ -126,3 +126,41 @@ def test_finished_requests_are_forgotten_even_on_an_idle_step(make_llm):
         assert not runner.requests
     assert len(runner.sampling_inputs.slots._free) == \
         runner.sampling_inputs.slots.scratch
+
+
+def test_a_step_needing_a_new_program_waits_for_the_tokens_in_flight(make_llm):
+    """A step whose bucket has no program yet is dispatched only after the
+    step in flight is read (its tokens are returned first, not held for the
+    build); steps in buckets already built still overlap."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.llm_engine
+    events = []
+    dispatch, finish = engine.runner.dispatch, engine._finish
+
+    def spy_dispatch(out):
+        events.append(("dispatch", engine.runner.step_dims(out)[3]))
+        return dispatch(out)
+
+    def spy_finish(inflight):
+        events.append(("finish", inflight.out.scheduled[0].request_id))
+        return finish(inflight)
+
+    engine.runner.dispatch, engine._finish = spy_dispatch, spy_finish
+    engine.add_request("a", {"prompt_token_ids": [5, 6, 7]},
+                       SamplingParams(max_tokens=4, temperature=0.0,
+                                      ignore_eos=True))
+    first_tokens_at = None
+    calls = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        calls += 1
+        if first_tokens_at is None and any(o.outputs[0].token_ids for o in outs):
+            first_tokens_at = calls
+    # The prefill, then its tokens, then the first decode step (a new bucket).
+    assert events[:3] == [("dispatch", False), ("finish", "a"),
+                          ("dispatch", True)], events
+    assert first_tokens_at == 2
+    # The second decode step (same bucket) is dispatched before the first
+    # decode step is read: overlap holds once the program exists.
+    assert events[3:5] == [("dispatch", True), ("finish", "a")], events
+    assert _pages_all_free(engine)
