@@ -164,3 +164,59 @@ def test_a_step_needing_a_new_program_waits_for_the_tokens_in_flight(make_llm):
     # decode step is read: overlap holds once the program exists.
     assert events[3:5] == [("dispatch", True), ("finish", "a")], events
     assert _pages_all_free(engine)
+
+
+def test_an_abort_while_a_step_waits_for_its_program_frees_everything(make_llm):
+    """A request aborted between the deferred step's scheduling and its
+    dispatch: the step still runs (its row writes into the freed pages
+    before anyone reuses them), the aborted request gets no more tokens,
+    the other request's tokens are those of a run without the abort."""
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = {"a": [5, 6, 7], "b": [9, 10, 11, 12]}
+
+    def run(abort: bool):
+        engine = make_llm(async_scheduling=True).llm_engine
+        for rid, p in prompts.items():
+            engine.add_request(rid, {"prompt_token_ids": p}, greedy)
+        engine.step()  # the prefill is dispatched
+        engine.step()  # its tokens come back; the decode step waits
+        assert engine._deferred is not None
+        if abort:
+            engine.abort_request("a")
+        final = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    final[out.request_id] = out.outputs[0].token_ids
+        return final, engine
+
+    base, _ = run(abort=False)
+    got, engine = run(abort=True)
+    assert "a" not in got and got["b"] == base["b"]
+    assert _pages_all_free(engine)
+
+
+def test_a_deferred_step_left_when_every_request_ended_runs_harmlessly(make_llm):
+    """A request that stops on its first token (a stop id the scheduler
+    cannot foresee) ends when the prefill's token is read, after its decode
+    step was scheduled and deferred. The next request's run dispatches that
+    stale step first; its tokens and the pages come out as on a fresh
+    engine."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.llm_engine
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    first_token = llm.generate([prompt], SamplingParams(
+        max_tokens=1, temperature=0.0), use_tqdm=False)[0].outputs[0].token_ids[0]
+    stop_at_first = SamplingParams(max_tokens=5, temperature=0.0,
+                                   stop_token_ids=[first_token])
+    out = llm.generate([prompt], stop_at_first, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == [first_token]
+    assert engine._deferred is not None and not engine.has_unfinished_requests()
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    other = {"prompt_token_ids": [9, 10, 11]}
+    got = llm.generate([other], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    fresh = make_llm(async_scheduling=False).generate(
+        [other], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert list(got) == list(fresh)
+    assert engine._deferred is None
+    assert _pages_all_free(engine)
