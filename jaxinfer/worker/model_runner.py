@@ -391,7 +391,10 @@ class ModelRunner:
             out.scheduled, self.requests, len(input_ids)))
         packed = pack_step(input_ids, positions, md, lora_slots)
         lora_pool = None if lora_slots is None else self.lora.pool.arrays
-        self._buckets_run.add(self._bucket_program(out))
+        # The bucket's program name from the dims laid out above (not
+        # recounted from the step): see `_bucket_program`.
+        self._buckets_run.add(("forward", dims) if out.num_steps == 1
+                              else ("multi", out.num_steps, dims))
         if out.num_steps > 1:
             if num_lp is not None or state is not None or mm is not None:
                 raise RuntimeError(  # the scheduler keeps these single-step
