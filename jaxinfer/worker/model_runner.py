@@ -30,6 +30,7 @@ from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from .buckets import Buckets
+from .compile_options import decode_compile_options
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
 from .lora_inputs import LoRAInputs
@@ -127,10 +128,17 @@ class ModelRunner:
         # and the sampler, one per sampling variant and S. The logits
         # between them are pinned replicated, so the sampler's programs,
         # compiled ahead from their shapes, take them as they come.
-        self._forward = jax.jit(functools.partial(
+        step_forward = functools.partial(
             forward, self.placement.step_model(self.model),
-            logits_sharding=self.placement.replicated),
-                                static_argnums=(0,), donate_argnums=(2,))
+            logits_sharding=self.placement.replicated)
+        self._forward = jax.jit(step_forward, static_argnums=(0,),
+                                donate_argnums=(2,))
+        # Decode-only buckets on CPU compile with their own XLA options
+        # (compile_options.py: XLA's dot emitter for few-row products).
+        self.decode_options = decode_compile_options(self.on_cpu)
+        self._forward_decode = None if not self.decode_options else jax.jit(
+            step_forward, static_argnums=(0,), donate_argnums=(2,),
+            compiler_options=self.decode_options)
         self._sample = jax.jit(sample_step, static_argnums=(0,),
                                donate_argnums=(2,))
         # Programs compiled ahead by warm-up, by forward_key / sample_key.
@@ -289,12 +297,19 @@ class ModelRunner:
         Returns (SamplerOutput, prompt logprobs, kv_pages, penalty state,
         the step's tokens padded to max_num_seqs)."""
         fwd = self.forward_args(packed, logits_idx, mm, lora_pool)
-        logits, kv_pages = self._run(self._forward, self.forward_key(dims, fwd),
-                                     (dims,), fwd)
+        logits, kv_pages = self._run(self.forward_program(dims),
+                                     self.forward_key(dims, fwd), (dims,), fwd)
         smp = self.sample_args(logits, state, smd, targets)
         out, prompt_lp, state, next_tokens = self._run(
             self._sample, self.sample_key(num_lp, smp), (num_lp,), smp)
         return out, prompt_lp, kv_pages, state, next_tokens
+
+    def forward_program(self, dims):
+        """The jitted forward of a bucket: decode-only buckets (dims[3])
+        have their own compiler options on CPU (`decode_options`)."""
+        if dims[3] and self._forward_decode is not None:
+            return self._forward_decode
+        return self._forward
 
     def _run(self, jitted, key, static, dyn):
         program = self.programs.get(key)
@@ -306,9 +321,11 @@ class ModelRunner:
         """How multi-step windows loop (`step_programs.WINDOW_LOOPS`); drops
         the window programs built so far."""
         self.window_loop = loop
+        # Windows only decode: compiled like decode-only buckets.
         self._multi = jax.jit(functools.partial(
             multi_step, self.placement.step_model(self.model), self.block_size,
-            loop=loop), static_argnums=(0, 1), donate_argnums=(3,))
+            loop=loop), static_argnums=(0, 1), donate_argnums=(3,),
+            compiler_options=self.decode_options)
         self.programs = {k: v for k, v in self.programs.items()
                          if k[0] != "multi"}
 
