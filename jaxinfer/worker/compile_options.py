@@ -5,11 +5,13 @@ For the few-row products of a decode batch its own dot emitter is faster:
 30 layers of the embedded model's products at 8 rows took 28 ms against
 36 ms, and its batched decode (8 x 64) ran at 188 tok/s against 161, with
 the same greedy tokens. For wide products of many rows YNNPACK is faster
-(a [256, 576] x [576, 49152] logits product 109 ms against 242 ms), so
-steps with prefill rows keep the default, and decode-only programs (one
-row per sequence, `Buckets`) are compiled with YNNPACK kept for
-reductions alone (the CPU lm_head, `layers.rows_times_table`, is one: 10x
-slower without it). docs/performance.md, section 16.
+(a [256, 576] x [576, 49152] logits product 109 ms against 242 ms, and
+the layers' products break even near 64 rows), so steps with prefill rows
+and decode buckets outside DECODE_OPTIONS_ROWS sequences keep the
+default, and the other decode-only programs (one row per sequence,
+`Buckets`) are compiled with YNNPACK kept for reductions alone (the CPU
+lm_head, `layers.rows_times_table`, is one: 10x slower without it).
+Multi-step windows keep the default too. docs/performance.md, section 16.
 
 Passed per program (``jax.jit(..., compiler_options=...)``), not through
 ``XLA_FLAGS``: nothing else in the process changes, and an XLA that does
@@ -26,6 +28,10 @@ from importlib import metadata
 # YNNPACK fusions limited to reductions: products go to XLA's dot emitter.
 CPU_DECODE_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+# Decode buckets of this many sequences take the options (first, last):
+# measured faster at 4-16 rows (layers' products 28-33 ms against 33-49),
+# the same at one row, slower at two (30 against 23) and from 64.
+DECODE_OPTIONS_ROWS = (4, 32)
 # jaxlib (major, minor) versions that take the option and were measured.
 MEASURED_JAXLIB = ((0, 10), (0, 11))
 ENV = "JAXINFER_CPU_DECODE_DOTS"  # "xla" (default) or "ynnpack"

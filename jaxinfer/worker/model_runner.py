@@ -30,7 +30,7 @@ from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from .buckets import Buckets
-from .compile_options import decode_compile_options
+from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
 from .lora_inputs import LoRAInputs
@@ -305,9 +305,12 @@ class ModelRunner:
         return out, prompt_lp, kv_pages, state, next_tokens
 
     def forward_program(self, dims):
-        """The jitted forward of a bucket: decode-only buckets (dims[3])
-        have their own compiler options on CPU (`decode_options`)."""
-        if dims[3] and self._forward_decode is not None:
+        """The jitted forward of a bucket: decode-only buckets (dims[3]) of
+        DECODE_OPTIONS_ROWS sequences have their own compiler options on
+        CPU (`decode_options`)."""
+        lo, hi = DECODE_OPTIONS_ROWS
+        if (dims[3] and lo <= dims[1] <= hi
+                and self._forward_decode is not None):
             return self._forward_decode
         return self._forward
 
@@ -321,11 +324,9 @@ class ModelRunner:
         """How multi-step windows loop (`step_programs.WINDOW_LOOPS`); drops
         the window programs built so far."""
         self.window_loop = loop
-        # Windows only decode: compiled like decode-only buckets.
         self._multi = jax.jit(functools.partial(
             multi_step, self.placement.step_model(self.model), self.block_size,
-            loop=loop), static_argnums=(0, 1), donate_argnums=(3,),
-            compiler_options=self.decode_options)
+            loop=loop), static_argnums=(0, 1), donate_argnums=(3,))
         self.programs = {k: v for k, v in self.programs.items()
                          if k[0] != "multi"}
 

@@ -36,12 +36,17 @@ def test_decode_buckets_compile_products_outside_ynnpack(make_llm):
         pytest.skip("no decode options on this platform or jaxlib")
     forwards = {key[1]: todo for key, todo in wanted_programs(runner).items()
                 if key[0] == "forward"}
-    decode = [dims for dims in forwards if dims[3]]
+    decode = [dims for dims in forwards if dims[3] and dims[1] >= 4]
     prefill = [dims for dims in forwards if not dims[3]]
     assert decode and prefill
+    lo, hi = compile_options.DECODE_OPTIONS_ROWS
     for dims, (jitted, _, _) in forwards.items():
         assert jitted is runner.forward_program(dims)
-        assert (jitted is runner._forward_decode) == dims[3]
+        assert (jitted is runner._forward_decode) == (
+            dims[3] and lo <= dims[1] <= hi)
+    # Decode buckets outside the measured rows keep the default compile.
+    for rows in (lo - 1, hi * 2):
+        assert runner.forward_program((rows, rows, 4, True)) is runner._forward
     texts = {}
     for dims in (decode[0], prefill[0]):
         jitted, static, dyn = forwards[dims]
