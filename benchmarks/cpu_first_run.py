@@ -21,7 +21,6 @@ padding, one ``generate`` call). Rates compare the second runs. Every generation
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -29,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_stamp import run_stamp  # noqa: E402
 
 PROMPT = "The capital of France is"
 BATCH_PROMPTS = [
@@ -154,8 +156,8 @@ def main() -> None:
     result = {
         "what": "README first command and LLM() timings, jaxinfer vs HF "
                 "transformers (torch, float32), embedded SmolLM2-135M GGUF",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"),
+        **run_stamp(),
+        "command": "PYTHONPATH=$PWD python benchmarks/cpu_first_run.py",
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor()
                     or platform.machine(), "python": platform.python_version()},
         "cli_cold": {k: v for k, v in cli_cold.items() if k != "stderr"},
