@@ -61,13 +61,13 @@ the softmax denominator is unchanged.
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from . import kv_cache
+from .kernel_common import hopper as _hopper
 from .kernel_common import per_tensor_scales
 from . import ragged_paged_attention_decode_mgpu as _decode_mgpu
 from . import ragged_paged_attention_prefill_mgpu as _prefill_mgpu
@@ -83,20 +83,6 @@ class RaggedAttentionShapeError(ValueError):
 
 
 # ----------------------------------------------------------------- public ---
-
-@functools.cache
-def _hopper() -> bool:
-    """Whether the default device is a Hopper GPU (compute capability 9.x:
-    TMA and wgmma) with Mosaic GPU importable."""
-    try:
-        dev = jax.devices()[0]
-        importlib.import_module("jax.experimental.pallas.mosaic_gpu")
-    except Exception:  # pragma: no cover - no device / no Mosaic GPU
-        return False
-    cc = getattr(dev, "compute_capability", None)
-    return (dev.platform == "gpu" and cc is not None
-            and 9.0 <= float(cc) < 10.0)
-
 
 _PER_PAGE = "per-page K/V scales (the Triton kernels read them)"
 
