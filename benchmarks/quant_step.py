@@ -417,6 +417,8 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sections", default="check,layers,decode,prefill,kv,bytes")
+    ap.add_argument("--decode-variants", default="bf16,int4,int4-pallas,fp8",
+                    help="the decode section's variants, comma-separated")
     ap.add_argument("--int4-tuning", default=None,
                     help="bench_int4.py's int4-kernel.json (or several, "
                     "comma-separated): the Pallas int4 variants take the "
@@ -444,7 +446,7 @@ def main():
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
                        [(1, 1024), (256, 1024)],
-                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
+                       tuple(args.decode_variants.split(",")), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         ("bf16", "fp8"), backend, roof)
