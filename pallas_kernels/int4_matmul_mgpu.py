@@ -430,7 +430,11 @@ def int4_matmul_mgpu(
     if interpret:
         kw["interpret"] = mosaic_interpret_params()
     else:
-        kw["compiler_params"] = plgpu.CompilerParams(approx_math=True)
+        # Lane semantics (explicit register layouts), which this kernel is
+        # written in; jax 0.11 made Warpgroup semantics the default.
+        kw["compiler_params"] = plgpu.CompilerParams(
+            approx_math=True,
+            lowering_semantics=plgpu.LoweringSemantics.Lane)
     W = tuning.warpgroups
     mesh = plgpu.Mesh(grid=(p.padded // p.rows, tiles // W, p.splits),
                       grid_names=("m", "n", "k"), num_threads=W + 1,

@@ -156,8 +156,12 @@ def main():
                     help="rows to time, comma-separated")
     ap.add_argument("--triton-sweep", action="store_true")
     ap.add_argument("--lower-only", action="store_true")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated: triton, xla-int4 (a run that "
+                    "times only the Mosaic kernel beside bf16)")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
     if args.lower_only:
         return lower_only(ms)
     deadline = time.time() + args.budget_s
@@ -226,7 +230,8 @@ def main():
         del w16
         if not SMOKE:  # Mosaic has no CPU path but its interpreter
             try_tuning(c, Int4MosaicTuning())
-        try_tuning(c, default_tuning(M, n_out, n_in // GROUP))
+        if "triton" not in skip:
+            try_tuning(c, default_tuning(M, n_out, n_in // GROUP))
     # Pass 2 (fewest rows first): Mosaic variants, the Triton sweep, then
     # XLA's int4 product.
     for M, (name, n_in, n_out) in itertools.product(ms, SHAPES):
@@ -243,6 +248,8 @@ def main():
                 for t in around(min(timed, key=timed.get)):
                     try_tuning(c, t)
     for M, (name, n_in, n_out) in itertools.product(ms, SHAPES):
+        if "xla-int4" in skip:
+            break
         c = case(name, n_in, n_out, M)
         xla(c, "int4 xla dequant+dot", int4_matmul_reference, c["x"], c["q"],
             c["s"], c["z"])
@@ -256,7 +263,8 @@ def main():
                all_close=all(checks), group_size=GROUP, **run_stamp(),
                command="python3 benchmarks/kernels/bench_int4.py --out $OUT "
                f"--ms {args.ms}" + (" --triton-sweep" if args.triton_sweep
-                                    else ""),
+                                    else "")
+               + (f" --skip {args.skip}" if args.skip else ""),
                rows=rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "int4-kernel.json"), "w") as f:
