@@ -89,16 +89,28 @@ VARIANTS = {
 TRACED_AS = {
     "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
     "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
+    # The Pallas variant with the Mosaic GPU int4 kernel up to 256 rows
+    # (pallas_kernels/int4_matmul.py's switch, off by default).
+    "int4-mosaic": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 256}),
 }
+
+
+def _switch_target(flag):
+    """(module, attribute) of a switch: methods.py's, or int4_matmul's when
+    the name says so."""
+    if flag.startswith("int4_matmul."):
+        from jaxinfer.pallas_kernels import int4_matmul as i4
+        return i4, flag.split(".", 1)[1]
+    return qm, flag
 
 
 @contextlib.contextmanager
 def switches(variant):
     """The module switches a variant is traced with."""
     flags = TRACED_AS.get(variant, (variant, {}))[1]
-    old = {k: getattr(qm, k) for k in flags}
+    old = {k: getattr(*_switch_target(k)) for k in flags}
     for k, v in flags.items():
-        setattr(qm, k, v)
+        setattr(*_switch_target(k), v)
     # The switches are module globals, not part of any jit key: a layer
     # traced under other switches (llama.apply_layer caches its trace by
     # the layer's settings) would be reused as it is. (That is how the
@@ -109,7 +121,7 @@ def switches(variant):
         yield
     finally:
         for k, v in old.items():
-            setattr(qm, k, v)
+            setattr(*_switch_target(k), v)
         if flags:
             jax.clear_caches()
 
