@@ -89,9 +89,11 @@ VARIANTS = {
 TRACED_AS = {
     "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
     "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
-    # The Pallas variant with the Mosaic GPU int4 kernel up to 256 rows
-    # (pallas_kernels/int4_matmul.py's switch, off by default).
+    # The Pallas variant ("int4-pallas": the Mosaic GPU int4 kernel up to
+    # int4_matmul.MOSAIC_MAX_ROWS rows on Hopper, Triton above) with each
+    # kernel alone.
     "int4-mosaic": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 256}),
+    "int4-triton": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 0}),
 }
 
 

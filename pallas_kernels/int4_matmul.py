@@ -35,11 +35,13 @@ from .int4_matmul_mgpu import problem as mosaic_problem
 from .kernel_common import hopper
 
 # Rows up to which ``int4_matmul`` with no tuning runs the Mosaic kernel on
-# Hopper (for the cases it takes); the Triton kernel serves the rest. 0 (off)
-# until the Mosaic kernel has passed its GPU test and been timed against the
-# Triton one (pallas_kernels/NOTES.md, int4 v5: it has not yet run on a GPU);
-# then the row count up to which it is the faster.
-MOSAIC_MAX_ROWS = 0
+# Hopper (for the cases it takes); the Triton kernel serves the rest. On the
+# H200 the Mosaic kernel beat the Triton one at every llama3-8b projection
+# at 1 and 256 rows, 1.7-2.2x with the default tuning (k/v at one row
+# excepted, 13.6 against 11.0 us, the run's noisiest reading; NOTES.md,
+# int4 v5 run 3), and the decode step went from 5.85 to 5.12 ms at S=1
+# and from 27.2 to 21.5 ms at S=256.
+MOSAIC_MAX_ROWS = 256
 
 
 class Int4MatmulShapeError(ValueError):

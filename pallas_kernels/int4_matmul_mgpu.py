@@ -29,9 +29,10 @@ bandwidth in three forms, NOTES.md v2-v4b):
   (exact in bf16) and applies each group's scale and zero point to the
   [64, N] partial product, s * (acc - (z - 8) * sum(x)), the group's input
   sums from a second wgmma against a tile of ones: no per-weight arithmetic
-  past the conversion, cheapest when N is small. "weights" forms
-  (q - z) * s per weight in bf16 and accumulates all groups in one
-  accumulator: cheaper per output when N is large.
+  past the conversion. "weights" forms (q - z) * s per weight in bf16 and
+  accumulates all groups in one accumulator. Predicted the cheaper form
+  for few rows, partials lost to weights at 1 row too on the H200 (24.2
+  against 20.2 us for gate/up), so weights is the default.
 * Split-K over groups for small batches: ``splits`` programs share a row
   tile, each writing its f32 partial product; a jnp sum adds them.
 
@@ -73,7 +74,7 @@ class Int4MosaicTuning:
     splits: int = 0  # programs sharing a row tile's groups; 0 = automatic
     programs_per_sm: int = 1  # target of the automatic split count
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
-    scale_on: str = "auto"  # "partials", "weights"; auto: by block_rows
+    scale_on: str = "auto"  # "partials", "weights"; auto: weights
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
 
     def __post_init__(self):
@@ -128,15 +129,15 @@ def _valid_splits(groups: int) -> list[int]:
 
 
 def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
-    """The launch for M rows: x rows per program (up to 128, the weights
-    form above 64), the split count (automatic: the fewest that give
+    """The launch for M rows: x rows per program (up to 128), the split count (automatic: the fewest that give
     ``programs_per_sm`` programs per SM, keeping 2+ groups per program) and
     the ring depth (what fits ``smem_budget``, at most 8 and the program's
     group count)."""
     rows = tuning.block_rows or min(round_up(M, 8), 128)
     padded = round_up(M, rows)
-    partials = (tuning.scale_on == "partials"
-                or (tuning.scale_on == "auto" and rows <= 64))
+    # "auto" is the weights form: on the H200 it beat the partials form at
+    # every shape timed, 1 and 256 rows (NOTES.md, int4 v5 run 3).
+    partials = tuning.scale_on == "partials"
     tiles = (padded // rows) * (n_out // (ROWS * tuning.warpgroups))
     valid = _valid_splits(groups)
     if tuning.splits:

@@ -47,7 +47,10 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
 
 @pytest.mark.parametrize("M, n_in, n_out, tuning", [
     # Partials form; 16 groups over 2 splits on a 2-slot ring (refills).
-    (5, 4096, 128, dict(warpgroups=1, splits=2, num_stages=2)),
+    (5, 4096, 128, dict(warpgroups=1, splits=2, num_stages=2,
+                        scale_on="partials")),
+    # The default ("auto") is the weights form.
+    (3, 2048, 128, dict(warpgroups=1)),
     # Weights form, two consumer warpgroups, two row blocks of x, one
     # program's 32 groups in two scale boxes on a 3-slot ring.
     (17, 4096, 128, dict(warpgroups=2, splits=1, num_stages=3,
@@ -56,12 +59,13 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
 def test_mosaic_int4_matches_the_reference(M, n_in, n_out, tuning):
     t = Int4MosaicTuning(**tuning)
     p = plan(M, n_out, n_in // 128, t)
-    assert p.partials == (tuning.get("scale_on") != "weights")
+    assert p.partials == (tuning.get("scale_on") == "partials")
     _check(M, n_in, n_out, t)
 
 
 @pytest.mark.parametrize("M, n_out, tuning", [
-    (1, 14336, {}),  # llama3-8b gate/up at a decode: partials
+    (1, 14336, {}),  # llama3-8b gate/up at a decode: weights form
+    (1, 14336, dict(scale_on="partials")),
     (256, 4096, dict(warpgroups=4)),  # q/o at 256 rows: weights form
 ])
 def test_mosaic_int4_lowers_for_cuda(M, n_out, tuning):
@@ -103,12 +107,12 @@ def test_mosaic_int4_refuses_what_it_cannot_take():
 
 @gpu
 @pytest.mark.parametrize("M, n_in, n_out, tuning", [
-    (1, 4096, 14336, {}),  # gate/up, partials, 2 splits
-    (1, 14336, 4096, {}),  # down, partials, 7 splits
+    (1, 4096, 14336, {}),  # gate/up, weights form, 2 splits
+    (1, 14336, 4096, dict(scale_on="partials")),  # down, 7 splits
     (7, 4096, 1024, dict(warpgroups=1)),  # k/v, 16 splits of 2 groups
     (16, 4096, 4096, dict(scale_on="weights", warpgroups=4)),
     (256, 4096, 14336, {}),  # weights form, two row blocks of 128
-    (256, 14336, 4096, dict(block_rows=64)),  # partials, four row blocks
+    (256, 14336, 4096, dict(block_rows=64, scale_on="partials")),  # 4 blocks
 ])
 def test_mosaic_int4_on_gpu(M, n_in, n_out, tuning):
     """Compiled at llama3-8b's projection shapes."""
