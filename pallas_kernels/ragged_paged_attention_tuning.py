@@ -42,6 +42,10 @@ class MosaicDecodeTuning:
     # Mosaic's unsafe_no_auto_barriers (no warpgroup barrier around each
     # copy and smem store; the kernel orders its smem traffic itself).
     no_auto_barriers: bool = False
+    # fp8 pages: 16-bit tiles dequantized ahead of the wgmma warpgroup (the
+    # producer warpgroup's lead; one warpgroup alone uses one); fewer when
+    # the smem budget needs it.
+    staging_stages: int = 2
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -53,6 +57,9 @@ class MosaicDecodeTuning:
                               "(automatic) or >= 2")
         if self.kv_splits < 0 or self.programs_per_sm < 1:
             raise TuningError("kv_splits must be >= 0 and programs_per_sm >= 1")
+        if self.staging_stages < 1:
+            raise TuningError(f"staging_stages={self.staging_stages} must be"
+                              " >= 1")
 
     def stages(self, head_dim: int, itemsize: int) -> int:
         if self.num_stages:
@@ -60,6 +67,21 @@ class MosaicDecodeTuning:
         step = 2 * self.tokens_per_step * head_dim * itemsize
         fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
         return max(2, min(8, (self.smem_budget - fixed) // step))
+
+    def fp8_stages(self, head_dim: int, itemsize: int) -> tuple[int, int]:
+        """(ring, staging) depths for 1-byte pages: the ring of fp8 steps
+        the copies fill and the 16-bit (``itemsize``) tiles they are
+        dequantized into for wgmma, both within ``smem_budget``."""
+        step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
+        tile = step * itemsize
+        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        staging = self.staging_stages if self.producer_warpgroup else 1
+        while staging > 1 and fixed + staging * tile + 2 * step > self.smem_budget:
+            staging -= 1
+        if self.num_stages:
+            return self.num_stages, staging
+        ring = (self.smem_budget - fixed - staging * tile) // step
+        return max(2, min(8, ring)), staging
 
     def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
         if self.kv_splits:
