@@ -228,14 +228,17 @@ def _decode_kernel(
             for c in range(bk // _ROWS):
                 rows = pl.ds(c * _ROWS, _ROWS)
                 x = cast(src.at[rows][...], plgpu.Layout.WGMMA_8BIT)
-                x = x.astype(jnp.float32)
+                # e4m3 -> f16 is one exact convert per pair; bf16 goes
+                # through f32, where the scale is applied.
+                work = jnp.float16 if dtype == jnp.float16 else jnp.float32
+                x = x.astype(work)
                 if per_page:
                     first = tbl_shift + i * pages_per_step + c * (
                         _ROWS // page_size)
                     x = x * _row_scales(
                         [buffers.scales[kind, first + j]
                          for j in range(_ROWS // page_size)],
-                        page_size, head_dim, interpret)
+                        page_size, head_dim, work, interpret)
                 dst.at[rows][...] = cast(x.astype(dtype),
                                          plgpu.Layout.WGMMA_8BIT)
             plgpu.commit_smem()
@@ -458,9 +461,9 @@ def _decode_kernel(
     )
 
 
-def _row_scales(scales, page_size, head_dim, interpret):
-    """[64, H] f32: row r of a 64-token tile times ``scales[r // B]`` (one
-    scalar per page of the tile), in the layout the tile was loaded in."""
+def _row_scales(scales, page_size, head_dim, dtype, interpret):
+    """[64, H] ``dtype``: row r of a 64-token tile holds ``scales[r // B]``
+    (one f32 scalar per page of the tile), in the tile's register layout."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     if interpret:
         rows = jnp.concatenate([jnp.full((page_size,), x, jnp.float32)
@@ -473,7 +476,7 @@ def _row_scales(scales, page_size, head_dim, interpret):
         rows = jnp.full((_ROWS,), scales[-1], jnp.float32)
         for j in range(len(scales) - 2, -1, -1):
             rows = jnp.where(page == j, scales[j], rows)
-    out = lax.broadcast_in_dim(rows, (_ROWS, head_dim), [0])
+    out = lax.broadcast_in_dim(rows.astype(dtype), (_ROWS, head_dim), [0])
     return out if interpret else plgpu.layout_cast(out,
                                                    plgpu.Layout.WGMMA_8BIT)
 
@@ -529,6 +532,8 @@ def decode_attention(
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
     rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
+    if staging and tuning.fp8_f16:
+        q_rows = q_rows.astype(jnp.float16)
     scale_rows = ()
     if per_page:  # each table entry's (k, v) scales, in the table's order
         scale_rows = (jnp.transpose(
@@ -552,7 +557,8 @@ def decode_attention(
         kw.update(num_threads=2, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim), q.dtype),
+        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),
+                                       q_rows.dtype),
                   jax.ShapeDtypeStruct((*part, _ROWS), jnp.float32)),
         grid=(num_seqs, num_kv_heads, splits),
         grid_names=("seq", "kv_head", "split"),

@@ -46,6 +46,12 @@ class MosaicDecodeTuning:
     # producer warpgroup's lead; one warpgroup alone uses one); fewer when
     # the smem budget needs it.
     staging_stages: int = 2
+    # fp8 pages under bf16 queries: run the two wgmmas in f16 instead (the
+    # query rows cast to f16, pages dequantized to f16: one exact convert
+    # per pair of codes and an f16 scale multiply instead of a trip through
+    # f32, and 3 more mantissa bits; every |q|, |K| and |V| must stay under
+    # f16's 65504).
+    fp8_f16: bool = False
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:

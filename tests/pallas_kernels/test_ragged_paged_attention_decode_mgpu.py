@@ -8,9 +8,7 @@ operand). On a Hopper GPU the same cases run compiled, plus the ``gpu`` cases.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
@@ -21,8 +19,8 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
 from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
     ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import (check_against_reference, gpu,
-                                        make_case, rel_error)
+from tests.pallas_kernels.cases import (check_against_reference, fp8_case,
+                                        gpu, make_case, rel_error)
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -106,33 +104,11 @@ def test_mosaic_decode_rejects_what_it_cannot_take():
         RaggedPagedAttentionTuning(decode_backend="cuda")
 
 
-def _fp8_case(mix, seed, **kw):
-    """A case whose pages are fp8 e4m3 codes with one scale per (kv head,
-    page), as kv_cache.write_kv_scaled writes them: each page's values get
-    their own magnitude (0.05x to 20x, so a scale applied to the wrong page
-    or head, or not at all, shows), scale = amax / 448. Returns (case, K
-    scales, V scales), the scales [K, num_pages] f32."""
-    q, kp, vp, *md = make_case(mix, dtype=jnp.float32, seed=seed, **kw)
-    rng = np.random.default_rng(seed + 100)
-    qmax = float(jnp.finfo(jnp.float8_e4m3fn).max)
-    out, scales = [], []
-    for pages in (kp, vp):
-        mag = np.exp(rng.uniform(np.log(0.05), np.log(20.0),
-                                 pages.shape[:2]))[..., None, None]
-        pages = np.asarray(pages) * mag
-        scale = np.abs(pages).max(axis=(2, 3)) / qmax  # [K, num_pages]
-        out.append(jnp.asarray(pages / scale[..., None, None],
-                               jnp.float8_e4m3fn))
-        scales.append(jnp.asarray(scale, jnp.float32))
-    case = (q.astype(jnp.bfloat16), *out, *md)
-    return case, scales[0], scales[1]
-
-
 def test_mosaic_decode_fp8_pages_with_per_page_scales():
     """fp8 pages dequantized in the kernel, times each (kv head, page)'s
     own K and V scales; ragged lengths (one token, a page boundary, a
     partial last step, several splits), pages scattered over the pool."""
-    case, ks, vs = _fp8_case([(1, 40), (1, 1), (1, 129), (1, 300)],
+    case, ks, vs = fp8_case([(1, 40), (1, 1), (1, 129), (1, 300)],
                              num_q_heads=8, num_kv_heads=2, head_dim=64,
                              seed=11)
     out = _check(case, _mosaic(num_stages=2, kv_splits=2), k_scale=ks,
@@ -149,17 +125,26 @@ def test_mosaic_decode_fp8_per_tensor_and_mixed_scales():
     """H=128 (a 128-byte fp8 row), 128-token steps (two 64-row tiles, four
     pages each, per step), a prefill chunk beside the decodes (Triton);
     per-tensor scales, then per-page K scales with one V scale."""
-    case, ks, vs = _fp8_case(MIX, num_q_heads=4, num_kv_heads=2,
+    case, ks, vs = fp8_case(MIX, num_q_heads=4, num_kv_heads=2,
                              head_dim=128, seed=12)
     tuning = _mosaic(num_stages=2, kv_splits=2, tokens_per_step=128)
     _check(case, tuning, k_scale=jnp.float32(0.03), v_scale=jnp.float32(0.02))
     _check(case, tuning, k_scale=ks, v_scale=jnp.float32(0.02))
 
 
+def test_mosaic_decode_fp8_in_f16():
+    """fp8_f16: bf16 queries, the wgmmas in f16 (pages dequantized to f16,
+    scales multiplied in f16); output back in bf16."""
+    case, ks, vs = fp8_case([(1, 200), (1, 17)], num_q_heads=8,
+                            num_kv_heads=2, head_dim=64, seed=14)
+    _check(case, _mosaic(num_stages=2, kv_splits=2, fp8_f16=True),
+           k_scale=ks, v_scale=vs, decode_only=True)
+
+
 def test_mosaic_decode_fp8_producer_warpgroup():
     """The producer warpgroup dequantizes into a 2-tile staging ring ahead
     of the consumer; the sequence is longer than ring and staging."""
-    case, ks, vs = _fp8_case([(1, 330), (1, 7)], num_q_heads=4,
+    case, ks, vs = fp8_case([(1, 330), (1, 7)], num_q_heads=4,
                              num_kv_heads=1, head_dim=64, seed=13)
     _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
                          staging_stages=2),
@@ -196,10 +181,10 @@ def test_mosaic_decode_fp8_on_gpu(group, head_dim, window, cap):
     decodes = [(1, 1), (1, 129), (1, 2048), (1, 5000)]
     kw = dict(num_q_heads=4 * group, num_kv_heads=4, head_dim=head_dim,
               seed=head_dim + group)
-    case, ks, vs = _fp8_case(decodes + [(7, 40)], **kw)
+    case, ks, vs = fp8_case(decodes + [(7, 40)], **kw)
     _check(case, None, sliding_window=window, logit_soft_cap=cap,
            k_scale=ks, v_scale=vs)
-    case, ks, vs = _fp8_case(decodes, **kw)
+    case, ks, vs = fp8_case(decodes, **kw)
     _check(case, None, sliding_window=window, logit_soft_cap=cap,
            k_scale=ks, v_scale=vs, decode_only=True)
 
