@@ -51,12 +51,11 @@ COMMAND = ("export PYTHONPATH=$PWD; "
 # fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default.
 VARIANTS = {
     "ws": {},
-    "ws_nab": {"no_auto_barriers": True},
-    "ws_stg3": {"staging_stages": 3},
-    "ws_stg1": {"staging_stages": 1},
-    "ws_t128": {"tokens_per_step": 128},
-    "1wg": {"producer_warpgroup": False},
     "ws_f16": {"fp8_f16": True},
+    "1wg": {"producer_warpgroup": False},
+    "ws_stg3": {"staging_stages": 3},
+    "ws_nab": {"no_auto_barriers": True},
+    "ws_t128": {"tokens_per_step": 128},
 }
 
 
@@ -190,35 +189,45 @@ def main():
             return o.astype(jnp.bfloat16)
         return fn, (q.reshape(S, K, N // K, H), *pages[dt])
 
+    def write():
+        out = dict(workload="decode-fp8-mgpu", command=COMMAND,
+                   device=roof["device"], jax=jax.__version__,
+                   date=datetime.datetime.now(
+                       datetime.timezone.utc).isoformat(),
+                   params=dict(S=S, L=L, N=N, K=K, H=H, page=B,
+                               scales="per page, uniform [0.01, 0.02]",
+                               timing="time_chained: 16 calls per program, "
+                               "median of 9 repeats", decode_only=True),
+                   bw_bytes_per_s=bw, copy_repeats_s=roof["copy_s"],
+                   variants=VARIANTS, rows=rows)
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "decode-fp8-mgpu-h200.json"),
+                  "w") as f:
+            json.dump(out, f, indent=1)
+
+    # Most telling first, the file rewritten after each row (a run cut
+    # short keeps what it timed).
+    def fp8_variant(label):
+        fn, args, check = api("fp8", decode_backend="mosaic",
+                              mosaic_decode=MosaicDecodeTuning(
+                                  **VARIANTS[label]))
+        run(f"api_mosaic_{label}", "fp8", fn, args, check)
+
+    fp8_variant("ws")
+    write()
     fn, args, _ = api("bf16", decode_backend="mosaic")
     run("api_mosaic", "bf16", fn, args)
-    fn, args = kernel("bf16", MosaicDecodeTuning())
-    run("kernel_mosaic", "bf16", fn, args)
-    for label, tune in VARIANTS.items():
-        if SMOKE and label not in ("ws", "1wg"):
-            continue
-        fn, args, check = api("fp8", decode_backend="mosaic",
-                              mosaic_decode=MosaicDecodeTuning(**tune))
-        run(f"api_mosaic_{label}", "fp8", fn, args, check)
-    fn, args = kernel("fp8", MosaicDecodeTuning())
-    run("kernel_mosaic_ws", "fp8", fn, args)
     fn, args, check = api("fp8", decode_backend="triton")
     run("api_triton", "fp8", fn, args, check)
-    fn, args, _ = api("fp8", decode_backend="mosaic")
-    run("api_mosaic_ws_again", "fp8", fn, args)
-
-    out = dict(workload="decode-fp8-mgpu", command=COMMAND,
-               device=roof["device"], jax=jax.__version__,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-               params=dict(S=S, L=L, N=N, K=K, H=H, page=B,
-                           scales="per page, uniform [0.01, 0.02]",
-                           timing="time_chained: 16 calls per program, "
-                           "median of 9 repeats", decode_only=True),
-               bw_bytes_per_s=bw, copy_repeats_s=roof["copy_s"],
-               variants=VARIANTS, rows=rows)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "decode-fp8-mgpu-h200.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    write()
+    for label in VARIANTS:
+        if label == "ws" or (SMOKE and label != "1wg"):
+            continue
+        fp8_variant(label)
+        write()
+    fn, args = kernel("fp8", MosaicDecodeTuning())
+    run("kernel_mosaic_ws", "fp8", fn, args)
+    write()
     print(f"\ncopy BW {bw / 1e12:.2f} TB/s ({roof['device']}); "
           f"S={S} L={L} N={N} K={K} H={H} page {B}, decode-only, chained")
     for r in rows:
