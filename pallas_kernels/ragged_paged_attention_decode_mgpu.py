@@ -339,17 +339,22 @@ def _decode_kernel(
                 consume(ring_k, nothing, ring_v, refill)
                 return
 
-            # fp8: dequantize K before its wgmma, V during it.
+            # fp8: dequantize K before its wgmma, V during it. (The one
+            # staging tile is indexed by a traced 0: jax 0.11's lowering
+            # rejects a literal index on a ref that a wgmma reads in a loop.)
+            def staged(i):
+                return lax.rem(i, staging)
+
             def staged_k(i):
                 k_ref, slot = ring_k(i)
-                dequant(0, i, k_ref, buffers.kb.at[0])
-                return buffers.kb.at[0], slot
+                dequant(0, i, k_ref, buffers.kb.at[staged(i)])
+                return buffers.kb.at[staged(i)], slot
 
             def staged_v_during_qk(i, slot):
-                dequant(1, i, ring_v(i, slot), buffers.vb.at[0])
+                dequant(1, i, ring_v(i, slot), buffers.vb.at[staged(i)])
 
             consume(staged_k, staged_v_during_qk,
-                    lambda i, slot: buffers.vb.at[0], refill)
+                    lambda i, slot: buffers.vb.at[staged(i)], refill)
             return
 
         # Two warpgroups: wg 1 only issues copies (a slot once wg 0 frees
