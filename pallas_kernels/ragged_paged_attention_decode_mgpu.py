@@ -34,8 +34,10 @@ registers, converted, multiplied row-wise by its page's scale and stored as
 a 16-bit tile in the swizzled layout wgmma reads; the wgmma and online
 softmax then run as for 16-bit pages. With a producer warpgroup the producer
 dequantizes (``staging_stages`` tiles ahead of the consumer), so the convert
-overlaps the consumer's math; with one warpgroup it dequantizes V while the
-QK^T wgmma runs. Per-page scales (``[K, num_pages]``, ``kv_cache.py``) come
+overlaps the consumer's math; ``fp8_producers=2`` splits that work over two
+producer warpgroups, one copying and converting K, the other V (the convert,
+not the consumer's math, bounds the kernel: NOTES.md v10, v11); with one
+warpgroup alone it dequantizes V while the QK^T wgmma runs. Per-page scales (``[K, num_pages]``, ``kv_cache.py``) come
 as a ``[S, K, 2, W]`` gather beside the block table (the wrapper's one XLA
 gather) and are TMA-copied to smem with the program's table slice.
 
@@ -69,11 +71,12 @@ _COPY_ROWS = 16
 _PAGE_SIZES = (16,)
 # Page dtypes dequantized in the kernel (the KV cache writes e4m3 pages).
 _FP8_PAGES = (jnp.dtype(jnp.float8_e4m3fn),)
-# Registers per thread of the producer warpgroup: it only issues copies for
+# Registers per thread of a producer warpgroup: it only issues copies for
 # 16-bit pages; for fp8 pages it also holds a 64 x H tile being converted.
-# (The consumer takes 232; Mosaic counts the two against one 512 budget.)
+# (The consumer takes 232; Mosaic counts all warpgroups' against one 512.)
 _PRODUCER_REGS = 40
-_PRODUCER_REGS_FP8 = 160
+# by the number of producer warpgroups
+_PRODUCER_REGS_FP8 = {1: 160, 2: 136}
 
 
 class _Buffers(NamedTuple):
@@ -99,7 +102,8 @@ class _Barriers(NamedTuple):
     # fp8 pages with a producer warpgroup only (None otherwise):
     kb_ready: Any = None  # [staging] a dequantized K tile is stored
     vb_ready: Any = None  # [staging] a dequantized V tile is stored
-    staged_free: Any = None  # [staging] the consumer released a tile
+    kb_free: Any = None  # [staging] the consumer's QK^T read a K tile
+    vb_free: Any = None  # [staging] the consumer's PV read a V tile
 
 
 class MosaicDecodeUnsupported(ValueError):
@@ -132,7 +136,8 @@ def _decode_kernel(
     tables_ref,  # [S, W] int32 page ids, zero padded past P
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
-    num_splits, table_chunk, producer, staging, per_page, interpret):
+    num_splits, table_chunk, producer, staging, per_page, interpret,
+    producers=1):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
     #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
@@ -199,12 +204,13 @@ def _decode_kernel(
                             buffers.scales.at[kind, pl.ds(c * piece, piece)],
                             tbl_bar.at[0])
 
-        def issue(i, slot):
-            """Step i's pages -> ring slot `slot`, one TMA copy per page."""
+        def issue(i, slot, kinds=(0, 1)):
+            """Step i's pages -> ring slot `slot`, one TMA copy per page, of
+            K (kind 0) and V (1)."""
             pages = [tbl_smem[tbl_shift + i * pages_per_step + j]
                      for j in range(pages_per_step)]
-            for pages_ref, smem, bar in ((k_pages_ref, k_smem, k_bar),
-                                         (v_pages_ref, v_smem, v_bar)):
+            rings = ((k_pages_ref, k_smem, k_bar), (v_pages_ref, v_smem, v_bar))
+            for pages_ref, smem, bar in (rings[kind] for kind in kinds):
                 for j, page in enumerate(pages):
                     for r in range(0, page_size, _COPY_ROWS):
                         plgpu.copy_gmem_to_smem(
@@ -214,12 +220,12 @@ def _decode_kernel(
                                                 _COPY_ROWS)],
                             bar.at[slot])
 
-        def fill_ring():
+        def fill_ring(kinds=(0, 1)):
             @pl.when(n > 0)
             def _():
                 plgpu.barrier_wait(tbl_bar.at[0])
                 for i in range(num_stages):
-                    pl.when(i < n)(functools.partial(issue, i, i))
+                    pl.when(i < n)(functools.partial(issue, i, i, kinds))
 
         def dequant(kind, i, src, dst):
             """Step i's fp8 tile ``src`` [bk, H] -> ``dst`` [bk, H] in the
@@ -243,11 +249,12 @@ def _decode_kernel(
                                          plgpu.Layout.WGMMA_8BIT)
             plgpu.commit_smem()
 
-        def consume(k_tile, during_qk, v_tile, done):
+        def consume(k_tile, during_qk, v_tile, done, after_qk=None):
             """The query rows, then the attention loop: step i's K tile is
             ``k_tile(i)`` -> (ref, slot), ``during_qk(i, slot)`` runs while
-            its QK^T wgmma does, its V tile is ``v_tile(i, slot)``, and
-            ``done(i, slot)`` runs once both are consumed."""
+            its QK^T wgmma does and ``after_qk(i, slot)`` once it is done,
+            its V tile is ``v_tile(i, slot)``, and ``done(i, slot)`` runs
+            once both are consumed."""
             q_smem[...] = cast(jnp.zeros((_ROWS, head_dim), dtype),
                                plgpu.Layout.WGMMA)
             plgpu.commit_smem()
@@ -262,7 +269,8 @@ def _decode_kernel(
                      plgpu.Layout.WGMMA.reduce(1))
             body = functools.partial(_attend_step, k_tile=k_tile,
                                      during_qk=during_qk, v_tile=v_tile,
-                                     done=done)
+                                     done=done,
+                                     after_qk=after_qk or nothing)
             # Only the last block (and, with a window, every block) needs a
             # mask.
             n_full = jnp.int32(0)
@@ -287,11 +295,13 @@ def _decode_kernel(
                                     lse_ref.at[seq, kv_head, split])
             plgpu.wait_smem_to_gmem(0)
 
-        def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done):
+        def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
+                         after_qk):
             acc, m, l = carry
             k_ref, slot = k_tile(i)
             s = qk(q_smem, k_ref, (_ROWS, bk),
                    functools.partial(during_qk, i, slot))
+            after_qk(i, slot)
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
@@ -386,49 +396,76 @@ def _decode_kernel(
                 plgpu.barrier_wait(barriers.vb_ready.at[sb])
                 return buffers.vb.at[sb]
 
-            def release_staged(i, sb):
-                @pl.when(i + staging < n)  # the producer's wait for step i+staging
-                def _():
-                    plgpu.barrier_arrive(barriers.staged_free.at[sb])
-            consume(staged_k, nothing, staged_v, release_staged)
+            def release(free):
+                def arrive(i, sb):
+                    # Only tiles the producer refills (its wait for step
+                    # i + staging).
+                    @pl.when(i + staging < n)
+                    def _():
+                        plgpu.barrier_arrive(free.at[sb])
+                return arrive
+            # K's tile is free once QK^T is done, V's once PV is.
+            consume(staged_k, nothing, staged_v, release(barriers.vb_free),
+                    after_qk=release(barriers.kb_free))
 
-        @pl.when(wg == 1)
-        def _():
-            if not interpret:
-                plgpu.set_max_registers(
-                    _PRODUCER_REGS_FP8 if fp8 else _PRODUCER_REGS,
-                    action="decrease")
-            load_table()
-            fill_ring()
+        if not fp8:
+            @pl.when(wg == 1)
+            def _():
+                if not interpret:
+                    plgpu.set_max_registers(_PRODUCER_REGS,
+                                            action="decrease")
+                load_table()
+                fill_ring()
 
-            if not fp8:
                 @pl.loop(0, jnp.maximum(n - num_stages, 0))
                 def _(i):
                     slot = lax.rem(i, num_stages)
                     plgpu.barrier_wait(free_bar.at[slot])
                     issue(i + num_stages, slot)
-                return
+            return
+
+        # fp8: each producer warpgroup copies and dequantizes its kinds of
+        # tiles (one: K and V; two: K in wg 1, V in wg 2), refilling a ring
+        # slot once its bytes are converted.
+        def produce(kinds):
+            if not interpret:
+                plgpu.set_max_registers(_PRODUCER_REGS_FP8[producers],
+                                        action="decrease")
+            fill_ring(kinds)
+            staged = ((buffers.kb, barriers.kb_ready, barriers.kb_free, k_bar,
+                       k_smem),
+                      (buffers.vb, barriers.vb_ready, barriers.vb_free, v_bar,
+                       v_smem))
 
             @pl.loop(0, n)
             def _(i):
                 slot = lax.rem(i, num_stages)
                 sb = lax.rem(i, staging)
+                for kind in kinds:
+                    tiles, ready, free, landed, ring = staged[kind]
 
-                @pl.when(i >= staging)
-                def _():
-                    plgpu.barrier_wait(barriers.staged_free.at[sb])
-                plgpu.barrier_wait(k_bar.at[slot])
-                dequant(0, i, k_smem.at[slot], buffers.kb.at[sb])
-                plgpu.barrier_arrive(barriers.kb_ready.at[sb])
-                plgpu.barrier_wait(v_bar.at[slot])
-                dequant(1, i, v_smem.at[slot], buffers.vb.at[sb])
-                plgpu.barrier_arrive(barriers.vb_ready.at[sb])
+                    @pl.when(i >= staging)
+                    def _():
+                        plgpu.barrier_wait(free.at[sb])
+                    plgpu.barrier_wait(landed.at[slot])
+                    dequant(kind, i, ring.at[slot], tiles.at[sb])
+                    plgpu.barrier_arrive(ready.at[sb])
 
                 # The slot's fp8 bytes are read (dequant's commit fenced
                 # them): refill it.
                 @pl.when(i + num_stages < n)
                 def _():
-                    issue(i + num_stages, slot)
+                    issue(i + num_stages, slot, kinds)
+
+        @pl.when(wg == 1)
+        def _():
+            load_table()
+            produce((0, 1) if producers == 1 else (0,))
+
+        if producers == 2:
+            @pl.when(wg == 2)
+            def _():
+                produce((1,))
 
     ring = (num_stages, bk, head_dim)
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
@@ -443,7 +480,8 @@ def _decode_kernel(
             fp8_barriers = dict(
                 kb_ready=plgpu.Barrier(num_barriers=staging),
                 vb_ready=plgpu.Barrier(num_barriers=staging),
-                staged_free=plgpu.Barrier(num_barriers=staging))
+                kb_free=plgpu.Barrier(num_barriers=staging),
+                vb_free=plgpu.Barrier(num_barriers=staging))
     pl.run_scoped(
         scoped,
         _Buffers(
@@ -517,8 +555,10 @@ def decode_attention(
     pages_per_step = tuning.tokens_per_step // page_size
     itemsize = jnp.dtype(q.dtype).itemsize
     staging = 0  # 16-bit pages go to wgmma as they land
+    producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
         num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
+        producers = tuning.fp8_producers
     else:
         num_stages = tuning.stages(head_dim, itemsize)
     max_steps = cdiv(pages_per_seq, pages_per_step)
@@ -549,7 +589,7 @@ def decode_attention(
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
-        per_page=per_page, interpret=interpret)
+        per_page=per_page, interpret=interpret, producers=producers)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
@@ -559,7 +599,7 @@ def decode_attention(
             approx_math=True,
             unsafe_no_auto_barriers=tuning.no_auto_barriers)
     if tuning.producer_warpgroup:
-        kw.update(num_threads=2, thread_name="wg")
+        kw.update(num_threads=1 + producers, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
         out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),

@@ -52,6 +52,9 @@ class MosaicDecodeTuning:
     # f32, and 3 more mantissa bits; every |q|, |K| and |V| must stay under
     # f16's 65504).
     fp8_f16: bool = False
+    # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
+    # them (K in one warpgroup, V in another; three warpgroups in all).
+    fp8_producers: int = 1
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -63,6 +66,9 @@ class MosaicDecodeTuning:
                               "(automatic) or >= 2")
         if self.kv_splits < 0 or self.programs_per_sm < 1:
             raise TuningError("kv_splits must be >= 0 and programs_per_sm >= 1")
+        if self.fp8_producers not in (1, 2):
+            raise TuningError(f"fp8_producers={self.fp8_producers} must be "
+                              "1 or 2")
         if self.staging_stages < 1:
             raise TuningError(f"staging_stages={self.staging_stages} must be"
                               " >= 1")

@@ -7,8 +7,9 @@ One command (GPU machine, repo root):
     python3 benchmarks/kernels/bench_decode_fp8.py --out $OUT
 
 1. probe (own process, time-limited): a small ragged fp8 case with per-page
-   scales through the Mosaic kernel (producer warpgroup and one warpgroup)
-   against the jnp reference; stops the run if it fails or hangs;
+   scales through the Mosaic kernel (one and two producer warpgroups, one
+   warpgroup alone) against the jnp reference; stops the run if it fails
+   or hangs;
 2. copy bandwidth of this run (torch ``copy_`` of 2 GiB, read + written);
 3. S=64 L=2048 N=32 K=8 H=128 page 16 (llama3-8b decode, the inputs of
    ``quant_step.py``'s kv section: random pages, per-page scales in
@@ -48,14 +49,22 @@ S, L, N, K, H, B = (2, 128, 8, 2, 64, 16) if SMOKE else (64, 2048, 32, 8,
                                                            128, 16)
 COMMAND = ("export PYTHONPATH=$PWD; "
            "python3 benchmarks/kernels/bench_decode_fp8.py --out $OUT")
-# fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default.
+# fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default,
+# "ws2" = two dequantizing producer warpgroups (K and V), "nab" = no
+# automatic warpgroup barriers, "f16" = wgmmas in f16, "t128" = 128-token
+# steps. The first run (NOTES.md v10) timed ws, ws_nab, ws_f16, 1wg and
+# 64/128-token, 2/3-tile staging variants of the one-producer kernel.
 VARIANTS = {
     "ws": {},
+    "ws2": {"fp8_producers": 2},
+    "ws2_nab": {"fp8_producers": 2, "no_auto_barriers": True},
+    "ws2_f16_nab": {"fp8_producers": 2, "fp8_f16": True,
+                    "no_auto_barriers": True},
+    "ws2_t128_nab": {"fp8_producers": 2, "tokens_per_step": 128,
+                     "no_auto_barriers": True},
+    "ws_nab": {"no_auto_barriers": True},
     "ws_f16": {"fp8_f16": True},
     "1wg": {"producer_warpgroup": False},
-    "ws_stg3": {"staging_stages": 3},
-    "ws_nab": {"no_auto_barriers": True},
-    "ws_t128": {"tokens_per_step": 128},
 }
 
 
@@ -74,15 +83,14 @@ def probe():
     ref = ragged_paged_attention_reference(*case, sm_scale=H ** -0.5,
                                            k_scale=ks, v_scale=vs,
                                            decode_only=True)
-    for producer in (True, False):
+    for tune in ({}, {"fp8_producers": 2}, {"producer_warpgroup": False}):
         t = RaggedPagedAttentionTuning(
-            decode_backend="mosaic",
-            mosaic_decode=MosaicDecodeTuning(producer_warpgroup=producer))
+            decode_backend="mosaic", mosaic_decode=MosaicDecodeTuning(**tune))
         out = ragged_paged_attention(*case, sm_scale=H ** -0.5, tuning=t,
                                      k_scale=ks, v_scale=vs, decode_only=True,
                                      interpret=SMOKE)
         err = rel_error(out[:4], ref[:4])
-        print(f"probe producer={producer} rel err {err:.2e}", flush=True)
+        print(f"probe {tune} rel err {err:.2e}", flush=True)
         assert err < 2e-2 and bool(jnp.all(jnp.isfinite(
             out.astype(jnp.float32)))), err
 

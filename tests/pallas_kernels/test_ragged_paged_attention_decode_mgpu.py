@@ -109,8 +109,8 @@ def test_mosaic_decode_fp8_pages_with_per_page_scales():
     own K and V scales; ragged lengths (one token, a page boundary, a
     partial last step, several splits), pages scattered over the pool."""
     case, ks, vs = fp8_case([(1, 40), (1, 1), (1, 129), (1, 300)],
-                             num_q_heads=8, num_kv_heads=2, head_dim=64,
-                             seed=11)
+                            num_q_heads=8, num_kv_heads=2, head_dim=64,
+                            seed=11)
     out = _check(case, _mosaic(num_stages=2, kv_splits=2), k_scale=ks,
                  v_scale=vs, decode_only=True)
     # The scales matter: without them (or with K's and V's swapped) the
@@ -126,7 +126,7 @@ def test_mosaic_decode_fp8_per_tensor_and_mixed_scales():
     pages each, per step), a prefill chunk beside the decodes (Triton);
     per-tensor scales, then per-page K scales with one V scale."""
     case, ks, vs = fp8_case(MIX, num_q_heads=4, num_kv_heads=2,
-                             head_dim=128, seed=12)
+                            head_dim=128, seed=12)
     tuning = _mosaic(num_stages=2, kv_splits=2, tokens_per_step=128)
     _check(case, tuning, k_scale=jnp.float32(0.03), v_scale=jnp.float32(0.02))
     _check(case, tuning, k_scale=ks, v_scale=jnp.float32(0.02))
@@ -141,13 +141,15 @@ def test_mosaic_decode_fp8_in_f16():
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
-def test_mosaic_decode_fp8_producer_warpgroup():
-    """The producer warpgroup dequantizes into a 2-tile staging ring ahead
-    of the consumer; the sequence is longer than ring and staging."""
+@pytest.mark.parametrize("producers", [1, 2])
+def test_mosaic_decode_fp8_producer_warpgroup(producers):
+    """Producer warpgroups dequantize into 2-tile staging rings ahead of
+    the consumer (one for K and V, or one each); the sequence is longer
+    than ring and staging."""
     case, ks, vs = fp8_case([(1, 330), (1, 7)], num_q_heads=4,
-                             num_kv_heads=1, head_dim=64, seed=13)
+                            num_kv_heads=1, head_dim=64, seed=13)
     _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
-                         staging_stages=2),
+                         staging_stages=2, fp8_producers=producers),
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
@@ -169,6 +171,8 @@ def test_mosaic_decode_takes_fp8_pages_only_with_per_page_scales():
     assert t.fp8_stages(256, 2)[1] == 1  # H=256: one staging tile fits
     with pytest.raises(TuningError):
         MosaicDecodeTuning(staging_stages=0)
+    with pytest.raises(TuningError, match="fp8_producers"):
+        MosaicDecodeTuning(fp8_producers=3)
 
 
 @gpu
