@@ -13,7 +13,9 @@ hands out that object itself (what vLLM users pass to transformers).
 
 Only folders whose config says the backend tokenizer is the whole story are
 taken (a `PreTrainedTokenizerFast` / `TokenizersBackend` class, no clean-up
-of decoded spaces): the ones ``tokenizer.py`` saves for GGUF files.
+of decoded spaces): the ones ``tokenizer.py`` saves for GGUF files, and model
+folders where transformers was seen to choose that class and to decode as
+the backend does (``tokenizer.py``'s verdict).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def _token_text(value) -> str | None:
     return value
 
 
-def serves_fast(directory: str) -> bool:
+def serves_fast(directory: str, clean_up_checked: bool = False) -> bool:
     """Whether ``directory``'s tokenizer can be served by `tokenizers` alone
-    (see the module's docstring)."""
+    (see the module's docstring). ``clean_up_checked``: the caller has seen
+    that transformers' own decode of these files does not clean up spaces
+    (`decodes_as_backend`), so a config asking for clean-up is taken too."""
     try:
         with open(os.path.join(directory, CONFIG_FILE)) as f:
             config = json.load(f)
@@ -46,8 +50,25 @@ def serves_fast(directory: str) -> bool:
         return False
     return (isinstance(config, dict)
             and config.get("tokenizer_class") in PLAIN_CLASSES
-            and config.get("clean_up_tokenization_spaces") is False
+            and (clean_up_checked
+                 or config.get("clean_up_tokenization_spaces") is False)
             and os.path.isfile(os.path.join(directory, TOKENIZER_FILE)))
+
+
+# Every pattern transformers' clean_up_tokenization rewrites (" ." -> "."
+# and the rest), in text a byte-level BPE round-trips exactly.
+CLEAN_UP_PROBE = "Yes , it is . Is it ? No ! I ' m sure : do n't 's 've 're ."
+
+
+def decodes_as_backend(tok) -> bool:
+    """Whether transformers' ``tok.decode`` gives what its backend
+    tokenizer's decode gives, on text holding every pattern the clean-up of
+    spaces rewrites. Llama 3's folders ask for clean-up, but transformers 5
+    skips it for BPE models (it would corrupt their text), so their decode
+    is the backend's; a WordPiece folder's is not."""
+    backend = tok.backend_tokenizer
+    ids = backend.encode(CLEAN_UP_PROBE, add_special_tokens=False).ids
+    return tok.decode(ids) == backend.decode(ids)
 
 
 class LazyFastTokenizer:

@@ -23,7 +23,8 @@ from jaxinfer.models import TokenizerSource
 from jaxinfer.models.weight_cache import cache_root, file_digest
 
 from .fast_tokenizer import (CONFIG_FILE, PLAIN_CLASSES, TOKENIZER_FILE,
-                             LazyFastTokenizer, serves_fast)
+                             LazyFastTokenizer, decodes_as_backend,
+                             serves_fast)
 from .gguf_tokenizer import byte_level_bpe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -99,13 +100,14 @@ def _from_model_folder(directory: str):
     pre-tokenizer is not the one in tokenizer.json), so the fast path is
     taken only where transformers itself was seen to choose the plain
     class, for these exact files and this transformers version."""
-    if not serves_fast(directory):
+    if not serves_fast(directory, clean_up_checked=True):
         return _quietly(_from_folder, directory)
     verdict = _plain_verdict_path(directory)
     if verdict is not None and os.path.isfile(verdict):
         return LazyFastTokenizer(directory)
     tok = _quietly(_from_folder, directory)
-    if verdict is not None and type(tok).__name__ in PLAIN_CLASSES:
+    if (verdict is not None and type(tok).__name__ in PLAIN_CLASSES
+            and _quietly(decodes_as_backend, tok)):
         try:
             os.makedirs(os.path.dirname(verdict), exist_ok=True)
             with open(verdict, "w"):

@@ -24,7 +24,7 @@ from flax import linen as nn
 
 from .attention import AttentionMetadata, paged_attention
 from .config import ModelConfig, decoder_config_from_hf
-from .layers import Linear, RMSNorm, param
+from .layers import Linear, RMSNorm, param, rows_times_table
 from .mlp import GatedMLP
 from .quantization import linear_method
 from .rope import apply_rope, rope_cos_sin_table
@@ -165,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)
         x = jnp.take(x, logits_indices, axis=0)
         if c.tie_word_embeddings:
-            logits = x @ embedding.T
+            logits = rows_times_table(x, embedding)
         else:
             lm_head = param(self, "lm_head", (c.hidden_size, c.vocab_size),
                             ("embed", "vocab"), self.dtype)
@@ -195,10 +195,11 @@ class LlamaForCausalLM(nn.Module):
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, parent=None).apply(
             {"params": self.get_variable("params", "norm")}, x)
         x = jnp.take(x, logits_indices, axis=0)
-        weight = (self.get_variable("params", "embedding").T
-                  if c.tie_word_embeddings
-                  else self.get_variable("params", "lm_head"))
-        return (x @ weight).astype(jnp.float32)
+        if c.tie_word_embeddings:
+            logits = rows_times_table(x, self.get_variable("params", "embedding"))
+        else:
+            logits = x @ self.get_variable("params", "lm_head")
+        return logits.astype(jnp.float32)
 
 
 # -- checkpoint names -------------------------------------------------------

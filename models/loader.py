@@ -115,7 +115,7 @@ def _resolve_gguf(path: str) -> ModelFiles:
     root = weight_cache.cache_root()
     cached = None
     if root is not None:
-        digest = weight_cache.file_digest(path)
+        digest = weight_cache.source_digest(path, root)
         entry = os.path.join(root, digest)
         if os.path.isdir(entry):
             try:

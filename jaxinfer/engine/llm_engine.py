@@ -118,6 +118,9 @@ class LLMEngine:
         self.timeline = (StepTimeline(args.profile_steps)
                          if args.profile_steps else None)
         self._inflight = None  # a dispatched step whose tokens are unread
+        # (SchedulerOutput, preemptions) scheduled but not yet dispatched:
+        # step() returned the step in flight's tokens first (see step()).
+        self._deferred = None
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -225,10 +228,26 @@ class LLMEngine:
             outputs += self._finish(self._inflight)
             self._inflight = None
         t0 = time.perf_counter()
-        preempted_before = self.scheduler.num_preemptions
-        sched_out = self.scheduler.schedule()
-        if self.lora_store is not None:  # their adapters may be evicted now
-            self.lora_store.release(sched_out.finished_ids)
+        if self._deferred is not None:  # scheduled by the last call
+            (sched_out, preempted), self._deferred = self._deferred, None
+        else:
+            preempted_before = self.scheduler.num_preemptions
+            sched_out = self.scheduler.schedule()
+            preempted = self.scheduler.num_preemptions - preempted_before
+            if self.lora_store is not None:  # their adapters may be evicted now
+                self.lora_store.release(sched_out.finished_ids)
+            if (self._inflight is not None
+                    and self.runner.builds_program(sched_out)):
+                # Building the step's program (tracing, then compiling or
+                # reading the compilation cache) takes far longer than the
+                # step in flight: return that step's tokens now, and
+                # dispatch this one on the next call. A new request's first
+                # token would otherwise wait for the first decode program
+                # (about 0.5 s on CPU, from the cache).
+                self._deferred = (sched_out, preempted)
+                outputs += self._finish(self._inflight)
+                self._inflight = None
+                return outputs
         inflight = None
         if not sched_out.is_empty:
             self.num_steps += 1
@@ -240,7 +259,7 @@ class LLMEngine:
                 after = CompileClock.read()
                 inflight.compiled = (after[0] - compile_before[0],
                                      after[1] - compile_before[1])
-            inflight.preempted = self.scheduler.num_preemptions - preempted_before
+            inflight.preempted = preempted
             pool = self.scheduler.kv.pool
             inflight.queue = (pool.num_blocks - 1 - pool.num_free,
                               self.scheduler.num_running,

@@ -77,6 +77,8 @@ def runner_fingerprint(runner) -> str:
              _layout(runner.params), _layout(runner.kv_pages),
              _layout(runner.constants), _layout(runner.prev_tokens),
              repr(runner.scheduler_config), repr(runner.cache_config),
+             # Decode programs' XLA options (compile_options.py).
+             repr(getattr(runner, "decode_options", None)),
              # LoRA slots' ranks and targets shape the adapter programs.
              repr(getattr(runner.lora, "config", None))]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]

@@ -30,6 +30,7 @@ from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from .buckets import Buckets
+from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
 from .lora_inputs import LoRAInputs
@@ -127,14 +128,24 @@ class ModelRunner:
         # and the sampler, one per sampling variant and S. The logits
         # between them are pinned replicated, so the sampler's programs,
         # compiled ahead from their shapes, take them as they come.
-        self._forward = jax.jit(functools.partial(
+        step_forward = functools.partial(
             forward, self.placement.step_model(self.model),
-            logits_sharding=self.placement.replicated),
-                                static_argnums=(0,), donate_argnums=(2,))
+            logits_sharding=self.placement.replicated)
+        self._forward = jax.jit(step_forward, static_argnums=(0,),
+                                donate_argnums=(2,))
+        # Decode-only buckets on CPU compile with their own XLA options
+        # (compile_options.py: XLA's dot emitter for few-row products).
+        self.decode_options = decode_compile_options(self.on_cpu)
+        self._forward_decode = None if not self.decode_options else jax.jit(
+            step_forward, static_argnums=(0,), donate_argnums=(2,),
+            compiler_options=self.decode_options)
         self._sample = jax.jit(sample_step, static_argnums=(0,),
                                donate_argnums=(2,))
         # Programs compiled ahead by warm-up, by forward_key / sample_key.
         self.programs: dict[tuple, object] = {}
+        # The buckets steps have run in (`_bucket_program`), whose programs
+        # jit has built: `builds_program` is False for them.
+        self._buckets_run: set[tuple] = set()
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket. "scan": on the H200 a "while" window
         # cost 4-29% more per token than single steps (the host reads its
@@ -212,14 +223,38 @@ class ModelRunner:
         """Packs a step into host arrays padded to its bucket
         (`step_layout.lay_out_step`), with its sampling metadata."""
         sched = out.scheduled
-        n_tok = sum(len(s.token_ids) for s in sched)
-        n_pages = max(len(s.block_table) for s in sched)
-        dims = self.buckets.pick(n_tok, len(sched), n_pages,
-                                 decode_only=n_tok == len(sched))
+        dims = self.step_dims(out)[:3]
         input_ids, positions, md, logits_idx = lay_out_step(
             sched, dims, self.block_size, self.prev_rows)
         smd = self.sampling_inputs.build(sched, self.requests, dims[1])
         return input_ids, positions, md, logits_idx, smd
+
+    def step_dims(self, out: SchedulerOutput) -> tuple:
+        """The step's bucket (T, S, P, decode_only)."""
+        sched = out.scheduled
+        n_tok = sum(len(s.token_ids) for s in sched)
+        n_pages = max(len(s.block_table) for s in sched)
+        decode_only = n_tok == len(sched)
+        return (*self.buckets.pick(n_tok, len(sched), n_pages, decode_only),
+                decode_only)
+
+    def _bucket_program(self, out: SchedulerOutput) -> tuple:
+        """What names the model program of a step's bucket (its forward, or
+        its multi-step window): the leading fields of that program's key."""
+        dims = self.step_dims(out)
+        return (("forward", dims) if out.num_steps == 1
+                else ("multi", out.num_steps, dims))
+
+    def builds_program(self, out: SchedulerOutput) -> bool:
+        """Whether dispatching ``out`` would first build its bucket's model
+        program (trace it, then compile it or read it from the compilation
+        cache): warm-up built none for that bucket and no step has run in
+        it. (A new sampling variant's program is not foreseen: it is small.)"""
+        if not out.scheduled:
+            return False
+        name = self._bucket_program(out)
+        return name not in self._buckets_run and not any(
+            key[:len(name)] == name for key in self.programs)
 
     def forward_args(self, packed, logits_idx, mm=None, lora_pool=None) -> tuple:
         """The forward program's dynamic arguments, in order."""
@@ -262,12 +297,22 @@ class ModelRunner:
         Returns (SamplerOutput, prompt logprobs, kv_pages, penalty state,
         the step's tokens padded to max_num_seqs)."""
         fwd = self.forward_args(packed, logits_idx, mm, lora_pool)
-        logits, kv_pages = self._run(self._forward, self.forward_key(dims, fwd),
-                                     (dims,), fwd)
+        logits, kv_pages = self._run(self.forward_program(dims),
+                                     self.forward_key(dims, fwd), (dims,), fwd)
         smp = self.sample_args(logits, state, smd, targets)
         out, prompt_lp, state, next_tokens = self._run(
             self._sample, self.sample_key(num_lp, smp), (num_lp,), smp)
         return out, prompt_lp, kv_pages, state, next_tokens
+
+    def forward_program(self, dims):
+        """The jitted forward of a bucket: decode-only buckets (dims[3]) of
+        DECODE_OPTIONS_ROWS sequences have their own compiler options on
+        CPU (`decode_options`)."""
+        lo, hi = DECODE_OPTIONS_ROWS
+        if (dims[3] and lo <= dims[1] <= hi
+                and self._forward_decode is not None):
+            return self._forward_decode
+        return self._forward
 
     def _run(self, jitted, key, static, dyn):
         program = self.programs.get(key)
@@ -364,6 +409,10 @@ class ModelRunner:
             out.scheduled, self.requests, len(input_ids)))
         packed = pack_step(input_ids, positions, md, lora_slots)
         lora_pool = None if lora_slots is None else self.lora.pool.arrays
+        # The bucket's program name from the dims laid out above (not
+        # recounted from the step): see `_bucket_program`.
+        self._buckets_run.add(("forward", dims) if out.num_steps == 1
+                              else ("multi", out.num_steps, dims))
         if out.num_steps > 1:
             if num_lp is not None or state is not None or mm is not None:
                 raise RuntimeError(  # the scheduler keeps these single-step

@@ -122,7 +122,8 @@ def wanted_programs(runner) -> dict:
                                None if pool is None else np.zeros(T, np.int32))
             fwd = runner.forward_args(packed, logits_idx, mm,
                                       None if pool is None else pool.arrays)
-            want(runner.forward_key(dims, fwd), runner._forward, (dims,), fwd)
+            want(runner.forward_key(dims, fwd), runner.forward_program(dims),
+                 (dims,), fwd)
             if decode_only and mm is None and k > 1:  # its decode windows
                 for sp in variants:
                     dyn = runner.multi_step_args(

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxinfer.fast_tokenizer import LazyFastTokenizer, serves_fast
+from jaxinfer.fast_tokenizer import (CLEAN_UP_PROBE, LazyFastTokenizer,
+                                     serves_fast)
 from jaxinfer.gguf_tokenizer import byte_level_bpe_tokenizer
 from jaxinfer.models.embedded import embedded_model_path
 
@@ -147,8 +148,10 @@ def test_a_model_folder_is_served_fast_after_transformers_chose_plain(
     gave a plain fast tokenizer, the next start serves the same files with
     `tokenizers` alone, answering alike. Where transformers picks a class of
     its own (a Qwen2 config.json: Qwen2Tokenizer, whose pre-tokenizer splits
-    digits unlike tokenizer.json), or the config asks for clean-up, every
-    start is transformers'. A changed file is judged again."""
+    digits unlike tokenizer.json), or its decode cleans up spaces, every
+    start is transformers'. A config asking for clean-up that transformers
+    does not apply (BPE, as Llama 3's folders) is served fast. A changed
+    file is judged again."""
     from transformers import PreTrainedTokenizerBase
 
     from jaxinfer import tokenizer
@@ -162,8 +165,12 @@ def test_a_model_folder_is_served_fast_after_transformers_chose_plain(
         "config.json": json.dumps({"model_type": "llama"})})
     qwen = _copy_folder(saved, tmp_path / "qwen", files={
         "config.json": json.dumps({"model_type": "qwen2"})})
-    cleanup = _copy_folder(saved, tmp_path / "cleanup",
-                           {"clean_up_tokenization_spaces": True})
+    asks_clean_up = _copy_folder(saved, tmp_path / "asks-clean-up",
+                                 {"clean_up_tokenization_spaces": True})
+    cleans_up = _copy_folder(saved, tmp_path / "cleans-up", {
+        "clean_up_tokenization_spaces": True,
+        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output":
+            True})
     text = "<|im_start|>user The capital of France is 12345 élan"
     first = load(llama)
     assert not isinstance(first, LazyFastTokenizer)
@@ -171,10 +178,19 @@ def test_a_model_folder_is_served_fast_after_transformers_chose_plain(
     second = load(llama)
     assert isinstance(second, LazyFastTokenizer)
     assert second.encode(text) == first.encode(text)
-    for folder in (qwen, cleanup):
+    probe = first.backend_tokenizer.encode(CLEAN_UP_PROBE,
+                                           add_special_tokens=False).ids
+    forced = load(cleans_up)  # transformers' clean-up does rewrite the probe
+    assert forced.decode(probe) != first.backend_tokenizer.decode(probe)
+    for folder in (qwen, cleans_up):
         for _ in range(2):
             tok = load(folder)
             assert not isinstance(tok, LazyFastTokenizer)
+    slow = load(asks_clean_up)
+    assert not isinstance(slow, LazyFastTokenizer)
+    fast = load(asks_clean_up)
+    assert isinstance(fast, LazyFastTokenizer)
+    assert fast.decode(probe) == slow.decode(probe) == CLEAN_UP_PROBE
     # A different tokenizer.json is a different verdict.
     (tmp_path / "llama" / "tokenizer.json").write_text(
         open(os.path.join(saved, "tokenizer.json")).read() + "\n")

@@ -213,3 +213,32 @@ def test_embedded_tokenizer_is_cached_in_fast_form(embedded_gguf_path,
     assert third.encode(text) == first.encode(text)
     assert gguf_tokenizer.byte_level_bpe_tokenizer is not refuse
     tokenizer.load_tokenizer.cache_clear()
+
+
+def test_an_unchanged_file_is_not_hashed_again(tiny_gguf, cache_root,
+                                               monkeypatch, tmp_path):
+    _, original = tiny_gguf
+    path = str(tmp_path / "model.gguf")
+    with open(original, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    hashed = []
+    real = weight_cache.file_digest
+    monkeypatch.setattr(weight_cache, "file_digest",
+                        lambda p: hashed.append(p) or real(p))
+    digest = weight_cache.source_digest(path, cache_root)
+    assert digest == real(path) and len(hashed) == 1
+    assert weight_cache.source_digest(path, cache_root) == digest
+    assert len(hashed) == 1  # remembered: the file was not read again
+    # Same size, one byte changed, modification time put back: the change
+    # time still moves, so the file is hashed again.
+    st = os.stat(path)
+    import time
+    time.sleep(0.05)
+    with open(path, "r+b") as f:
+        f.seek(st.st_size - 1)
+        last = f.read(1)
+        f.seek(st.st_size - 1)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = weight_cache.source_digest(path, cache_root)
+    assert len(hashed) == 2 and changed == real(path) != digest

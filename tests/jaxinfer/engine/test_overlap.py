@@ -126,3 +126,97 @@ def test_finished_requests_are_forgotten_even_on_an_idle_step(make_llm):
         assert not runner.requests
     assert len(runner.sampling_inputs.slots._free) == \
         runner.sampling_inputs.slots.scratch
+
+
+def test_a_step_needing_a_new_program_waits_for_the_tokens_in_flight(make_llm):
+    """A step whose bucket has no program yet is dispatched only after the
+    step in flight is read (its tokens are returned first, not held for the
+    build); steps in buckets already built still overlap."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.llm_engine
+    events = []
+    dispatch, finish = engine.runner.dispatch, engine._finish
+
+    def spy_dispatch(out):
+        events.append(("dispatch", engine.runner.step_dims(out)[3]))
+        return dispatch(out)
+
+    def spy_finish(inflight):
+        events.append(("finish", inflight.out.scheduled[0].request_id))
+        return finish(inflight)
+
+    engine.runner.dispatch, engine._finish = spy_dispatch, spy_finish
+    engine.add_request("a", {"prompt_token_ids": [5, 6, 7]},
+                       SamplingParams(max_tokens=4, temperature=0.0,
+                                      ignore_eos=True))
+    first_tokens_at = None
+    calls = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        calls += 1
+        if first_tokens_at is None and any(o.outputs[0].token_ids for o in outs):
+            first_tokens_at = calls
+    # The prefill, then its tokens, then the first decode step (a new bucket).
+    assert events[:3] == [("dispatch", False), ("finish", "a"),
+                          ("dispatch", True)], events
+    assert first_tokens_at == 2
+    # The second decode step (same bucket) is dispatched before the first
+    # decode step is read: overlap holds once the program exists.
+    assert events[3:5] == [("dispatch", True), ("finish", "a")], events
+    assert _pages_all_free(engine)
+
+
+def test_an_abort_while_a_step_waits_for_its_program_frees_everything(make_llm):
+    """A request aborted between the deferred step's scheduling and its
+    dispatch: the step still runs (its row writes into the freed pages
+    before anyone reuses them), the aborted request gets no more tokens,
+    the other request's tokens are those of a run without the abort."""
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = {"a": [5, 6, 7], "b": [9, 10, 11, 12]}
+
+    def run(abort: bool):
+        engine = make_llm(async_scheduling=True).llm_engine
+        for rid, p in prompts.items():
+            engine.add_request(rid, {"prompt_token_ids": p}, greedy)
+        engine.step()  # the prefill is dispatched
+        engine.step()  # its tokens come back; the decode step waits
+        assert engine._deferred is not None
+        if abort:
+            engine.abort_request("a")
+        final = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    final[out.request_id] = out.outputs[0].token_ids
+        return final, engine
+
+    base, _ = run(abort=False)
+    got, engine = run(abort=True)
+    assert "a" not in got and got["b"] == base["b"]
+    assert _pages_all_free(engine)
+
+
+def test_a_deferred_step_left_when_every_request_ended_runs_harmlessly(make_llm):
+    """A request that stops on its first token (a stop id the scheduler
+    cannot foresee) ends when the prefill's token is read, after its decode
+    step was scheduled and deferred. The next request's run dispatches that
+    stale step first; its tokens and the pages come out as on a fresh
+    engine."""
+    llm = make_llm(async_scheduling=True)
+    engine = llm.llm_engine
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    first_token = llm.generate([prompt], SamplingParams(
+        max_tokens=1, temperature=0.0), use_tqdm=False)[0].outputs[0].token_ids[0]
+    stop_at_first = SamplingParams(max_tokens=5, temperature=0.0,
+                                   stop_token_ids=[first_token])
+    out = llm.generate([prompt], stop_at_first, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == [first_token]
+    assert engine._deferred is not None and not engine.has_unfinished_requests()
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    other = {"prompt_token_ids": [9, 10, 11]}
+    got = llm.generate([other], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    fresh = make_llm(async_scheduling=False).generate(
+        [other], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    assert list(got) == list(fresh)
+    assert engine._deferred is None
+    assert _pages_all_free(engine)

@@ -21,6 +21,15 @@ def test_no_compilation_after_warmup(make_llm, caplog):
     engine = llm.llm_engine
     assert engine.warmup_programs > 0
     assert any("warm-up compiled" in r.getMessage() for r in caplog.records)
+    # Every bucket has its program: no step waits for the one in flight to
+    # be read first (LLMEngine.step's deferred dispatch).
+    shapes = engine.runner.buckets.all_shapes()
+    assert all(("forward", dims) in {k[:2] for k in engine.runner.programs}
+               for dims in shapes), "warm-up keys are not the buckets' dims"
+    deferred = []
+    real_builds = engine.runner.builds_program
+    engine.runner.builds_program = lambda out: deferred.append(
+        real_builds(out)) or deferred[-1]
 
     with compile_events() as events:
         rng = random.Random(0)
@@ -40,5 +49,6 @@ def test_no_compilation_after_warmup(make_llm, caplog):
                 added += 1
             finished += sum(o.finished for o in engine.step())
     stats = engine.get_stats()
+    assert deferred and not any(deferred)
     assert stats.num_preemptions > 0, "the test should exercise preemption"
     assert events == [], f"{len(events)} compilations after warm-up"

@@ -12,7 +12,7 @@ import pytest
 from jaxinfer.compat.status import Ignored, Refused
 from jaxinfer.compat.surface import flag_status, vllm_surface
 from jaxinfer.config import EngineArgs, derived_max_model_len
-from jaxinfer.entrypoints.cli import build_parser, main
+from jaxinfer.entrypoints.cli import build_parser, generate_engine_args, main
 from jaxinfer.entrypoints.openai.cli_args import serve_engine_args
 from jaxinfer.errors import InvalidConfigError, UnsupportedFeatureError
 
@@ -27,6 +27,17 @@ def test_every_engine_args_field_is_a_flag_with_its_default():
         assert getattr(ns, field.name) == field.default, field.name
     # serve compiles before its port opens
     assert _serve().warmup is True
+
+
+def test_generate_asks_for_one_sequence_slot_unless_told():
+    # its prompts run one at a time; the CPU KV pool is sized by slots
+    assert generate_engine_args(build_parser().parse_args(
+        ["generate"])).max_num_seqs == 1
+    assert generate_engine_args(build_parser().parse_args(
+        ["generate", "--max-num-seqs", "4"])).max_num_seqs == 4
+    sc = generate_engine_args(build_parser().parse_args(
+        ["generate"])).scheduler_config(2048, on_cpu=True)
+    assert sc.max_num_seqs == 1
 
 
 def test_attention_backend_choices_are_the_models():
