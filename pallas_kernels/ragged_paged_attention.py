@@ -301,7 +301,8 @@ def ragged_paged_attention(
     num_kv_heads, _, page_size, _ = k_pages.shape
     num_seq_rows, pages_per_seq = block_tables.shape
     if tuning is None:
-        tuning = default_tuning(head_dim, page_size)
+        tuning = default_tuning(head_dim, page_size,
+                                kv_itemsize=jnp.dtype(k_pages.dtype).itemsize)
     tuning = tuning.for_itemsize(jnp.dtype(q.dtype).itemsize)
     group = num_q_heads // num_kv_heads
     num_seqs = jnp.reshape(num_seqs, ())

@@ -236,11 +236,27 @@ TUNED: dict[str, dict[tuple[int, int], RaggedPagedAttentionTuning]] = {
 FALLBACK_DEVICE = "NVIDIA H200"
 
 
+# The Mosaic decode kernel's tuning over fp8 pages: K and V dequantized by
+# two producer warpgroups, 128-token steps, no automatic warpgroup
+# barriers. On the H200 at S=64 L=2048: 133.9 us (0.47 of copy in fp8
+# bytes) against 194.0 us for the 16-bit pages' tuning and 201.4 us for the
+# Triton kernel (NOTES.md v11, decode-fp8-v11-h200.json).
+FP8_MOSAIC_DECODE = MosaicDecodeTuning(tokens_per_step=128,
+                                       no_auto_barriers=True,
+                                       fp8_producers=2)
+
+
 def default_tuning(head_dim: int, page_size: int,
-                   device_kind: str | None = None) -> RaggedPagedAttentionTuning:
+                   device_kind: str | None = None,
+                   kv_itemsize: int = 2) -> RaggedPagedAttentionTuning:
     """The tuned launch parameters for a head dim and page size on a device
-    (by default the first jax device, read when the kernel is traced)."""
+    (by default the first jax device, read when the kernel is traced);
+    1-byte (fp8) pages at head_dim 128 (where it was measured) take
+    FP8_MOSAIC_DECODE for the Mosaic decode kernel."""
     if device_kind is None:
         device_kind = jax.devices()[0].device_kind
     table = TUNED.get(device_kind, TUNED[FALLBACK_DEVICE])
-    return table.get((head_dim, page_size), RaggedPagedAttentionTuning())
+    tuning = table.get((head_dim, page_size), RaggedPagedAttentionTuning())
+    if kv_itemsize == 1 and head_dim == 128:
+        tuning = dataclasses.replace(tuning, mosaic_decode=FP8_MOSAIC_DECODE)
+    return tuning

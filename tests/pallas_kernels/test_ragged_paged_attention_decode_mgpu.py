@@ -8,6 +8,8 @@ operand). On a Hopper GPU the same cases run compiled, plus the ``gpu`` cases.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -141,16 +143,34 @@ def test_mosaic_decode_fp8_in_f16():
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
-@pytest.mark.parametrize("producers", [1, 2])
-def test_mosaic_decode_fp8_producer_warpgroup(producers):
+@pytest.mark.parametrize("producers,extra", [
+    (1, {}), (2, {}),
+    # FP8_MOSAIC_DECODE's settings (the fp8 default at head_dim 128).
+    (2, dict(tokens_per_step=128, no_auto_barriers=True))])
+def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
     """Producer warpgroups dequantize into 2-tile staging rings ahead of
     the consumer (one for K and V, or one each); the sequence is longer
     than ring and staging."""
     case, ks, vs = fp8_case([(1, 330), (1, 7)], num_q_heads=4,
                             num_kv_heads=1, head_dim=64, seed=13)
     _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
-                         staging_stages=2, fp8_producers=producers),
+                         staging_stages=2, fp8_producers=producers, **extra),
            k_scale=ks, v_scale=vs, decode_only=True)
+
+
+def test_fp8_pages_take_their_own_default_tuning():
+    """fp8 pages at head_dim 128 get FP8_MOSAIC_DECODE from the tuned
+    table; 16-bit pages and other head dims keep the table's entry."""
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+        FP8_MOSAIC_DECODE, default_tuning)
+    h200 = "NVIDIA H200"
+    fp8 = default_tuning(128, 16, h200, kv_itemsize=1)
+    bf16 = default_tuning(128, 16, h200)
+    assert fp8.mosaic_decode == FP8_MOSAIC_DECODE != bf16.mosaic_decode
+    assert fp8 == dataclasses.replace(bf16, mosaic_decode=FP8_MOSAIC_DECODE)
+    assert FP8_MOSAIC_DECODE.fp8_producers == 2
+    assert default_tuning(64, 16, h200, kv_itemsize=1) == default_tuning(
+        64, 16, h200)
 
 
 def test_mosaic_decode_takes_fp8_pages_only_with_per_page_scales():
