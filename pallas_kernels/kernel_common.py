@@ -139,10 +139,10 @@ def mosaic_interpret_params(**kw):
     return params.InterpretGPUParams(**kw)
 
 
-def swizzled_smem_transforms(dtype):
-    """Tiling + 128-byte swizzle of a shared-memory tile that wgmma reads."""
+def swizzled_smem_transforms(dtype, swizzle: int = 128):
+    """Tiling + swizzle (128 bytes unless a row is narrower) of a
+    shared-memory tile that wgmma or a tiled register load reads."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    swizzle = 128
     return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
             plgpu.SwizzleTransform(swizzle))
 
