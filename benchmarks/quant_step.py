@@ -89,16 +89,30 @@ VARIANTS = {
 TRACED_AS = {
     "int4-bitcast": ("int4", {"INT4_UNPACK": "bitcast"}),
     "int4-native-u4": ("int4", {}),  # params stored as uint4 (layers only)
+    # The Pallas variant ("int4-pallas": the Mosaic GPU int4 kernel up to
+    # int4_matmul.MOSAIC_MAX_ROWS rows on Hopper, Triton above) with each
+    # kernel alone.
+    "int4-mosaic": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 256}),
+    "int4-triton": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 0}),
 }
+
+
+def _switch_target(flag):
+    """(module, attribute) of a switch: methods.py's, or int4_matmul's when
+    the name says so."""
+    if flag.startswith("int4_matmul."):
+        from jaxinfer.pallas_kernels import int4_matmul as i4
+        return i4, flag.split(".", 1)[1]
+    return qm, flag
 
 
 @contextlib.contextmanager
 def switches(variant):
     """The module switches a variant is traced with."""
     flags = TRACED_AS.get(variant, (variant, {}))[1]
-    old = {k: getattr(qm, k) for k in flags}
+    old = {k: getattr(*_switch_target(k)) for k in flags}
     for k, v in flags.items():
-        setattr(qm, k, v)
+        setattr(*_switch_target(k), v)
     # The switches are module globals, not part of any jit key: a layer
     # traced under other switches (llama.apply_layer caches its trace by
     # the layer's settings) would be reused as it is. (That is how the
@@ -109,7 +123,7 @@ def switches(variant):
         yield
     finally:
         for k, v in old.items():
-            setattr(qm, k, v)
+            setattr(*_switch_target(k), v)
         if flags:
             jax.clear_caches()
 
@@ -417,6 +431,8 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sections", default="check,layers,decode,prefill,kv,bytes")
+    ap.add_argument("--decode-variants", default="bf16,int4,int4-pallas,fp8",
+                    help="the decode section's variants, comma-separated")
     ap.add_argument("--int4-tuning", default=None,
                     help="bench_int4.py's int4-kernel.json (or several, "
                     "comma-separated): the Pallas int4 variants take the "
@@ -444,7 +460,7 @@ def main():
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
                        [(1, 1024), (256, 1024)],
-                       ("bf16", "int4", "int4-pallas", "fp8"), backend, roof)
+                       tuple(args.decode_variants.split(",")), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         ("bf16", "fp8"), backend, roof)

@@ -1,5 +1,7 @@
 """int4 x bf16 matmul with the weights dequantized in registers (Pallas,
-Triton lowering; interpret mode on CPU), for AWQ / GPTQ layers.
+Triton lowering; interpret mode on CPU), for AWQ / GPTQ layers, and the
+public entry point that picks between it and the Mosaic GPU kernel of
+``int4_matmul_mgpu.py`` (Hopper, bf16 activations, groups of 128).
 
 Weights in the layout of ``models/quantization``'s ``GroupedWeights``:
 ``qweight`` uint8 [Out, In / 2] (input 2j in the low nibble of byte j, 2j + 1
@@ -27,6 +29,19 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from .int4_matmul_mgpu import Int4MosaicTuning, int4_matmul_mgpu
+from .int4_matmul_mgpu import problem as mosaic_problem
+from .kernel_common import hopper
+
+# Rows up to which ``int4_matmul`` with no tuning runs the Mosaic kernel on
+# Hopper (for the cases it takes); the Triton kernel serves the rest. On the
+# H200 the Mosaic kernel beat the Triton one at every llama3-8b projection
+# at 1 and 256 rows, 1.7-2.2x with the default tuning (k/v at one row
+# excepted, 13.6 against 11.0 us, the run's noisiest reading; NOTES.md,
+# int4 v5 run 3), and the decode step went from 5.85 to 5.12 ms at S=1
+# and from 27.2 to 21.5 ms at S=256.
+MOSAIC_MAX_ROWS = 256
 
 
 class Int4MatmulShapeError(ValueError):
@@ -243,6 +258,16 @@ def _block_n(n_out: int, want: int) -> int:
     return b
 
 
+def uses_mosaic(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
+                M: int, interpret: bool = False) -> bool:
+    """Whether ``int4_matmul`` with no tuning runs the Mosaic GPU kernel:
+    on Hopper, compiled, up to ``MOSAIC_MAX_ROWS`` rows, for the cases it
+    takes."""
+    return (not interpret and M <= MOSAIC_MAX_ROWS and hopper()
+            and mosaic_problem(x_dtype, n_in, n_out, groups, scale_dtype)
+            is None)
+
+
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
 def int4_matmul(
     x: jax.Array,  # [M, In] bf16 / f16 / f32
@@ -250,14 +275,23 @@ def int4_matmul(
     scales: jax.Array,  # [Out, G]
     qzeros: jax.Array,  # [Out, G] uint8
     *,
-    tuning: Int4MatmulTuning | None = None,
+    tuning: Int4MatmulTuning | Int4MosaicTuning | None = None,
     interpret: bool = False,
 ) -> jax.Array:  # [M, Out] in x's dtype
-    """``tuning``: None picks ``default_tuning`` for the shapes."""
-    if tuning is None:
-        tuning = default_tuning(x.shape[0], *scales.shape)
-    _check(x, qweight, scales, qzeros, tuning)
+    """``tuning`` picks the kernel: an ``Int4MosaicTuning`` the Mosaic GPU
+    kernel (``int4_matmul_mgpu.py``; raises ``Int4MosaicUnsupported`` for
+    cases it does not take), an ``Int4MatmulTuning`` the Triton one, None
+    the Mosaic kernel where ``uses_mosaic`` says so, else the Triton kernel
+    with ``default_tuning``."""
     M = x.shape[0]
+    if tuning is None:
+        tuning = (Int4MosaicTuning() if uses_mosaic(
+            x.dtype, x.shape[1], *scales.shape, scales.dtype, M, interpret)
+            else default_tuning(M, *scales.shape))
+    if isinstance(tuning, Int4MosaicTuning):
+        return int4_matmul_mgpu(x, qweight, scales, qzeros, tuning=tuning,
+                                interpret=interpret)
+    _check(x, qweight, scales, qzeros, tuning)
     rows = -(-M // tuning.block_m) * tuning.block_m
     xp = jnp.pad(x, ((0, rows - M), (0, 0)))
     partial = _call(xp[:, 0::2], xp[:, 1::2], qweight, scales, qzeros,

@@ -3,6 +3,8 @@ and the Mosaic GPU helpers both Mosaic kernels use."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 
 import jax.numpy as jnp
@@ -13,6 +15,21 @@ from jax import lax
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in base 2
 TABLE_PIECE = 256  # a TMA box holds at most 256 elements along a dimension
+
+
+@functools.cache
+def hopper() -> bool:
+    """Whether the default device is a Hopper GPU (compute capability 9.x:
+    TMA and wgmma) with Mosaic GPU importable."""
+    import jax
+    try:
+        dev = jax.devices()[0]
+        importlib.import_module("jax.experimental.pallas.mosaic_gpu")
+    except Exception:  # pragma: no cover - no device / no Mosaic GPU
+        return False
+    cc = getattr(dev, "compute_capability", None)
+    return (dev.platform == "gpu" and cc is not None
+            and 9.0 <= float(cc) < 10.0)
 
 
 def cdiv(x, m):
@@ -122,10 +139,10 @@ def mosaic_interpret_params(**kw):
     return params.InterpretGPUParams(**kw)
 
 
-def swizzled_smem_transforms(dtype):
-    """Tiling + 128-byte swizzle of a shared-memory tile that wgmma reads."""
+def swizzled_smem_transforms(dtype, swizzle: int = 128):
+    """Tiling + swizzle (128 bytes unless a row is narrower) of a
+    shared-memory tile that wgmma or a tiled register load reads."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    swizzle = 128
     return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
             plgpu.SwizzleTransform(swizzle))
 

@@ -13,20 +13,24 @@ sequences of the other:
   and the case (``_use_mosaic_decode``):
 
   - Mosaic GPU (``ragged_paged_attention_decode_mgpu.py``), the default on
-    Hopper (compute capability 9.x) for bf16/f16 pages of 16 tokens, head
-    dims 64/128/256, GQA groups up to 64: one program per (sequence, kv
-    head, split) reads each K/V page once for the whole GQA group through
-    per-page TMA copies into a multi-stage smem ring (a producer warpgroup
-    issues the copies, a consumer warpgroup runs wgmma + online softmax),
-    split-KV with a jnp combine for small batches. It keeps more bytes in
-    flight than the Triton kernel's in-loop page gather can, which is what a
-    memory-bound decode needs (NOTES.md v4, v7 give the measured gap).
+    Hopper (compute capability 9.x) for bf16/f16 queries over pages of the
+    same dtype or of fp8 e4m3 (with per-tensor or per-page scales), pages
+    of 16 tokens, head dims 64/128/256, GQA groups up to 64: one program
+    per (sequence, kv head, split) reads each K/V page once for the whole
+    GQA group through per-page TMA copies into a multi-stage smem ring (a
+    producer warpgroup issues the copies, a consumer warpgroup runs wgmma +
+    online softmax), split-KV with a jnp combine for small batches. It
+    keeps more bytes in flight than the Triton kernel's in-loop page gather
+    can, which is what a memory-bound decode needs (NOTES.md v4, v7 give
+    the measured gap). fp8 pages are copied as fp8 and dequantized in
+    shared memory (times their per-page scales) into 16-bit tiles for
+    wgmma, by the producer warpgroup (NOTES.md v10). A per-tensor
     ``k_scale`` is folded into its query rows.
   - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32
-    (wgmma takes 16-bit operands), fp8 or other page dtypes differing from
-    q, per-page scales, page size 32 (the Mosaic kernel faulted there at its
-    full ring depth on long sequences; NOTES.md v4, v9), other GPUs, and
-    interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
+    (wgmma takes 16-bit operands), page dtypes other than q's and fp8 e4m3,
+    per-page scales on 16-bit pages, page size 32 (the Mosaic kernel
+    faulted there at its full ring depth on long sequences; NOTES.md v4,
+    v9), other GPUs, and interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
     tile of one kv head once and serves every query head of its GQA group
     (padded to 16 rows for the tensor cores); for small batches the KV axis
     is split across programs (split count from S*K and the SM count) and a
@@ -51,23 +55,25 @@ K/V scale hooks (fp8 pages): ``k_scale``/``v_scale`` are each None, one
 scale per tensor (a scalar), or one per (kv head, page), ``[K, num_pages]``
 f32 (``kv_cache.py``). The pages are upcast to the query dtype inside the
 kernel; a per-tensor ``k_scale`` multiplies the logits and ``v_scale`` the
-outputs. Per-page scales are read through the block table beside the pages
-by the Triton kernels (the Mosaic ones take per-tensor scales only; fp8
-pages go to Triton anyway): each tile's logits are multiplied by its pages'
-K scales, and its probabilities by their V scales before the PV product, so
-the softmax denominator is unchanged.
+outputs. Per-page scales are read through the block table beside the pages:
+the Triton kernels multiply each tile's logits by its pages' K scales, and
+its probabilities by their V scales before the PV product, so the softmax
+denominator is unchanged; the Mosaic decode kernel multiplies each fp8
+page by its scales as it dequantizes it (its wrapper gathers the scales of
+each sequence's table). The Mosaic prefill kernel takes per-tensor scales
+on 16-bit pages only: prefill over fp8 pages runs on Triton.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from . import kv_cache
+from .kernel_common import hopper as _hopper
 from .kernel_common import per_tensor_scales
 from . import ragged_paged_attention_decode_mgpu as _decode_mgpu
 from . import ragged_paged_attention_prefill_mgpu as _prefill_mgpu
@@ -84,20 +90,6 @@ class RaggedAttentionShapeError(ValueError):
 
 # ----------------------------------------------------------------- public ---
 
-@functools.cache
-def _hopper() -> bool:
-    """Whether the default device is a Hopper GPU (compute capability 9.x:
-    TMA and wgmma) with Mosaic GPU importable."""
-    try:
-        dev = jax.devices()[0]
-        importlib.import_module("jax.experimental.pallas.mosaic_gpu")
-    except Exception:  # pragma: no cover - no device / no Mosaic GPU
-        return False
-    cc = getattr(dev, "compute_capability", None)
-    return (dev.platform == "gpu" and cc is not None
-            and 9.0 <= float(cc) < 10.0)
-
-
 _PER_PAGE = "per-page K/V scales (the Triton kernels read them)"
 
 
@@ -107,9 +99,9 @@ def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.decode_backend == "triton":
         return False
-    why = _PER_PAGE if per_page_scales else _decode_mgpu.supports(
+    why = _decode_mgpu.supports(
         q_dtype, kv_dtype, head_dim, page_size, group,
-        tuning.mosaic_decode.tokens_per_step)
+        tuning.mosaic_decode.tokens_per_step, per_page_scales)
     if tuning.decode_backend == "mosaic":
         if why:
             raise RaggedAttentionShapeError(
@@ -196,10 +188,11 @@ def _decode(q_dec, k_pages, v_pages, dec_kv_lens, block_tables, tables,
     """The decode kernel over [S, K, G, H] query rows -> [S, K, G, H] f32
     (zeros where ``dec_kv_lens`` is 0), v_scale applied."""
     if use_mosaic:
-        if k_scale is not None:  # folded into the rows, as (q k) * k_scale
+        if k_scale is not None and page_scales is None:
+            # folded into the rows, as (q k) * k_scale
             q_dec = (q_dec.astype(jnp.float32) * scales[0]).astype(q_dec.dtype)
         return _decode_mgpu.decode_attention(
-            q_dec, k_pages, v_pages, dec_kv_lens, block_tables,
+            q_dec, k_pages, v_pages, dec_kv_lens, block_tables, page_scales,
             sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
             interpret=interpret) * scales[1]
@@ -294,7 +287,8 @@ def ragged_paged_attention(
     num_kv_heads, _, page_size, _ = k_pages.shape
     num_seq_rows, pages_per_seq = block_tables.shape
     if tuning is None:
-        tuning = default_tuning(head_dim, page_size)
+        tuning = default_tuning(head_dim, page_size,
+                                kv_itemsize=jnp.dtype(k_pages.dtype).itemsize)
     tuning = tuning.for_itemsize(jnp.dtype(q.dtype).itemsize)
     group = num_q_heads // num_kv_heads
     num_seqs = jnp.reshape(num_seqs, ())

@@ -2,8 +2,9 @@
 
 The decode half of ``ragged_paged_attention`` (query length 1) as a Mosaic
 GPU kernel; ``ragged_paged_attention.py`` calls it on Hopper for the cases it
-takes (``supports``: bf16/f16, pages of 16 tokens, head dims 64/128/256, GQA
-groups up to 64) and keeps its Triton decode kernel for the rest.
+takes (``supports``: bf16/f16 queries over pages of the same dtype or of fp8
+e4m3, pages of 16 tokens, head dims 64/128/256, GQA groups up to 64) and
+keeps its Triton decode kernel for the rest.
 
 Grid (S, K, J): one program per (sequence, kv head, KV split). It serves the
 whole GQA group, so each K/V page is read once for all of the group's query
@@ -26,9 +27,23 @@ Split-KV (flash-decoding): the split count comes from S*K and the SM count;
 each split writes its normalized partial output and base-2 log-sum-exp and a
 jnp combine merges them (skipped when J = 1).
 
+fp8 pages (float8_e4m3fn): Hopper's wgmma has no fp8 x bf16 form, so the
+pages are copied into the ring as fp8 (half the bytes, the point of them)
+and dequantized in shared memory: each 64-token tile is loaded into
+registers, converted, multiplied row-wise by its page's scale and stored as
+a 16-bit tile in the swizzled layout wgmma reads; the wgmma and online
+softmax then run as for 16-bit pages. With a producer warpgroup the producer
+dequantizes (``staging_stages`` tiles ahead of the consumer), so the convert
+overlaps the consumer's math; ``fp8_producers=2`` splits that work over two
+producer warpgroups, one copying and converting K, the other V (the convert,
+not the consumer's math, bounds the kernel: NOTES.md v10, v11); with one
+warpgroup alone it dequantizes V while the QK^T wgmma runs. Per-page scales (``[K, num_pages]``, ``kv_cache.py``) come
+as a ``[S, K, 2, W]`` gather beside the block table (the wrapper's one XLA
+gather) and are TMA-copied to smem with the program's table slice.
+
 Softmax in base 2 with a finite mask value, as the Triton kernels; sliding
-window and logit soft-cap as in the reference. ``k_scale`` is folded into the
-query rows by the caller, ``v_scale`` applied to the output.
+window and logit soft-cap as in the reference. A per-tensor ``k_scale`` is
+folded into the query rows by the caller, ``v_scale`` applied to the output.
 """
 
 from __future__ import annotations
@@ -54,24 +69,41 @@ _COPY_ROWS = 16
 # ran correctly on short ones with a 2-stage ring (v9); it stays on the
 # Triton kernel until the faulting settings pass.
 _PAGE_SIZES = (16,)
+# Page dtypes dequantized in the kernel (the KV cache writes e4m3 pages).
+_FP8_PAGES = (jnp.dtype(jnp.float8_e4m3fn),)
+# Registers per thread of a producer warpgroup: it only issues copies for
+# 16-bit pages; for fp8 pages it also holds a 64 x H tile being converted.
+# (The consumer takes 232; Mosaic counts all warpgroups' against one 512.)
+_PRODUCER_REGS = 40
+# by the number of producer warpgroups
+_PRODUCER_REGS_FP8 = {1: 160, 2: 136}
 
 
 class _Buffers(NamedTuple):
     """The kernel's shared-memory buffers (one scoped allocation)."""
     q: Any  # [64, H] the group's query rows, then the output rows
-    k: Any  # [num_stages, bk, H] K ring, bk = pages_per_step * B
-    v: Any  # [num_stages, bk, H] V ring
+    k: Any  # [num_stages, bk, H] K ring (page dtype), bk = pages_per_step * B
+    v: Any  # [num_stages, bk, H] V ring (page dtype)
     table: Any  # [table_chunk] int32 the program's block-table slice
     lse: Any  # [64] f32 the split's base-2 log-sum-exp
+    # fp8 pages only (None otherwise):
+    kb: Any = None  # [staging, bk, H] dequantized K tiles (query dtype)
+    vb: Any = None  # [staging, bk, H] dequantized V tiles
+    scales: Any = None  # [2, table_chunk] f32 per-page (k, v) scales
 
 
 class _Barriers(NamedTuple):
     """The kernel's barriers, in allocation order."""
     q: Any  # [1] the query rows landed
-    table: Any  # [1] the block-table slice landed (one arrival per piece)
+    table: Any  # [1] the block-table slice (and its scales) landed
     k_ready: Any  # [num_stages] a ring slot's K pages landed
     v_ready: Any  # [num_stages] a ring slot's V pages landed
     free: Any  # [num_stages] the consumer released a slot (producer mode)
+    # fp8 pages with a producer warpgroup only (None otherwise):
+    kb_ready: Any = None  # [staging] a dequantized K tile is stored
+    vb_ready: Any = None  # [staging] a dequantized V tile is stored
+    kb_free: Any = None  # [staging] the consumer's QK^T read a K tile
+    vb_free: Any = None  # [staging] the consumer's PV read a V tile
 
 
 class MosaicDecodeUnsupported(ValueError):
@@ -80,9 +112,15 @@ class MosaicDecodeUnsupported(ValueError):
 
 
 def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, group: int,
-             tokens_per_step: int = 64) -> str | None:
+             tokens_per_step: int = 64,
+             per_page_scales: bool = False) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
-    why = mosaic_operand_problem(q_dtype, kv_dtype, head_dim)
+    fp8 = jnp.dtype(kv_dtype) in _FP8_PAGES
+    if per_page_scales and not fp8:
+        return (f"per-page K/V scales on {jnp.dtype(kv_dtype).name} pages "
+                "(the Mosaic kernel reads them with fp8 e4m3 pages)")
+    why = mosaic_operand_problem(q_dtype, q_dtype if fp8 else kv_dtype,
+                                 head_dim)
     if why:
         return why
     if page_size not in _PAGE_SIZES or tokens_per_step % page_size:
@@ -96,16 +134,22 @@ def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, group: int,
 def _decode_kernel(
     kv_lens_ref,  # [S] int32; 0 for rows with no decode work
     tables_ref,  # [S, W] int32 page ids, zero padded past P
-    q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
-    k_pages_ref,  # [K, num_pages, B, H]
-    v_pages_ref,  # [K, num_pages, B, H]
-    o_ref,  # [S, K, J, R, H] normalized partial output of each split
-    lse_ref,  # [S, K, J, 64] f32 base-2 log-sum-exp of each split
-    *, sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
-    num_splits, table_chunk, producer, interpret):
+    *refs,
+    sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
+    num_splits, table_chunk, producer, staging, per_page, interpret,
+    producers=1):
+    # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
+    #        entry; per-page scales only]
+    #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
+    #       k_pages_ref,  # [K, num_pages, B, H]
+    #       v_pages_ref,  # [K, num_pages, B, H]
+    #       o_ref,  # [S, K, J, R, H] normalized partial output of each split
+    #       lse_ref,  # [S, K, J, 64] f32 base-2 log-sum-exp of each split
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    page_scales_ref = refs[0] if per_page else None
+    q_ref, k_pages_ref, v_pages_ref, o_ref, lse_ref = refs[per_page:]
     cast, iota = mosaic_register_helpers(interpret)
     qk, pv = mosaic_matmul_helpers(interpret)
 
@@ -116,6 +160,7 @@ def _decode_kernel(
     page_size = k_pages_ref.shape[2]
     bk = pages_per_step * page_size
     dtype = q_ref.dtype
+    fp8 = staging > 0  # pages to dequantize into `staging` 16-bit tiles
 
     # This program's steps: [start, start + n) of the sequence's bk blocks.
     kv_len = kv_lens_ref[seq]
@@ -134,11 +179,14 @@ def _decode_kernel(
     tbl_shift = start * pages_per_step - tbl_start
 
     transforms = swizzled_smem_transforms(dtype)
+    page_dtype = k_pages_ref.dtype
+    ring_transforms = transforms if not fp8 else swizzled_smem_transforms(
+        page_dtype, min(128, head_dim * jnp.dtype(page_dtype).itemsize))
     num_pieces, piece = table_pieces(table_chunk)
 
     def scoped(buffers: _Buffers, barriers: _Barriers):
-        q_smem, k_smem, v_smem, tbl_smem, lse_smem = buffers
-        q_bar, tbl_bar, k_bar, v_bar, free_bar = barriers
+        q_smem, k_smem, v_smem, tbl_smem, lse_smem = buffers[:5]
+        q_bar, tbl_bar, k_bar, v_bar, free_bar = barriers[:5]
 
         def load_table():
             @pl.when(n > 0)
@@ -148,13 +196,21 @@ def _decode_kernel(
                         tables_ref.at[seq, pl.ds(tbl_start + c * piece,
                                                  piece)],
                         tbl_smem.at[pl.ds(c * piece, piece)], tbl_bar.at[0])
+                    for kind in range(2 if per_page else 0):  # k, v scales
+                        plgpu.copy_gmem_to_smem(
+                            page_scales_ref.at[seq, kv_head, kind,
+                                               pl.ds(tbl_start + c * piece,
+                                                     piece)],
+                            buffers.scales.at[kind, pl.ds(c * piece, piece)],
+                            tbl_bar.at[0])
 
-        def issue(i, slot):
-            """Step i's pages -> ring slot `slot`, one TMA copy per page."""
+        def issue(i, slot, kinds=(0, 1)):
+            """Step i's pages -> ring slot `slot`, one TMA copy per page, of
+            K (kind 0) and V (1)."""
             pages = [tbl_smem[tbl_shift + i * pages_per_step + j]
                      for j in range(pages_per_step)]
-            for pages_ref, smem, bar in ((k_pages_ref, k_smem, k_bar),
-                                         (v_pages_ref, v_smem, v_bar)):
+            rings = ((k_pages_ref, k_smem, k_bar), (v_pages_ref, v_smem, v_bar))
+            for pages_ref, smem, bar in (rings[kind] for kind in kinds):
                 for j, page in enumerate(pages):
                     for r in range(0, page_size, _COPY_ROWS):
                         plgpu.copy_gmem_to_smem(
@@ -164,16 +220,41 @@ def _decode_kernel(
                                                 _COPY_ROWS)],
                             bar.at[slot])
 
-        def fill_ring():
+        def fill_ring(kinds=(0, 1)):
             @pl.when(n > 0)
             def _():
                 plgpu.barrier_wait(tbl_bar.at[0])
                 for i in range(num_stages):
-                    pl.when(i < n)(functools.partial(issue, i, i))
+                    pl.when(i < n)(functools.partial(issue, i, i, kinds))
 
-        def consume(refill):
-            """The query rows, then the attention loop over the ring;
-            ``refill(i, slot)`` runs once step i's tiles are consumed."""
+        def dequant(kind, i, src, dst):
+            """Step i's fp8 tile ``src`` [bk, H] -> ``dst`` [bk, H] in the
+            query dtype, each page's rows times its scale (kind 0: K, 1: V);
+            then made visible to wgmma."""
+            for c in range(bk // _ROWS):
+                rows = pl.ds(c * _ROWS, _ROWS)
+                x = cast(src.at[rows][...], plgpu.Layout.WGMMA_8BIT)
+                # e4m3 -> f16 is one exact convert per pair; bf16 goes
+                # through f32, where the scale is applied.
+                work = jnp.float16 if dtype == jnp.float16 else jnp.float32
+                x = x.astype(work)
+                if per_page:
+                    first = tbl_shift + i * pages_per_step + c * (
+                        _ROWS // page_size)
+                    x = x * _row_scales(
+                        [buffers.scales[kind, first + j]
+                         for j in range(_ROWS // page_size)],
+                        page_size, head_dim, work, interpret)
+                dst.at[rows][...] = cast(x.astype(dtype),
+                                         plgpu.Layout.WGMMA_8BIT)
+            plgpu.commit_smem()
+
+        def consume(k_tile, during_qk, v_tile, done, after_qk=None):
+            """The query rows, then the attention loop: step i's K tile is
+            ``k_tile(i)`` -> (ref, slot), ``during_qk(i, slot)`` runs while
+            its QK^T wgmma does and ``after_qk(i, slot)`` once it is done,
+            its V tile is ``v_tile(i, slot)``, and ``done(i, slot)`` runs
+            once both are consumed."""
             q_smem[...] = cast(jnp.zeros((_ROWS, head_dim), dtype),
                                plgpu.Layout.WGMMA)
             plgpu.commit_smem()
@@ -186,7 +267,10 @@ def _decode_kernel(
                      plgpu.Layout.WGMMA.reduce(1))
             l = cast(jnp.zeros((_ROWS,), jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
-            body = functools.partial(_attend_step, refill=refill)
+            body = functools.partial(_attend_step, k_tile=k_tile,
+                                     during_qk=during_qk, v_tile=v_tile,
+                                     done=done,
+                                     after_qk=after_qk or nothing)
             # Only the last block (and, with a window, every block) needs a
             # mask.
             n_full = jnp.int32(0)
@@ -211,11 +295,13 @@ def _decode_kernel(
                                     lse_ref.at[seq, kv_head, split])
             plgpu.wait_smem_to_gmem(0)
 
-        def _attend_step(i, carry, masked, refill):
+        def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
+                         after_qk):
             acc, m, l = carry
-            slot = lax.rem(i, num_stages)
-            plgpu.barrier_wait(k_bar.at[slot])
-            s = qk(q_smem, k_smem.at[slot], (_ROWS, bk))
+            k_ref, slot = k_tile(i)
+            s = qk(q_smem, k_ref, (_ROWS, bk),
+                   functools.partial(during_qk, i, slot))
+            after_qk(i, slot)
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
@@ -235,11 +321,21 @@ def _decode_kernel(
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             p = p.astype(dtype)
 
-            plgpu.barrier_wait(v_bar.at[slot])
-
-            acc = pv(acc, p, v_smem.at[slot])
-            refill(i, slot)  # both tiles of this slot are consumed
+            acc = pv(acc, p, v_tile(i, slot))
+            done(i, slot)  # both tiles of this step are consumed
             return acc, m_next, l
+
+        def ring_k(i):
+            slot = lax.rem(i, num_stages)
+            plgpu.barrier_wait(k_bar.at[slot])
+            return k_smem.at[slot], slot
+
+        def ring_v(i, slot):
+            plgpu.barrier_wait(v_bar.at[slot])
+            return v_smem.at[slot]
+
+        def nothing(i, slot):
+            pass
 
         if not producer:
             # One warpgroup: it refills a slot right after consuming it.
@@ -249,11 +345,30 @@ def _decode_kernel(
                     issue(i + num_stages, slot)
             load_table()
             fill_ring()
-            consume(refill)
+            if not fp8:
+                consume(ring_k, nothing, ring_v, refill)
+                return
+
+            # fp8: dequantize K before its wgmma, V during it. (The one
+            # staging tile is indexed by a traced 0: jax 0.11's lowering
+            # rejects a literal index on a ref that a wgmma reads in a loop.)
+            def staged(i):
+                return lax.rem(i, staging)
+
+            def staged_k(i):
+                k_ref, slot = ring_k(i)
+                dequant(0, i, k_ref, buffers.kb.at[staged(i)])
+                return buffers.kb.at[staged(i)], slot
+
+            def staged_v_during_qk(i, slot):
+                dequant(1, i, ring_v(i, slot), buffers.vb.at[staged(i)])
+
+            consume(staged_k, staged_v_during_qk,
+                    lambda i, slot: buffers.vb.at[staged(i)], refill)
             return
 
         # Two warpgroups: wg 1 only issues copies (a slot once wg 0 frees
-        # it), wg 0 only computes.
+        # it) and, for fp8 pages, dequantizes; wg 0 only computes.
         wg = lax.axis_index("wg")
 
         @pl.when(wg == 0)
@@ -261,45 +376,152 @@ def _decode_kernel(
             if not interpret:
                 plgpu.set_max_registers(232, action="increase")
 
-            def release(i, slot):
-                # Only slots the producer refills: an arrival nobody waits
-                # for would leave the barrier a phase ahead at exit.
+            if not fp8:
+                def release(i, slot):
+                    # Only slots the producer refills: an arrival nobody
+                    # waits for would leave the barrier a phase ahead at
+                    # exit.
+                    @pl.when(i + num_stages < n)
+                    def _():
+                        plgpu.barrier_arrive(free_bar.at[slot])
+                consume(ring_k, nothing, ring_v, release)
+                return
+
+            def staged_k(i):
+                sb = lax.rem(i, staging)
+                plgpu.barrier_wait(barriers.kb_ready.at[sb])
+                return buffers.kb.at[sb], sb
+
+            def staged_v(i, sb):
+                plgpu.barrier_wait(barriers.vb_ready.at[sb])
+                return buffers.vb.at[sb]
+
+            def release(free):
+                def arrive(i, sb):
+                    # Only tiles the producer refills (its wait for step
+                    # i + staging).
+                    @pl.when(i + staging < n)
+                    def _():
+                        plgpu.barrier_arrive(free.at[sb])
+                return arrive
+            # K's tile is free once QK^T is done, V's once PV is.
+            consume(staged_k, nothing, staged_v, release(barriers.vb_free),
+                    after_qk=release(barriers.kb_free))
+
+        if not fp8:
+            @pl.when(wg == 1)
+            def _():
+                if not interpret:
+                    plgpu.set_max_registers(_PRODUCER_REGS,
+                                            action="decrease")
+                load_table()
+                fill_ring()
+
+                @pl.loop(0, jnp.maximum(n - num_stages, 0))
+                def _(i):
+                    slot = lax.rem(i, num_stages)
+                    plgpu.barrier_wait(free_bar.at[slot])
+                    issue(i + num_stages, slot)
+            return
+
+        # fp8: each producer warpgroup copies and dequantizes its kinds of
+        # tiles (one: K and V; two: K in wg 1, V in wg 2), refilling a ring
+        # slot once its bytes are converted.
+        def produce(kinds):
+            if not interpret:
+                plgpu.set_max_registers(_PRODUCER_REGS_FP8[producers],
+                                        action="decrease")
+            fill_ring(kinds)
+            staged = ((buffers.kb, barriers.kb_ready, barriers.kb_free, k_bar,
+                       k_smem),
+                      (buffers.vb, barriers.vb_ready, barriers.vb_free, v_bar,
+                       v_smem))
+
+            @pl.loop(0, n)
+            def _(i):
+                slot = lax.rem(i, num_stages)
+                sb = lax.rem(i, staging)
+                for kind in kinds:
+                    tiles, ready, free, landed, ring = staged[kind]
+
+                    @pl.when(i >= staging)
+                    def _():
+                        plgpu.barrier_wait(free.at[sb])
+                    plgpu.barrier_wait(landed.at[slot])
+                    dequant(kind, i, ring.at[slot], tiles.at[sb])
+                    plgpu.barrier_arrive(ready.at[sb])
+
+                # The slot's fp8 bytes are read (dequant's commit fenced
+                # them): refill it.
                 @pl.when(i + num_stages < n)
                 def _():
-                    plgpu.barrier_arrive(free_bar.at[slot])
-            consume(release)
+                    issue(i + num_stages, slot, kinds)
 
         @pl.when(wg == 1)
         def _():
-            if not interpret:
-                plgpu.set_max_registers(40, action="decrease")
             load_table()
-            fill_ring()
+            produce((0, 1) if producers == 1 else (0,))
 
-            @pl.loop(0, jnp.maximum(n - num_stages, 0))
-            def _(i):
-                slot = lax.rem(i, num_stages)
-                plgpu.barrier_wait(free_bar.at[slot])
-                issue(i + num_stages, slot)
+        if producers == 2:
+            @pl.when(wg == 2)
+            def _():
+                produce((1,))
 
     ring = (num_stages, bk, head_dim)
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
+    fp8_buffers, fp8_barriers = {}, {}
+    if fp8:
+        tiles = (staging, bk, head_dim)
+        fp8_buffers = dict(kb=plgpu.SMEM(tiles, dtype, transforms=transforms),
+                           vb=plgpu.SMEM(tiles, dtype, transforms=transforms))
+        if per_page:
+            fp8_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
+        if producer:
+            fp8_barriers = dict(
+                kb_ready=plgpu.Barrier(num_barriers=staging),
+                vb_ready=plgpu.Barrier(num_barriers=staging),
+                kb_free=plgpu.Barrier(num_barriers=staging),
+                vb_free=plgpu.Barrier(num_barriers=staging))
     pl.run_scoped(
         scoped,
         _Buffers(
             q=plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
-            k=plgpu.SMEM(ring, dtype, transforms=transforms),
-            v=plgpu.SMEM(ring, dtype, transforms=transforms),
+            k=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
+            v=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             table=plgpu.SMEM((table_chunk,), jnp.int32),
-            lse=plgpu.SMEM((_ROWS,), jnp.float32)),
+            lse=plgpu.SMEM((_ROWS,), jnp.float32),
+            **fp8_buffers),
         _Barriers(
             q=plgpu.Barrier(num_barriers=1),
-            table=plgpu.Barrier(num_arrivals=num_pieces, num_barriers=1),
+            table=plgpu.Barrier(num_arrivals=num_pieces * (3 if per_page
+                                                           else 1),
+                                num_barriers=1),
             k_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
             v_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
-            free=plgpu.Barrier(num_barriers=num_stages)),
+            free=plgpu.Barrier(num_barriers=num_stages),
+            **fp8_barriers),
         **({"collective_axes": "wg"} if producer else {}),
     )
+
+
+def _row_scales(scales, page_size, head_dim, dtype, interpret):
+    """[64, H] ``dtype``: row r of a 64-token tile holds ``scales[r // B]``
+    (one f32 scalar per page of the tile), in the tile's register layout."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if interpret:
+        rows = jnp.concatenate([jnp.full((page_size,), x, jnp.float32)
+                                for x in scales])
+    else:
+        # Each warp holds 16 rows of a WGMMA_8BIT tile: a page of 16.
+        page = plgpu.broadcasted_iota(
+            jnp.int32, (_ROWS,), 0,
+            layout=plgpu.Layout.WGMMA_8BIT.reduce(1)) // page_size
+        rows = jnp.full((_ROWS,), scales[-1], jnp.float32)
+        for j in range(len(scales) - 2, -1, -1):
+            rows = jnp.where(page == j, scales[j], rows)
+    out = lax.broadcast_in_dim(rows.astype(dtype), (_ROWS, head_dim), [0])
+    return out if interpret else plgpu.layout_cast(out,
+                                                   plgpu.Layout.WGMMA_8BIT)
 
 
 def decode_attention(
@@ -308,6 +530,7 @@ def decode_attention(
     v_pages: jax.Array,  # [K, num_pages, B, H]
     kv_lens: jax.Array,  # [S] int32; 0 = no decode work for this row
     block_tables: jax.Array,  # [S, P] int32
+    page_scales: jax.Array | None = None,  # [K, 2, num_pages] f32 (k, v)
     *,
     sm_scale: float,
     sliding_window: int | None = None,
@@ -316,19 +539,28 @@ def decode_attention(
     interpret: bool = False,
 ) -> jax.Array:  # [S, K, G, H] f32, normalized
     """Decode attention of one query row per sequence (see module doc).
-    Raises ``MosaicDecodeUnsupported`` for cases the kernel does not take."""
+    ``page_scales``: per-page scales of fp8 pages (``kv_cache.py``'s
+    ``[K, num_pages]`` pair, stacked), or None. Raises
+    ``MosaicDecodeUnsupported`` for cases the kernel does not take."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     num_seqs, num_kv_heads, group, head_dim = q.shape
     _, num_pages, page_size, _ = k_pages.shape
     pages_per_seq = block_tables.shape[1]
+    per_page = page_scales is not None
     why = supports(q.dtype, k_pages.dtype, head_dim, page_size, group,
-                   tuning.tokens_per_step)
+                   tuning.tokens_per_step, per_page)
     if why:
         raise MosaicDecodeUnsupported(why)
     pages_per_step = tuning.tokens_per_step // page_size
     itemsize = jnp.dtype(q.dtype).itemsize
-    num_stages = tuning.stages(head_dim, itemsize)
+    staging = 0  # 16-bit pages go to wgmma as they land
+    producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
+    if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
+        num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
+        producers = tuning.fp8_producers
+    else:
+        num_stages = tuning.stages(head_dim, itemsize)
     max_steps = cdiv(pages_per_seq, pages_per_step)
     splits = tuning.splits(num_seqs, num_kv_heads, max_steps)
     # Pages one split may read: the table slice copied to smem (whole TMA
@@ -345,12 +577,19 @@ def decode_attention(
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
     rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
+    if staging and tuning.fp8_f16:
+        q_rows = q_rows.astype(jnp.float16)
+    scale_rows = ()
+    if per_page:  # each table entry's (k, v) scales, in the table's order
+        scale_rows = (jnp.transpose(
+            page_scales.astype(jnp.float32)[:, :, tables], (2, 0, 1, 3)),)
 
     kernel = functools.partial(
         _decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
-        producer=tuning.producer_warpgroup, interpret=interpret)
+        producer=tuning.producer_warpgroup, staging=staging,
+        per_page=per_page, interpret=interpret, producers=producers)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
@@ -360,15 +599,17 @@ def decode_attention(
             approx_math=True,
             unsafe_no_auto_barriers=tuning.no_auto_barriers)
     if tuning.producer_warpgroup:
-        kw.update(num_threads=2, thread_name="wg")
+        kw.update(num_threads=1 + producers, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim), q.dtype),
+        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),
+                                       q_rows.dtype),
                   jax.ShapeDtypeStruct((*part, _ROWS), jnp.float32)),
         grid=(num_seqs, num_kv_heads, splits),
         grid_names=("seq", "kv_head", "split"),
         **kw,
-    )(kv_lens.astype(jnp.int32), tables, q_rows, k_pages, v_pages)
+    )(kv_lens.astype(jnp.int32), tables, *scale_rows, q_rows, k_pages,
+      v_pages)
     o = o[:, :, :, :group].astype(jnp.float32)
     if splits == 1:
         return o[:, :, 0]

@@ -42,6 +42,19 @@ class MosaicDecodeTuning:
     # Mosaic's unsafe_no_auto_barriers (no warpgroup barrier around each
     # copy and smem store; the kernel orders its smem traffic itself).
     no_auto_barriers: bool = False
+    # fp8 pages: 16-bit tiles dequantized ahead of the wgmma warpgroup (the
+    # producer warpgroup's lead; one warpgroup alone uses one); fewer when
+    # the smem budget needs it.
+    staging_stages: int = 2
+    # fp8 pages under bf16 queries: run the two wgmmas in f16 instead (the
+    # query rows cast to f16, pages dequantized to f16: one exact convert
+    # per pair of codes and an f16 scale multiply instead of a trip through
+    # f32, and 3 more mantissa bits; every |q|, |K| and |V| must stay under
+    # f16's 65504).
+    fp8_f16: bool = False
+    # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
+    # them (K in one warpgroup, V in another; three warpgroups in all).
+    fp8_producers: int = 1
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -53,6 +66,12 @@ class MosaicDecodeTuning:
                               "(automatic) or >= 2")
         if self.kv_splits < 0 or self.programs_per_sm < 1:
             raise TuningError("kv_splits must be >= 0 and programs_per_sm >= 1")
+        if self.fp8_producers not in (1, 2):
+            raise TuningError(f"fp8_producers={self.fp8_producers} must be "
+                              "1 or 2")
+        if self.staging_stages < 1:
+            raise TuningError(f"staging_stages={self.staging_stages} must be"
+                              " >= 1")
 
     def stages(self, head_dim: int, itemsize: int) -> int:
         if self.num_stages:
@@ -60,6 +79,21 @@ class MosaicDecodeTuning:
         step = 2 * self.tokens_per_step * head_dim * itemsize
         fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
         return max(2, min(8, (self.smem_budget - fixed) // step))
+
+    def fp8_stages(self, head_dim: int, itemsize: int) -> tuple[int, int]:
+        """(ring, staging) depths for 1-byte pages: the ring of fp8 steps
+        the copies fill and the 16-bit (``itemsize``) tiles they are
+        dequantized into for wgmma, both within ``smem_budget``."""
+        step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
+        tile = step * itemsize
+        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        staging = self.staging_stages if self.producer_warpgroup else 1
+        while staging > 1 and fixed + staging * tile + 2 * step > self.smem_budget:
+            staging -= 1
+        if self.num_stages:
+            return self.num_stages, staging
+        ring = (self.smem_budget - fixed - staging * tile) // step
+        return max(2, min(8, ring)), staging
 
     def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
         if self.kv_splits:
@@ -202,11 +236,27 @@ TUNED: dict[str, dict[tuple[int, int], RaggedPagedAttentionTuning]] = {
 FALLBACK_DEVICE = "NVIDIA H200"
 
 
+# The Mosaic decode kernel's tuning over fp8 pages: K and V dequantized by
+# two producer warpgroups, 128-token steps, no automatic warpgroup
+# barriers. On the H200 at S=64 L=2048: 133.9 us (0.47 of copy in fp8
+# bytes) against 194.0 us for the 16-bit pages' tuning and 201.4 us for the
+# Triton kernel (NOTES.md v11, decode-fp8-v11-h200.json).
+FP8_MOSAIC_DECODE = MosaicDecodeTuning(tokens_per_step=128,
+                                       no_auto_barriers=True,
+                                       fp8_producers=2)
+
+
 def default_tuning(head_dim: int, page_size: int,
-                   device_kind: str | None = None) -> RaggedPagedAttentionTuning:
+                   device_kind: str | None = None,
+                   kv_itemsize: int = 2) -> RaggedPagedAttentionTuning:
     """The tuned launch parameters for a head dim and page size on a device
-    (by default the first jax device, read when the kernel is traced)."""
+    (by default the first jax device, read when the kernel is traced);
+    1-byte (fp8) pages at head_dim 128 (where it was measured) take
+    FP8_MOSAIC_DECODE for the Mosaic decode kernel."""
     if device_kind is None:
         device_kind = jax.devices()[0].device_kind
     table = TUNED.get(device_kind, TUNED[FALLBACK_DEVICE])
-    return table.get((head_dim, page_size), RaggedPagedAttentionTuning())
+    tuning = table.get((head_dim, page_size), RaggedPagedAttentionTuning())
+    if kv_itemsize == 1 and head_dim == 128:
+        tuning = dataclasses.replace(tuning, mosaic_decode=FP8_MOSAIC_DECODE)
+    return tuning

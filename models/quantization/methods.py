@@ -50,12 +50,12 @@ MIN_SCALE = float(jnp.finfo(jnp.float32).tiny)
 # times them.
 INT4_UNPACK = "shift"
 # A 4-bit layer with zero points (AWQ, GPTQ) whose scheme says
-# kernel="pallas" multiplies with the Pallas kernel of
-# pallas_kernels/int4_matmul.py (weights dequantized in registers) for up to
-# this many rows, and with XLA's dequantize-then-dot above: on the H200 the
-# kernel beat XLA's int4 product 4.7x at one row and 1.8x at 256
-# (benchmarks/results/int4-kernel-h200.json), but is far below the tensor
-# cores' rate, where a prefill's bf16 dot is not.
+# kernel="pallas" multiplies with the Pallas kernels of
+# pallas_kernels/int4_matmul.py (weights dequantized in registers; the
+# Mosaic GPU kernel on Hopper where it takes the case, else the Triton one)
+# for up to this many rows, and with XLA's dequantize-then-dot above: the
+# kernels are far below the tensor cores' rate, where a prefill's bf16 dot
+# is not (pallas_kernels/NOTES.md, int4 section, has the measurements).
 INT4_KERNEL_MAX_ROWS = 256
 
 # The param names of the methods below: their dtypes are their own (codes,
@@ -270,15 +270,15 @@ class GroupedWeights:
 
 
 def _int4_kernel(x2, weights, out_shape):
-    from jaxinfer.pallas_kernels.int4_matmul import default_tuning, int4_matmul
+    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
     n_out = math.prod(out_shape)
     lead = x2.shape[:-1]
     rows = x2.reshape(-1, x2.shape[-1])
     scales = weights["scales"].reshape(n_out, -1)
+    # No tuning: the Mosaic GPU kernel on Hopper where it takes the case
+    # (int4_matmul.uses_mosaic), else the Triton kernel's default tuning.
     y = int4_matmul(rows, weights["qweight"].reshape(n_out, -1), scales,
                     weights["qzeros"].reshape(n_out, -1),
-                    tuning=default_tuning(rows.shape[0], n_out,
-                                          scales.shape[1]),
                     interpret=jax.default_backend() == "cpu")
     return y.reshape(lead + tuple(out_shape))
 

@@ -51,6 +51,29 @@ def make_case(mix, *, num_q_heads=4, num_kv_heads=2, head_dim=64,
             jnp.asarray([num_seqs], jnp.int32))
 
 
+def fp8_case(mix, seed, **kw):
+    """A case whose pages are fp8 e4m3 codes with one scale per (kv head,
+    page), as kv_cache.write_kv_scaled writes them: each page's values get
+    their own magnitude (K 0.1x to 3x, V 0.05x to 20x: a scale applied to
+    the wrong page or head, or not at all, shows; K's range keeps logits
+    moderate, as a model's are), scale = amax / 448. Returns (case, K
+    scales, V scales), the scales [K, num_pages] f32."""
+    q, kp, vp, *md = make_case(mix, dtype=jnp.float32, seed=seed, **kw)
+    rng = np.random.default_rng(seed + 100)
+    qmax = float(jnp.finfo(jnp.float8_e4m3fn).max)
+    out, scales = [], []
+    for pages, (lo, hi) in ((kp, (0.1, 3.0)), (vp, (0.05, 20.0))):
+        mag = np.exp(rng.uniform(np.log(lo), np.log(hi),
+                                 pages.shape[:2]))[..., None, None]
+        pages = np.asarray(pages) * mag
+        scale = np.abs(pages).max(axis=(2, 3)) / qmax  # [K, num_pages]
+        out.append(jnp.asarray(pages / scale[..., None, None],
+                               jnp.float8_e4m3fn))
+        scales.append(jnp.asarray(scale, jnp.float32))
+    case = (q.astype(jnp.bfloat16), *out, *md)
+    return case, scales[0], scales[1]
+
+
 def rel_error(out, ref) -> float:
     out = np.asarray(out, np.float64)
     ref = np.asarray(ref, np.float64)

@@ -8,6 +8,8 @@ operand). On a Hopper GPU the same cases run compiled, plus the ``gpu`` cases.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -16,7 +18,11 @@ from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      ragged_paged_attention)
 from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
     MosaicDecodeTuning)
-from tests.pallas_kernels.cases import check_against_reference, gpu, make_case
+from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
+from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
+    ragged_paged_attention_reference)
+from tests.pallas_kernels.cases import (check_against_reference, fp8_case,
+                                        gpu, make_case, rel_error)
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -98,6 +104,113 @@ def test_mosaic_decode_rejects_what_it_cannot_take():
         MosaicDecodeTuning(tokens_per_step=32)
     with pytest.raises(TuningError):
         RaggedPagedAttentionTuning(decode_backend="cuda")
+
+
+def test_mosaic_decode_fp8_pages_with_per_page_scales():
+    """fp8 pages dequantized in the kernel, times each (kv head, page)'s
+    own K and V scales; ragged lengths (one token, a page boundary, a
+    partial last step, several splits), pages scattered over the pool."""
+    case, ks, vs = fp8_case([(1, 40), (1, 1), (1, 129), (1, 300)],
+                            num_q_heads=8, num_kv_heads=2, head_dim=64,
+                            seed=11)
+    out = _check(case, _mosaic(num_stages=2, kv_splits=2), k_scale=ks,
+                 v_scale=vs, decode_only=True)
+    # The scales matter: without them (or with K's and V's swapped) the
+    # reference is far from the kernel's output.
+    for wrong in ({}, {"k_scale": vs, "v_scale": ks}):
+        ref = ragged_paged_attention_reference(
+            *case, sm_scale=64 ** -0.5, decode_only=True, **wrong)
+        assert rel_error(out[:4], ref[:4]) > 0.2
+
+
+def test_mosaic_decode_fp8_per_tensor_and_mixed_scales():
+    """H=128 (a 128-byte fp8 row), 128-token steps (two 64-row tiles, four
+    pages each, per step), a prefill chunk beside the decodes (Triton);
+    per-tensor scales, then per-page K scales with one V scale."""
+    case, ks, vs = fp8_case(MIX, num_q_heads=4, num_kv_heads=2,
+                            head_dim=128, seed=12)
+    tuning = _mosaic(num_stages=2, kv_splits=2, tokens_per_step=128)
+    _check(case, tuning, k_scale=jnp.float32(0.03), v_scale=jnp.float32(0.02))
+    _check(case, tuning, k_scale=ks, v_scale=jnp.float32(0.02))
+
+
+def test_mosaic_decode_fp8_in_f16():
+    """fp8_f16: bf16 queries, the wgmmas in f16 (pages dequantized to f16,
+    scales multiplied in f16); output back in bf16."""
+    case, ks, vs = fp8_case([(1, 200), (1, 17)], num_q_heads=8,
+                            num_kv_heads=2, head_dim=64, seed=14)
+    _check(case, _mosaic(num_stages=2, kv_splits=2, fp8_f16=True),
+           k_scale=ks, v_scale=vs, decode_only=True)
+
+
+@pytest.mark.parametrize("producers,extra", [
+    (1, {}), (2, {}),
+    # FP8_MOSAIC_DECODE's settings (the fp8 default at head_dim 128).
+    (2, dict(tokens_per_step=128, no_auto_barriers=True))])
+def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
+    """Producer warpgroups dequantize into 2-tile staging rings ahead of
+    the consumer (one for K and V, or one each); the sequence is longer
+    than ring and staging."""
+    case, ks, vs = fp8_case([(1, 330), (1, 7)], num_q_heads=4,
+                            num_kv_heads=1, head_dim=64, seed=13)
+    _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
+                         staging_stages=2, fp8_producers=producers, **extra),
+           k_scale=ks, v_scale=vs, decode_only=True)
+
+
+def test_fp8_pages_take_their_own_default_tuning():
+    """fp8 pages at head_dim 128 get FP8_MOSAIC_DECODE from the tuned
+    table; 16-bit pages and other head dims keep the table's entry."""
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+        FP8_MOSAIC_DECODE, default_tuning)
+    h200 = "NVIDIA H200"
+    fp8 = default_tuning(128, 16, h200, kv_itemsize=1)
+    bf16 = default_tuning(128, 16, h200)
+    assert fp8.mosaic_decode == FP8_MOSAIC_DECODE != bf16.mosaic_decode
+    assert fp8 == dataclasses.replace(bf16, mosaic_decode=FP8_MOSAIC_DECODE)
+    assert FP8_MOSAIC_DECODE.fp8_producers == 2
+    assert default_tuning(64, 16, h200, kv_itemsize=1) == default_tuning(
+        64, 16, h200)
+
+
+def test_mosaic_decode_takes_fp8_pages_only_with_per_page_scales():
+    bf16, fp8 = jnp.bfloat16, jnp.float8_e4m3fn
+    assert mg.supports(bf16, fp8, 128, 16, 4, 64, per_page_scales=True) is None
+    assert mg.supports(bf16, fp8, 128, 16, 4) is None
+    assert "per-page" in mg.supports(bf16, bf16, 128, 16, 4,
+                                     per_page_scales=True)
+    assert "dtype" in mg.supports(jnp.float32, fp8, 128, 16, 4)
+    assert "dtype" in mg.supports(bf16, jnp.float8_e5m2, 128, 16, 4)
+    # The smem plan for fp8 pages: a deeper fp8 ring beside the 16-bit
+    # staging tiles, within the budget.
+    t = MosaicDecodeTuning()
+    ring, staging = t.fp8_stages(128, 2)
+    assert staging == 2 and ring > t.stages(128, 2)
+    assert 64 * 128 * 2 + staging * 2 * 64 * 128 * 2 + ring * 2 * 64 * 128 \
+        <= t.smem_budget
+    assert t.fp8_stages(256, 2)[1] == 1  # H=256: one staging tile fits
+    with pytest.raises(TuningError):
+        MosaicDecodeTuning(staging_stages=0)
+    with pytest.raises(TuningError, match="fp8_producers"):
+        MosaicDecodeTuning(fp8_producers=3)
+
+
+@gpu
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128),
+                                            (4, 256)])
+@pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
+def test_mosaic_decode_fp8_on_gpu(group, head_dim, window, cap):
+    """fp8 pages with per-page scales, compiled, through the automatic
+    backend (Mosaic decode, Triton prefill for the chunk)."""
+    decodes = [(1, 1), (1, 129), (1, 2048), (1, 5000)]
+    kw = dict(num_q_heads=4 * group, num_kv_heads=4, head_dim=head_dim,
+              seed=head_dim + group)
+    case, ks, vs = fp8_case(decodes + [(7, 40)], **kw)
+    _check(case, None, sliding_window=window, logit_soft_cap=cap,
+           k_scale=ks, v_scale=vs)
+    case, ks, vs = fp8_case(decodes, **kw)
+    _check(case, None, sliding_window=window, logit_soft_cap=cap,
+           k_scale=ks, v_scale=vs, decode_only=True)
 
 
 @gpu

@@ -1,0 +1,84 @@
+"""Pre-flight for the Mosaic GPU decode kernel without a GPU: lowers each
+tuning variant the benchmarks and tests compile (bf16 and fp8 pages) for
+cuda with ``jax.export`` on CPU. Pallas' Mosaic GPU lowering (layouts,
+transforms, barriers) runs in Python, so its errors show here; what ptxas
+or the driver would reject does not. Run it under each jax version the GPU
+machine may have (it had 0.11.2 while this machine had 0.10.2: one
+lowering error showed under 0.11 only).
+
+    PYTHONPATH=$PWD python benchmarks/kernels/preflight_decode_mgpu.py
+
+Prints one line per variant and exits non-zero if any fails to lower.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jaxinfer.pallas_kernels.ragged_paged_attention_decode_mgpu import (
+    decode_attention)
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+    MosaicDecodeTuning)
+
+FP8 = jnp.float8_e4m3fn
+# (page dtype, head dim, GQA group, per-page scales, kernel kwargs, tuning)
+CASES = [
+    (jnp.bfloat16, 128, 4, False, {}, {}),
+    (jnp.bfloat16, 128, 4, False, {}, {"producer_warpgroup": False}),
+    (FP8, 128, 4, False, {}, {}),
+    (FP8, 128, 4, True, {}, {}),
+    (FP8, 128, 4, True, {}, {"no_auto_barriers": True}),
+    (FP8, 128, 4, True, {}, {"staging_stages": 3}),
+    (FP8, 128, 4, True, {}, {"tokens_per_step": 128}),
+    (FP8, 128, 4, True, {}, {"producer_warpgroup": False}),
+    (FP8, 128, 4, True, {}, {"fp8_f16": True}),
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2}),
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "fp8_f16": True,
+                             "no_auto_barriers": True}),
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "tokens_per_step": 128}),
+    (FP8, 64, 1, True, {}, {"fp8_producers": 2}),
+    (FP8, 256, 4, True, {}, {}),
+    (FP8, 256, 4, True, {}, {"fp8_producers": 2}),
+    (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0}, {}),
+    (FP8, 64, 8, True, {}, {}),
+]
+
+
+def lower(page_dtype, head_dim, group, per_page, kw, tune):
+    S, K, B, P = 4, 2, 16, 300
+    num_pages = S * P + 1
+    args = [jax.ShapeDtypeStruct((S, K, group, head_dim), jnp.bfloat16),
+            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), page_dtype),
+            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), page_dtype),
+            jax.ShapeDtypeStruct((S,), jnp.int32),
+            jax.ShapeDtypeStruct((S, P), jnp.int32)]
+    if per_page:
+        args.append(jax.ShapeDtypeStruct((K, 2, num_pages), jnp.float32))
+
+    def fn(q, k, v, lens, tables, *scales):
+        return decode_attention(q, k, v, lens, tables, *scales,
+                                sm_scale=head_dim ** -0.5,
+                                tuning=MosaicDecodeTuning(**tune), **kw)
+    jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
+
+
+def main():
+    print("jax", jax.__version__)
+    failed = 0
+    for case in CASES:
+        name = (f"{jnp.dtype(case[0]).name} H={case[1]} G={case[2]} "
+                f"per_page={case[3]} {case[4]} {case[5]}")
+        try:
+            lower(*case)
+            print("ok  ", name, flush=True)
+        except Exception as e:  # report every variant, then fail
+            failed += 1
+            print("FAIL", name, repr(e)[:400], flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

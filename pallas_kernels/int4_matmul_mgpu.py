@@ -1,0 +1,453 @@
+"""int4 x bf16 matmul in Pallas Mosaic GPU (Hopper), for AWQ / GPTQ layers
+at decode-sized batches.
+
+Weights in ``GroupedWeights``' layout (see ``int4_matmul.py``): ``qweight``
+uint8 [Out, In / 2] (input 2j in the low nibble of byte j), ``scales``
+[Out, G], ``qzeros`` uint8 [Out, G], groups of 128 inputs;
+``w[o, i] = (q[o, i] - z[o, g]) * s[o, g]``. No layout is converted: the
+kernel reads the checkpoint's arrays as they are.
+
+Why it is built this way (the Triton kernel stopped at 0.15-0.17 of copy
+bandwidth in three forms, NOTES.md v2-v4b):
+
+* A/B swapped: the weights are the wgmma's M side (64 output features per
+  consumer warpgroup) and the few activation rows its N side (N = 8 for a
+  decode), so a one-row product wastes no tensor-core rows on padding
+  weights and the activations are the smem operand, read transposed.
+* Memory pipeline as the Mosaic decode attention kernel's: a producer
+  warpgroup TMA-copies each group's codes (``64 * W`` rows x 64 bytes) and
+  the matching activation columns into a ring of ``num_stages`` slots;
+  ``W`` consumer warpgroups each dequantize their 64 rows in registers and
+  multiply. The program's scales and zero points come in two TMA boxes at
+  its start (16 groups wide: a TMA box row is at least 16 bytes).
+* Dequantization in registers with Mosaic's own int4 path: the bytes are
+  viewed as int4 in smem (an aliased view of the same ring), loaded in the
+  layout that upcasts cheaply, xor-ed with 8 (so the signed nibble reads
+  q - 8), relaid to the wgmma operand layout and converted to bf16 (a few
+  integer ops per pair of weights, CUTLASS's conversion).
+* Two forms (``scale_on``): "partials" multiplies the raw codes q - 8
+  (exact in bf16) and applies each group's scale and zero point to the
+  [64, N] partial product, s * (acc - (z - 8) * sum(x)), the group's input
+  sums from a second wgmma against a tile of ones: no per-weight arithmetic
+  past the conversion. "weights" forms (q - z) * s per weight in bf16 and
+  accumulates all groups in one accumulator. Predicted the cheaper form
+  for few rows, partials lost to weights at 1 row too on the H200 (24.2
+  against 20.2 us for gate/up), so weights is the default.
+* Split-K over groups for small batches: ``splits`` programs share a row
+  tile, each writing its f32 partial product; a jnp sum adds them.
+
+On CPU the same kernel runs in Mosaic GPU's interpret mode, with jnp stand-
+ins for what the interpreter does not take (register wgmma operands, the
+int4 view of the ring, register layouts): it checks the pipeline, the
+indexing and the arithmetic, not Mosaic's register layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .kernel_common import (mosaic_interpret_params,
+                            mosaic_register_helpers, round_up,
+                            swizzled_smem_transforms)
+from .ragged_paged_attention_tuning import NUM_SMS
+
+GROUP = 128  # inputs per group (and per pipeline step)
+ROWS = 64  # output features per consumer warpgroup (the wgmma M)
+BOX_GROUPS = 16  # groups per scale / zero-point TMA box (16 bytes of zeros)
+
+
+class Int4MosaicUnsupported(ValueError):
+    """A case the Mosaic kernel does not take; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Int4MosaicTuning:
+    """Static launch parameters of the Mosaic int4 kernel."""
+    warpgroups: int = 2  # consumer warpgroups per program (64 outputs each)
+    num_stages: int = 0  # ring depth in groups; 0 = as many as smem_budget
+    splits: int = 0  # programs sharing a row tile's groups; 0 = automatic
+    programs_per_sm: int = 1  # target of the automatic split count
+    block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
+    scale_on: str = "auto"  # "partials", "weights"; auto: weights
+    smem_budget: int = 200 * 1024  # bytes of shared memory per program
+
+    def __post_init__(self):
+        if self.warpgroups not in (1, 2, 4):
+            raise ValueError(f"warpgroups must be 1, 2 or 4, got "
+                             f"{self.warpgroups}")
+        if self.num_stages < 0 or self.num_stages == 1:
+            raise ValueError(f"num_stages={self.num_stages} must be 0 "
+                             "(automatic) or >= 2")
+        if self.splits < 0 or self.programs_per_sm < 1:
+            raise ValueError("splits must be >= 0, programs_per_sm >= 1")
+        if self.block_rows < 0 or self.block_rows % 8 or self.block_rows > 256:
+            raise ValueError(f"block_rows={self.block_rows} must be 0 or a "
+                             "multiple of 8 up to 256 (the wgmma N)")
+        if self.scale_on not in ("auto", "partials", "weights"):
+            raise ValueError(f"scale_on must be 'auto', 'partials' or "
+                             f"'weights', got {self.scale_on!r}")
+
+
+class _Plan(NamedTuple):
+    """The launch a tuning gives for one shape (all static)."""
+    rows: int  # wgmma N: x rows per program
+    padded: int  # x rows after padding (a multiple of rows)
+    splits: int
+    groups_per_split: int
+    boxes: int  # 16-group scale boxes per program
+    stages: int
+    partials: bool
+
+
+def problem(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
+            warpgroups: int = 2) -> str | None:
+    """None if the kernel takes this case, else the reason it does not."""
+    if jnp.dtype(x_dtype) != jnp.dtype(jnp.bfloat16):
+        return f"activations {jnp.dtype(x_dtype).name} (bf16 only)"
+    if jnp.dtype(scale_dtype).itemsize != 2:
+        return f"scales {jnp.dtype(scale_dtype).name} (16-bit only)"
+    if groups * GROUP != n_in:
+        return f"groups of {n_in // max(groups, 1)} inputs ({GROUP} only)"
+    if groups % BOX_GROUPS:
+        return f"{groups} groups (a multiple of {BOX_GROUPS}: TMA boxes)"
+    if n_out % (ROWS * warpgroups):
+        return f"{n_out} outputs (a multiple of {ROWS * warpgroups})"
+    return None
+
+
+def _valid_splits(groups: int) -> list[int]:
+    """Split counts whose group ranges tile the 16-group scale boxes."""
+    return [s for s in range(1, groups + 1) if groups % s == 0
+            and ((groups // s) % BOX_GROUPS == 0
+                 or BOX_GROUPS % (groups // s) == 0)]
+
+
+def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
+    """The launch for M rows: x rows per program (up to 128), the split count (automatic: the fewest that give
+    ``programs_per_sm`` programs per SM, keeping 2+ groups per program) and
+    the ring depth (what fits ``smem_budget``, at most 8 and the program's
+    group count)."""
+    rows = tuning.block_rows or min(round_up(M, 8), 128)
+    padded = round_up(M, rows)
+    # "auto" is the weights form: on the H200 it beat the partials form at
+    # every shape timed, 1 and 256 rows (NOTES.md, int4 v5 run 3).
+    partials = tuning.scale_on == "partials"
+    tiles = (padded // rows) * (n_out // (ROWS * tuning.warpgroups))
+    valid = _valid_splits(groups)
+    if tuning.splits:
+        if tuning.splits not in valid:
+            raise Int4MosaicUnsupported(
+                f"splits={tuning.splits} for {groups} groups (valid: "
+                f"{valid})")
+        splits = tuning.splits
+    else:
+        want = tuning.programs_per_sm * NUM_SMS
+        splits = next((s for s in valid if tiles * s >= want
+                       and groups // s >= 2), None)
+        if splits is None:
+            splits = max(s for s in valid if groups // s >= 2 or s == 1)
+    gps = groups // splits
+    boxes = max(1, gps // BOX_GROUPS)
+    r = ROWS * tuning.warpgroups
+    step = r * GROUP // 2 + rows * GROUP * 2  # codes + activations
+    fixed = boxes * r * BOX_GROUPS * 3
+    stages = tuning.num_stages or max(
+        2, min(8, (tuning.smem_budget - fixed - 2048) // step))
+    return _Plan(rows, padded, splits, gps, boxes, min(stages, max(gps, 2)),
+                 partials)
+
+
+class _Buffers(NamedTuple):
+    """The kernel's shared-memory buffers (one scoped allocation)."""
+    q: Any  # [S, W, 64, 64] uint8 codes ring (and its int4 view, compiled)
+    x: Any  # [S, N, 128] activation columns ring
+    s: Any  # [boxes, W, 64, 16] scales of the program's groups
+    z: Any  # [boxes, W, 64, 16] uint8 zero points
+
+
+class _Barriers(NamedTuple):
+    ready: Any  # [S] a slot's codes and activations landed (2 copies)
+    free: Any  # [S] every consumer warpgroup released a slot
+    sz: Any  # [1] the scales and zero points landed
+
+
+def _int4_kernel(
+    x_ref,  # [Mp, In] bf16
+    q_ref,  # [Out / 64, 64, In / 2] uint8 codes, two per byte
+    s_ref,  # [Out / 64, 64, G] scales
+    z_ref,  # [Out / 64, 64, G] uint8 zero points
+    o_ref,  # [splits, Out / 64, 64, Mp] f32 each split's partial product
+    *, p: _Plan, warpgroups: int, interpret: bool):
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    cast, _ = mosaic_register_helpers(interpret)
+    W, S, N = warpgroups, p.stages, p.rows
+    m0 = lax.axis_index("m") * N
+    t0 = lax.axis_index("n") * W  # first 64-row tile of the program
+    split = lax.axis_index("k")
+    g0 = split * p.groups_per_split
+    box0 = lax.div(g0, BOX_GROUPS) * BOX_GROUPS
+    wg = lax.axis_index("wg")
+    dt = x_ref.dtype
+    gbytes = GROUP // 2
+
+    def scoped(buffers: _Buffers, barriers: _Barriers):
+        q_ring, x_ring, s_smem, z_smem = buffers
+        if interpret:
+            q4_ring = None
+        else:
+            q_ring, q4_ring = q_ring
+        ready, free, sz_bar = barriers
+
+        @pl.when(wg == W)
+        def _producer():
+            for b in range(p.boxes):
+                cols = pl.ds(box0 + b * BOX_GROUPS, BOX_GROUPS)
+                plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(t0, W), :, cols],
+                                        s_smem.at[b], sz_bar.at[0])
+                plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(t0, W), :, cols],
+                                        z_smem.at[b], sz_bar.at[0])
+
+            def issue(i, slot):
+                g = g0 + i
+                plgpu.copy_gmem_to_smem(
+                    q_ref.at[pl.ds(t0, W), :, pl.ds(g * gbytes, gbytes)],
+                    q_ring.at[slot], ready.at[slot])
+                plgpu.copy_gmem_to_smem(
+                    x_ref.at[pl.ds(m0, N), pl.ds(g * GROUP, GROUP)],
+                    x_ring.at[slot], ready.at[slot])
+
+            for i in range(min(S, p.groups_per_split)):
+                issue(i, i)
+            if p.groups_per_split > S:
+                @pl.loop(0, p.groups_per_split - S)
+                def _(i):
+                    slot = lax.rem(i, S)
+                    plgpu.barrier_wait(free.at[slot])
+                    issue(i + S, slot)
+
+        @pl.when(wg < W)
+        def _consumer():
+            plgpu.barrier_wait(sz_bar.at[0])
+            if p.partials:
+                ones = cast(jnp.ones((ROWS, GROUP), dt), plgpu.Layout.WGMMA)
+
+            def step(i, acc):
+                slot = lax.rem(i, S)
+                g = g0 + i
+                box = lax.div(g, BOX_GROUPS) - lax.div(box0, BOX_GROUPS)
+                col = lax.rem(g, BOX_GROUPS)
+                s_row = s_smem.at[box, wg, :, col]
+                z_row = z_smem.at[box, wg, :, col]
+                plgpu.barrier_wait(ready.at[slot])
+                x_tile = x_ring.at[slot]
+                if p.partials:
+                    q = _codes(q_ring.at[slot, wg], None if interpret
+                               else q4_ring.at[slot, wg], interpret)
+                    part, xsum = _dots(q, ones, x_tile, N, interpret)
+                    s, z = _row_scales(s_row, z_row, interpret)
+                    acc = (acc + lax.broadcast_in_dim(s, acc.shape, [0]) * part
+                           - lax.broadcast_in_dim(s * z, acc.shape, [0]) * xsum)
+                else:
+                    w = _weights(q_ring.at[slot, wg], None if interpret
+                                 else q4_ring.at[slot, wg], s_row, z_row,
+                                 interpret)
+                    acc = _accumulate(acc, w, x_tile, interpret)
+
+                @pl.when(i + S < p.groups_per_split)
+                def _():
+                    plgpu.barrier_arrive(free.at[slot])
+                return acc
+
+            acc = cast(jnp.zeros((ROWS, N), jnp.float32), plgpu.Layout.WGMMA)
+            acc = lax.fori_loop(0, p.groups_per_split, step, acc)
+            # Straight from registers: a [64, N] f32 tile is small beside
+            # the program's codes, and staging it would take smem the ring
+            # can use.
+            o_ref.at[split, t0 + wg, :, pl.ds(m0, N)][...] = acc
+
+    r = (S, W, ROWS, gbytes)
+    if interpret:
+        q_alloc = plgpu.SMEM(r, jnp.uint8)
+    else:
+        # One ring, two views: TMA writes bytes, the consumers read int4.
+        q_alloc = plgpu.RefUnion(
+            plgpu.SMEM(r, jnp.uint8, transforms=_tiles(jnp.uint8, 64)),
+            plgpu.SMEM((S, W, ROWS, GROUP), jnp.int4,
+                       transforms=_tiles(jnp.int4, 64)))
+    sz = (p.boxes, W, ROWS, BOX_GROUPS)
+    pl.run_scoped(
+        scoped,
+        _Buffers(
+            q=q_alloc,
+            x=plgpu.SMEM((S, N, GROUP), dt,
+                         transforms=swizzled_smem_transforms(dt)),
+            s=plgpu.SMEM(sz, s_ref.dtype),
+            z=plgpu.SMEM(sz, jnp.uint8)),
+        _Barriers(
+            ready=plgpu.Barrier(num_arrivals=2, num_barriers=S),
+            free=plgpu.Barrier(num_arrivals=W, num_barriers=S),
+            sz=plgpu.Barrier(num_arrivals=2 * p.boxes, num_barriers=1)),
+        collective_axes="wg",
+    )
+
+
+def _tiles(dtype, swizzle):
+    """Tiling + swizzle of an smem ring whose rows are ``swizzle`` bytes."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    bits = 4 if jnp.dtype(dtype) == jnp.dtype(jnp.int4) else \
+        8 * jnp.dtype(dtype).itemsize
+    return (plgpu.TilingTransform((8, swizzle * 8 // bits)),
+            plgpu.SwizzleTransform(swizzle))
+
+
+@functools.cache
+def _load_takes_index() -> bool:
+    """Whether ``plgpu.load`` wants an index argument (jax 0.10; jax 0.11
+    deprecates it in favour of indexing the ref)."""
+    import inspect
+
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    idx = inspect.signature(plgpu.load).parameters["idx"]
+    return idx.default is inspect.Parameter.empty
+
+
+def _load(ref, layout, optimized=True):
+    """The whole of ``ref`` in registers, in ``layout``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if _load_takes_index():
+        return plgpu.load(ref, (), layout=layout, optimized=optimized)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+
+
+def _codes(q8_ref, q4_ref, interpret):
+    """A [64, 128] tile of codes minus 8 (-8..7, exact) in bf16, in the
+    wgmma operand layout. ``q8_ref``: [64, 64] bytes; ``q4_ref``: the same
+    bytes viewed as [64, 128] int4 (compiled only)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if interpret:
+        q = q8_ref[...]
+        q = jnp.stack([q & 0xF, q >> 4], axis=-1).reshape(ROWS, GROUP)
+        return (q.astype(jnp.int32) - 8).astype(jnp.bfloat16)
+    q = _load(q4_ref, plgpu.Layout.WGMMA_UPCAST_4X)
+    # Flipping bit 3 makes the signed nibble read q - 8 (q in 0..15).
+    q = q ^ jnp.int4(-8)
+    q = plgpu.layout_cast(q, plgpu.Layout.WGMMA)
+    return q.astype(jnp.bfloat16)
+
+
+def _row_scales(s_ref, z_ref, interpret):
+    """The tile's 64 scales and zero points minus 8 (f32, one per row)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if interpret:
+        s, z = s_ref[...], z_ref[...]
+    else:
+        row = plgpu.Layout.WGMMA.reduce(1)
+        s = _load(s_ref, row, optimized=False)
+        z = _load(z_ref, row, optimized=False)
+    return s.astype(jnp.float32), z.astype(jnp.float32) - 8.0
+
+
+def _weights(q8_ref, q4_ref, s_ref, z_ref, interpret):
+    """The tile's weights (q - z) * s in bf16 [64, 128]."""
+    q = _codes(q8_ref, q4_ref, interpret)  # q - 8
+    s, z = _row_scales(s_ref, z_ref, interpret)  # z - 8
+    if interpret:
+        return ((q.astype(jnp.float32) - z[:, None]) * s[:, None]).astype(
+            jnp.bfloat16)
+    s = lax.broadcast_in_dim(s.astype(jnp.bfloat16), q.shape, [0])
+    z = lax.broadcast_in_dim(z.astype(jnp.bfloat16), q.shape, [0])
+    return (q - z) * s
+
+
+def _dot(w, x):
+    """w [64, K] . x [N, K] -> [64, N] f32."""
+    return lax.dot_general(w, x, (((1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def _accumulate(acc, w, x_ref, interpret):
+    """acc + w @ x^T, w in registers, x [N, 128] in smem."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if interpret:
+        return acc + _dot(w, x_ref[...])
+
+    def body(acc_ref):
+        plgpu.wgmma(acc_ref, w, x_ref.transpose((1, 0)))
+    return pl.run_state(body)(plgpu.ACC.init(acc))
+
+
+def _dots(q, ones, x_ref, n, interpret):
+    """(q @ x^T, ones @ x^T): the group's raw partial product and its
+    input sums (every row the same), both [64, N] f32."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    if interpret:
+        x = x_ref[...]
+        return _dot(q, x), _dot(ones, x)
+
+    def body(part_ref, sum_ref):
+        xt = x_ref.transpose((1, 0))
+        plgpu.wgmma(part_ref, q, xt)
+        plgpu.wgmma(sum_ref, ones, xt)
+        return part_ref[...], sum_ref[...]
+    return pl.run_scoped(body, plgpu.ACC((ROWS, n), jnp.float32),
+                         plgpu.ACC((ROWS, n), jnp.float32))
+
+
+def int4_matmul_mgpu(
+    x: jax.Array,  # [M, In] bf16
+    qweight: jax.Array,  # [Out, In / 2] uint8
+    scales: jax.Array,  # [Out, G] f16 / bf16
+    qzeros: jax.Array,  # [Out, G] uint8
+    *,
+    tuning: Int4MosaicTuning = Int4MosaicTuning(),
+    interpret: bool = False,
+) -> jax.Array:  # [M, Out] in x's dtype
+    """x @ w.T (see module doc); raises ``Int4MosaicUnsupported`` for
+    cases the kernel does not take. Call it under jit."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    M, n_in = x.shape
+    n_out, G = scales.shape
+    why = problem(x.dtype, n_in, n_out, G, scales.dtype, tuning.warpgroups)
+    if why is None and qweight.shape != (n_out, n_in // 2):
+        why = f"qweight {qweight.shape} != [{n_out}, {n_in // 2}]"
+    if why:
+        raise Int4MosaicUnsupported(why)
+    p = plan(M, n_out, G, tuning)
+    xp = jnp.pad(x, ((0, p.padded - M), (0, 0))) if p.padded != M else x
+    tiles = n_out // ROWS
+    kw = {}
+    if interpret:
+        kw["interpret"] = mosaic_interpret_params()
+    else:
+        # Lane semantics (explicit register layouts), which this kernel is
+        # written in; jax 0.11 made Warpgroup semantics the default.
+        kw["compiler_params"] = plgpu.CompilerParams(
+            approx_math=True,
+            lowering_semantics=plgpu.LoweringSemantics.Lane)
+    W = tuning.warpgroups
+    mesh = plgpu.Mesh(grid=(p.padded // p.rows, tiles // W, p.splits),
+                      grid_names=("m", "n", "k"), num_threads=W + 1,
+                      thread_name="wg")
+    part = pl.kernel(
+        functools.partial(_int4_kernel, p=p, warpgroups=W,
+                          interpret=interpret),
+        mesh=mesh, name="int4_matmul_mgpu",
+        out_type=jax.ShapeDtypeStruct((p.splits, tiles, ROWS, p.padded),
+                                      jnp.float32), **kw,
+    )(xp, qweight.reshape(tiles, ROWS, -1), scales.reshape(tiles, ROWS, G),
+      qzeros.reshape(tiles, ROWS, G))
+    y = part.sum(axis=0) if p.splits > 1 else part[0]
+    return y.reshape(n_out, p.padded)[:, :M].T.astype(x.dtype)
+
