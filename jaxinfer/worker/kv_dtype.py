@@ -40,3 +40,17 @@ def page_bytes(num_layers: int, block_size: int, num_kv_heads: int,
     data = block_size * head_dim * jnp.dtype(page_dtype).itemsize
     scales = 4 if has_page_scales(page_dtype) else 0
     return 2 * num_layers * num_kv_heads * (data + scales) // kv_shards
+
+
+# The Triton kernels address a layer's K or V page array ([K, pages, B, H]
+# on one device) with 32-bit element offsets, so an array of 2**31 elements
+# or more faults (CUDA illegal address). Seen on the H200: fp8 pages of an
+# 8-layer, 4-kv-head model at gpu_memory_utilization=0.5 (about 400,000
+# pages, 3.3e9 elements per array); bf16 pages, half as many, ran.
+MAX_PAGE_ARRAY_ELEMENTS = 2**31 - 1
+
+
+def max_pages(block_size: int, num_kv_heads: int, head_dim: int) -> int:
+    """The most pages a layer's page array on one device may hold
+    (``num_kv_heads``: the kv heads on that device)."""
+    return MAX_PAGE_ARRAY_ELEMENTS // (num_kv_heads * block_size * head_dim)

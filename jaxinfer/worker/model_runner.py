@@ -32,7 +32,7 @@ from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from .buckets import Buckets
 from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
 from .encoder_runner import EncoderRunner
-from .kv_dtype import kv_page_dtype, page_bytes
+from .kv_dtype import kv_page_dtype, max_pages, page_bytes
 from .lora_inputs import LoRAInputs
 from .packing import pack_step
 from .page_ops import PageMover
@@ -189,9 +189,24 @@ class ModelRunner:
                           self.cfg.num_kv_heads, self.cfg.head_dim,
                           self.kv_dtype, self.placement.kv_shards)
 
+    def max_pages_per_array(self) -> int:
+        """Pages a layer's page array may hold on one device (the kernels'
+        32-bit offsets, `kv_dtype.max_pages`)."""
+        heads_split = self.placement.kv_shards // self.placement.pipeline_stages
+        return max_pages(self.block_size,
+                         max(1, self.cfg.num_kv_heads // heads_split),
+                         self.cfg.head_dim)
+
     def _num_blocks(self) -> int:
         cc = self.cache_config
         if cc.num_gpu_blocks_override is not None:
+            cap = self.max_pages_per_array()
+            if not self.on_cpu and cc.num_gpu_blocks_override > cap:
+                raise ValueError(
+                    f"num_gpu_blocks_override={cc.num_gpu_blocks_override} "
+                    f"exceeds the {cap} pages one layer's page array can "
+                    "hold (the attention kernels' 32-bit offsets); ask for "
+                    "fewer")
             return cc.num_gpu_blocks_override
         if self.on_cpu:
             sc = self.scheduler_config
@@ -215,6 +230,13 @@ class ModelRunner:
                 f"gpu_memory_utilization={util} "
                 f"leaves {free / 2**30:.2f} GiB after weights; raise "
                 "gpu_memory_utilization or lower max_num_batched_tokens")
+        cap = self.max_pages_per_array()
+        if n > cap:
+            logger.warning(
+                "KV cache capped at %d pages (memory for %d): one layer's "
+                "page array must stay under 2**31 elements for the "
+                "attention kernels' 32-bit offsets", cap, n)
+            n = cap
         return n
 
     # -- one step ---------------------------------------------------------
