@@ -29,6 +29,7 @@ from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
 from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
+from ..errors import InvalidConfigError
 from .buckets import Buckets
 from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
 from .encoder_runner import EncoderRunner
@@ -202,7 +203,7 @@ class ModelRunner:
         if cc.num_gpu_blocks_override is not None:
             cap = self.max_pages_per_array()
             if not self.on_cpu and cc.num_gpu_blocks_override > cap:
-                raise ValueError(
+                raise InvalidConfigError(
                     f"num_gpu_blocks_override={cc.num_gpu_blocks_override} "
                     f"exceeds the {cap} pages one layer's page array can "
                     "hold (the attention kernels' 32-bit offsets); ask for "

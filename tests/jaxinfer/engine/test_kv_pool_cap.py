@@ -11,6 +11,7 @@ import jax
 import pytest
 
 from jaxinfer.config import CacheConfig, SchedulerConfig
+from jaxinfer.errors import InvalidConfigError
 from jaxinfer.worker import kv_dtype
 from jaxinfer.worker.model_runner import ModelRunner
 
@@ -58,6 +59,6 @@ def test_the_pool_is_capped_where_memory_would_overflow_the_offsets(
 
 
 def test_an_override_past_the_bound_is_refused_with_the_bound():
-    with pytest.raises(ValueError, match="32-bit offsets"):
+    with pytest.raises(InvalidConfigError, match="32-bit offsets"):
         ModelRunner._num_blocks(_runner(override=10**6))
     assert ModelRunner._num_blocks(_runner(override=1000)) == 1000
