@@ -1,0 +1,176 @@
+"""How an fp8 product is written decides what XLA GPU makes of it (issue 15).
+
+Times one llama3-8b MLP pair (gate 4096 -> 14336, down 14336 -> 4096) at
+256 and 16384 rows in several written forms of the same W8A8 product, and
+records which kernels XLA compiled each form to (the custom-call targets
+and fusion kinds of the optimized HLO), beside bf16:
+
+- ``bf16``: x @ w.T in bf16.
+- ``scheme-tensor`` / ``scheme-channel-token``: ``Fp8Weights.apply`` as
+  the engine runs it (dot of e4m3 codes into f32, scales after).
+- ``f8dot-bf16out-*``: the same dot with a bf16 result, scales after (half
+  the result bytes).
+- ``dequant-pattern-tensor``: dot(convert(xq) * xs, convert(w) * ws) in
+  bf16, the form XLA's GEMM rewriter documents for scaled fp8 matmuls.
+
+    python3 benchmarks/kernels/fp8_gemm_forms.py --out OUT [--smoke]
+
+Writes OUT/fp8-gemm-forms-<device>.json and prints a table last. ``--smoke``
+runs tiny shapes on CPU (checks the script; XLA CPU has no fp8 GEMM).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+if "--smoke" in sys.argv:
+    os.environ["BENCH_SMOKE"] = "1"  # roofline's CPU stand-in
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
+from benchmarks.run_stamp import run_stamp  # noqa: E402
+from jaxinfer.models.quantization import methods as qm  # noqa: E402
+
+F8 = qm.FP8_DTYPE
+
+
+def quant_w(w, per_channel):
+    amax = jnp.max(jnp.abs(w), axis=-1) if per_channel else jnp.max(jnp.abs(w))
+    s = jnp.maximum(amax / qm.FP8_MAX, qm.MIN_SCALE)
+    sb = s[:, None] if per_channel else s
+    return (w / sb).astype(F8), s
+
+
+def form(name):
+    """name -> fn(x bf16 [M, In], p) -> bf16 [M, Out]."""
+    per_channel = "channel" in name
+    act = "per_token" if "token" in name else "per_tensor"
+    if name == "bf16":
+        return lambda x, p: x @ p["w"].T
+
+    def scheme(x, p):
+        x2 = x.astype(jnp.float32)
+        xq, xs = qm.quantize_activations(x2, act)
+        y = qm._dot_minor(xq, p["q"], 1, jnp.float32)
+        return (y * xs * p["s"]).astype(x.dtype)
+
+    def bf16out(x, p):
+        xq, xs = qm.quantize_activations(x.astype(jnp.float32), act)
+        y = qm._dot_minor(xq, p["q"], 1, jnp.bfloat16)
+        return (y.astype(jnp.float32) * xs * p["s"]).astype(x.dtype)
+
+    def dequant_pattern(x, p):
+        xq, xs = qm.quantize_activations(x.astype(jnp.float32), act)
+        a = xq.astype(jnp.bfloat16) * xs.astype(jnp.bfloat16)
+        b = p["q"].astype(jnp.bfloat16) * p["s"].astype(jnp.bfloat16)
+        return qm._dot_minor(a, b, 1)
+
+    if name.startswith("scheme"):
+        return scheme
+    if name.startswith("f8dot-bf16out"):
+        return bf16out
+    if name.startswith("dequant-pattern"):
+        return dequant_pattern
+    raise ValueError(name)
+
+
+FORMS = ("bf16", "scheme-tensor", "scheme-channel-token",
+         "f8dot-bf16out-tensor", "f8dot-bf16out-channel-token",
+         "dequant-pattern-tensor")
+
+
+def kernels_of(compiled_text: str) -> dict:
+    """Counts of custom-call targets and fusion kinds in optimized HLO."""
+    out = {}
+    for m in re.finditer(r'custom_call_target="([^"]+)"', compiled_text):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    for m in re.finditer(r'kind=(k\w+)', compiled_text):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    D, F = (64, 128) if args.smoke else (4096, 14336)
+    Ms = (8, 32) if args.smoke else (256, 16384)
+    roof = roofline()
+    key = jax.random.key(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    w_up = jax.random.normal(k1, (F, D), jnp.float32) * 0.02
+    w_down = jax.random.normal(k2, (D, F), jnp.float32) * 0.02
+    rows = []
+    for M in Ms:
+        x = (jax.random.normal(k3, (M, D), jnp.float32)).astype(jnp.bfloat16)
+        ref = None
+        for name in FORMS:
+            per_channel = "channel" in name
+            ps = []
+            for w in (w_up, w_down):
+                q, s = quant_w(w, per_channel)
+                ps.append(dict(w=w.astype(jnp.bfloat16), q=q, s=s))
+            f = form(name)
+
+            @jax.jit
+            def pair(x, p_up, p_down, f=f):
+                h = f(x, p_up)
+                return f(jax.nn.silu(h), p_down)
+            row = dict(M=M, form=name)
+            try:
+                compiled = pair.lower(x, *ps).compile()
+                text = compiled.as_text()
+                row["kernels"] = kernels_of(text)
+                row["gemm_lines"] = [ln.strip()[:400] for ln in text.splitlines()
+                                     if "custom_call_target" in ln
+                                     or "__triton" in ln][:8]
+                y = np.asarray(pair(x, *ps), np.float32)
+                if name == "bf16":
+                    ref = y
+                row["rel_err_vs_bf16"] = float(
+                    np.linalg.norm(y - ref) / np.linalg.norm(ref))
+                if not args.smoke:
+                    ts = time_fn(pair, x, *ps, repeats=7)
+                    row["repeats_s"] = ts
+                    row["us"] = statistics.median(ts) * 1e6
+                    row["tflops"] = 2 * M * D * F * 2 / statistics.median(ts) / 1e12
+            except Exception as e:  # record it, time the others
+                row["error"] = repr(e)[:600]
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items()
+                              if k not in ("repeats_s", "gemm_lines")}),
+                  flush=True)
+    for M in Ms:
+        base = next((r.get("us") for r in rows
+                     if r["M"] == M and r["form"] == "bf16"), None)
+        for r in rows:
+            if r["M"] == M and base and r.get("us"):
+                r["speedup_vs_bf16"] = base / r["us"]
+    result = dict(workload="fp8-gemm-forms", **run_stamp(), device=roof["device"],
+                  bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
+                  xla_flags=os.environ.get("XLA_FLAGS", ""),
+                  command="python3 benchmarks/kernels/fp8_gemm_forms.py "
+                  + " ".join(sys.argv[1:]), rows=rows)
+    os.makedirs(args.out, exist_ok=True)
+    dev = roof["device"].lower().replace(" ", "-")
+    with open(os.path.join(args.out, f"fp8-gemm-forms-{dev}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{'M':>6} {'form':30} {'us':>9} {'x bf16':>7} {'TF/s':>6}  kernels")
+    for r in rows:
+        print(f"{r['M']:>6} {r['form']:30} {r.get('us', float('nan')):9.1f} "
+              f"{r.get('speedup_vs_bf16', float('nan')):7.2f} "
+              f"{r.get('tflops', float('nan')):6.0f}  "
+              f"{r.get('kernels', r.get('error', ''))}")
+
+
+if __name__ == "__main__":
+    main()
