@@ -94,6 +94,10 @@ TRACED_AS = {
     # kernel alone.
     "int4-mosaic": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 256}),
     "int4-triton": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 0}),
+    # The fp8 dot's result in bf16 before the scales (methods.py).
+    "fp8-bf16out": ("fp8", {"FP8_PRODUCT_DTYPE": "bfloat16"}),
+    "fp8-channel-token-bf16out": ("fp8-channel-token",
+                                  {"FP8_PRODUCT_DTYPE": "bfloat16"}),
 }
 
 
@@ -205,11 +209,13 @@ def check(D, F):
     return rows
 
 
-def layers(D, F, Ms, roof):
+LAYER_VARIANTS = ("bf16,int4,int4-bitcast,int4-native-u4,int4-pallas,int8,"
+                  "fp8,fp8-channel-token")
+
+
+def layers(D, F, Ms, roof, names):
     """XLA's lowering of each method: up + down projections chained."""
     rows = []
-    names = ["bf16", "int4", "int4-bitcast", "int4-native-u4", "int4-pallas",
-             "int8", "fp8", "fp8-channel-token"]
     for M in Ms:
         x = jax.random.normal(jax.random.key(5), (M, D), jnp.bfloat16)
         for name in names:
@@ -330,7 +336,8 @@ def prefill(cfg, num_seqs, seq_len, variants, backend, roof):
             logits, _ = run_model(model, params, constants, kv, ids,
                                   jnp.asarray(pos), md, last)
             return logits
-        ts = time_fn(fwd, params, kv, repeats=5)
+        with switches(variant):  # they act while tracing
+            ts = time_fn(fwd, params, kv, repeats=5)
         med = statistics.median(ts)
         flops = 2 * cfg.num_params * T
         rows.append(dict(section="prefill", variant=variant,
@@ -433,6 +440,10 @@ def main():
     ap.add_argument("--sections", default="check,layers,decode,prefill,kv,bytes")
     ap.add_argument("--decode-variants", default="bf16,int4,int4-pallas,fp8",
                     help="the decode section's variants, comma-separated")
+    ap.add_argument("--layer-variants", default=LAYER_VARIANTS,
+                    help="the layers section's variants (bf16 first)")
+    ap.add_argument("--prefill-variants", default="bf16,fp8",
+                    help="the prefill section's variants, comma-separated")
     ap.add_argument("--int4-tuning", default=None,
                     help="bench_int4.py's int4-kernel.json (or several, "
                     "comma-separated): the Pallas int4 variants take the "
@@ -454,7 +465,8 @@ def main():
     if "bytes" in sections:
         rows += param_bytes(cfg)
     if "layers" in sections:
-        rows += layers(D, F, [1, 16] if SMOKE else [1, 256, 16384], roof)
+        rows += layers(D, F, [1, 16] if SMOKE else [1, 256, 16384], roof,
+                       args.layer_variants.split(","))
     if "kv" in sections:
         rows += kv(cfg, roof, *((4, 64) if SMOKE else (64, 2048)))
     if "decode" in sections:
@@ -463,7 +475,8 @@ def main():
                        tuple(args.decode_variants.split(",")), backend, roof)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
-                        ("bf16", "fp8"), backend, roof)
+                        tuple(args.prefill_variants.split(",")), backend,
+                        roof)
     result = dict(
         workload="quant-step", model="tiny" if SMOKE else "llama3-8b",
         backend=backend, date=datetime.datetime.now(
