@@ -7,7 +7,8 @@ fault in one does not end the others). Writes $OUT/engine-quant-smoke.json.
 
     python3 benchmarks/engine_quant_smoke.py OUT_DIR TOKENIZER_DIR
 
-Environment: GMU=0.5 (gpu_memory_utilization), SMOKE=1 (tiny shapes: a CPU
+Environment: GMU=0.5 (gpu_memory_utilization), RUNS (weights:kv:route,
+... instead of all five engines), SMOKE=1 (tiny shapes: a CPU
 check of the script), BISECT=default,v10,ws2,triton (bf16 weights with fp8
 pages only, once per fp8 decode route; prints RESULT lines, writes no file).
 Results of session 15: benchmarks/results/engine-quant-smoke-h200.json.
@@ -65,6 +66,9 @@ def one(wname, kv):
     llm = LLM(path, load_format="dummy", dtype="bfloat16", seed=0,
               kv_cache_dtype=kv, max_model_len=2048, max_num_seqs=32,
               max_num_batched_tokens=2048, warmup=False,
+              # The second pass repeats the prompts: with prefix caching its
+              # steps would have new shapes and build programs again.
+              enable_prefix_caching=False,
               gpu_memory_utilization=float(os.environ.get("GMU", "0.5")))
     r = llm.llm_engine.runner
     row["scheme_kernel"] = getattr(getattr(getattr(
@@ -127,6 +131,8 @@ rows, tokens = [], {}
 RUNS = [("bf16", "auto", "default"), ("bf16", "fp8", "default"),
         ("bf16", "fp8", "triton"), ("awq", "auto", "default"),
         ("awq", "fp8", "default")]
+if os.environ.get("RUNS"):  # e.g. RUNS=bf16:auto:default,bf16:fp8:triton
+    RUNS = [tuple(r.split(":")) for r in os.environ["RUNS"].split(",")]
 for wname, kv, route in RUNS:
     p = subprocess.run([sys.executable, __file__, OUT, TOK, wname, kv],
                        capture_output=True, text=True,

@@ -78,9 +78,11 @@ VARIANTS = {
     "int4-pallas": QuantizationConfig("awq", "awq", qm.GroupedWeights(
         bits=4, group_size=32 if SMOKE else 128, zeros=True, kernel="pallas")),
     "int8": QuantizationConfig("int8", "float", qm.Int8Weights()),
-    "fp8": QuantizationConfig("fp8", "float", qm.Fp8Weights()),
-    "fp8-channel-token": QuantizationConfig("fp8", "float", qm.Fp8Weights(
+    # fp8 quantized at load (resolve.at_load): per-channel weights,
+    # per-token activations; "fp8-per-tensor" is vLLM's per-tensor W8A8.
+    "fp8": QuantizationConfig("fp8", "float", qm.Fp8Weights(
         per_channel=True, activation="per_token")),
+    "fp8-per-tensor": QuantizationConfig("fp8", "float", qm.Fp8Weights()),
 }
 
 
@@ -94,10 +96,11 @@ TRACED_AS = {
     # kernel alone.
     "int4-mosaic": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 256}),
     "int4-triton": ("int4-pallas", {"int4_matmul.MOSAIC_MAX_ROWS": 0}),
-    # The fp8 dot's result in bf16 before the scales (methods.py).
-    "fp8-bf16out": ("fp8", {"FP8_PRODUCT_DTYPE": "bfloat16"}),
-    "fp8-channel-token-bf16out": ("fp8-channel-token",
-                                  {"FP8_PRODUCT_DTYPE": "bfloat16"}),
+    # The fp8 dot's result in float32 before the scales (methods.py; the
+    # default writes the activations' dtype).
+    "fp8-f32out": ("fp8", {"FP8_PRODUCT_DTYPE": "float32"}),
+    "fp8-per-tensor-f32out": ("fp8-per-tensor",
+                              {"FP8_PRODUCT_DTYPE": "float32"}),
 }
 
 
@@ -210,7 +213,7 @@ def check(D, F):
 
 
 LAYER_VARIANTS = ("bf16,int4,int4-bitcast,int4-native-u4,int4-pallas,int8,"
-                  "fp8,fp8-channel-token")
+                  "fp8,fp8-per-tensor")
 
 
 def layers(D, F, Ms, roof, names):

@@ -153,23 +153,32 @@ def read_fp8(scheme: Fp8Weights, get, prefix: str, layout, source: str):
 
 # -- quantized at load -------------------------------------------------------
 # The elementwise work runs jitted on the default device; the scales are
-# divided on the host, where ``amax / qmax`` is IEEE division (XLA may turn
-# a division by a constant into a multiply by its reciprocal), so the codes
-# are the same on every platform and equal NumPy's.
+# divided on the host, where ``amax / qmax`` is IEEE division. XLA rewrites
+# a division by a broadcast (a scalar or a per-row scale) into a multiply
+# by its reciprocal, which moves some quotients by an ulp and, at a
+# rounding tie, a code by one; the divisor is therefore materialized
+# behind an optimization barrier (`_exact_div`), so the codes are the same
+# on every platform and equal NumPy's.
 
 @functools.partial(jax.jit, static_argnames=("per_row",))
 def _amax(w, per_row: bool):
     return jnp.max(jnp.abs(w), axis=1) if per_row else jnp.max(jnp.abs(w))
 
 
+def _exact_div(w, scale):
+    """w / scale elementwise in IEEE division (see above)."""
+    return w / jax.lax.optimization_barrier(jnp.broadcast_to(scale, w.shape))
+
+
 @jax.jit
 def _int8_codes(w, scale):  # scale [out, 1]
-    return jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
+    return jnp.clip(jnp.round(_exact_div(w, scale)), -127, 127).astype(
+        jnp.int8)
 
 
 @jax.jit
 def _fp8_codes(w, scale):  # scale [out, 1] or []
-    return jnp.clip(w / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    return jnp.clip(_exact_div(w, scale), -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
 
 
 def quantize_linear(scheme, get, prefix: str, layout, source: str):

@@ -58,10 +58,11 @@ INT4_UNPACK = "shift"
 # is not (pallas_kernels/NOTES.md, int4 section, has the measurements).
 INT4_KERNEL_MAX_ROWS = 256
 # The result dtype of the fp8 x fp8 dot, before the scales are applied:
-# "float32", or "bfloat16" (half the bytes the GEMM writes and the scaling
-# reads back; benchmarks/quant_step.py and kernels/fp8_gemm_forms.py time
-# both on the GPU).
-FP8_PRODUCT_DTYPE = "float32"
+# "activations" (the layer's input dtype: bf16 in a bf16 model, half the
+# bytes a float32 result makes the GEMM write and the scaling read back) or
+# "float32". On the H200 the bf16 result made a W8A8 MLP pair 4-6% faster
+# at 256 and 16384 rows with the same error (fp8-gemm-forms-h200.json).
+FP8_PRODUCT_DTYPE = "activations"
 
 # The param names of the methods below: their dtypes are their own (codes,
 # scales), never the model's float dtype.
@@ -167,8 +168,10 @@ class Fp8Weights:
         x2 = _flat_input(module, x).astype(jnp.float32)
         xq, xs = quantize_activations(x2, self.activation,
                                       weights.get("input_scale"))
+        product = (x.dtype if FP8_PRODUCT_DTYPE == "activations"
+                   else jnp.dtype(FP8_PRODUCT_DTYPE))
         y = _dot_minor(xq, weights["weight"], n_out,
-                       jnp.dtype(FP8_PRODUCT_DTYPE)).astype(jnp.float32)
+                       product).astype(jnp.float32)
         # Per-token scales [..., 1] broadcast over every output axis.
         xs = xs.reshape(xs.shape + (1,) * (n_out - 1))
         return (y * xs * weights["weight_scale"]).astype(x.dtype)

@@ -54,18 +54,21 @@ def test_int8_codes_and_scales_equal_numpy(float_dir):
 
 def test_fp8_codes_and_scale_equal_numpy(float_dir):
     files = resolve_model(float_dir, quantization="fp8")
-    assert files.config.quantization.scheme == Fp8Weights()  # vLLM's: per tensor
+    # Per-channel weights, per-token activations (resolve.at_load says why).
+    assert files.config.quantization.scheme == Fp8Weights(
+        per_channel=True, activation="per_token")
     params = load_params(files, jnp.float32)
     hf = _hf_weights(float_dir)
     for path, prefix, layout in linear_weights(files.config):
-        w = hf[prefix + "weight"].astype(np.float32)
-        scale = np.abs(w).max() / np.float32(448)
-        codes = np.clip(w / scale, -448, 448).astype(E4M3)
+        w = hf[prefix + "weight"].astype(np.float32)  # [out, in]
+        scale = np.abs(w).max(1) / np.float32(448)
+        codes = np.clip(w / scale[:, None], -448, 448).astype(E4M3)
         node = _node(params, path)
         np.testing.assert_array_equal(
             np.asarray(node["weight"]).view(np.uint8),
             codes.view(np.uint8).reshape(*layout.out_shape, -1))
-        assert float(node["weight_scale"]) == scale
+        np.testing.assert_array_equal(np.asarray(node["weight_scale"]),
+                                      scale.reshape(layout.out_shape))
 
 
 class _Layer:
@@ -103,6 +106,32 @@ def test_fp8_product_equals_numpy_w8a8(activation, per_channel):
         xq = (np.clip(x / xs, -448, 448).astype(E4M3).astype(np.float64) * xs)
     want = np.einsum("td,nhd->tnh", xq, w)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_dot_writes_the_activations_dtype():
+    """bf16 activations: the fp8 x fp8 dot's result is bf16 (half the bytes
+    a float32 result costs the GEMM), scaled after, and within bf16
+    rounding of the float32-result product."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(6, 64)), jnp.bfloat16)
+    weights = {"weight": jnp.asarray(rng.normal(size=(32, 64)).astype(E4M3)),
+               "weight_scale": jnp.asarray(rng.uniform(0.01, 0.1, 32),
+                                           jnp.float32)}
+    scheme = Fp8Weights(per_channel=True, activation="per_token")
+    layer = _Layer((64,), (32,))
+    jaxpr = jax.make_jaxpr(lambda x: scheme.apply(layer, weights, x))(x)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert [d.params["preferred_element_type"] for d in dots] == [jnp.bfloat16]
+    got = np.asarray(scheme.apply(layer, weights, x), np.float32)
+    from jaxinfer.models.quantization import methods
+    old = methods.FP8_PRODUCT_DTYPE
+    methods.FP8_PRODUCT_DTYPE = "float32"
+    try:
+        want = np.asarray(scheme.apply(layer, weights, x), np.float32)
+    finally:
+        methods.FP8_PRODUCT_DTYPE = old
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-2)
+    assert not np.array_equal(got, np.zeros_like(got))
 
 
 def test_int8_product_equals_numpy():
