@@ -452,6 +452,16 @@ def main():
                     "comma-separated): the Pallas int4 variants take the "
                     "fastest tuning timed per shape")
     args = ap.parse_args()
+    known = set(VARIANTS) | set(TRACED_AS)
+    for flag in ("decode_variants", "layer_variants", "prefill_variants"):
+        names = getattr(args, flag).split(",")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            ap.error(f"--{flag.replace('_', '-')}: unknown variant(s) "
+                     f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "bf16" not in names:
+            ap.error(f"--{flag.replace('_', '-')} needs bf16 (the ratios' "
+                     "base)")
     sections = args.sections.split(",")
     int4_tunings = (install_int4_tunings(args.int4_tuning)
                     if args.int4_tuning else None)

@@ -38,45 +38,62 @@ import numpy as np  # noqa: E402
 from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
 from benchmarks.run_stamp import run_stamp  # noqa: E402
 from jaxinfer.models.quantization import methods as qm  # noqa: E402
+from jaxinfer.models.quantization.hf_checkpoints import quantize_linear  # noqa: E402
 
-F8 = qm.FP8_DTYPE
+class _Layer:
+    """What a LinearMethod and the at-load quantizer read of a Linear."""
+    def __init__(self, n_in, n_out):
+        self.in_shape, self.out_shape = (n_in,), (n_out,)
+        self.axes = ("embed", "mlp")
 
 
-def quant_w(w, per_channel):
-    amax = jnp.max(jnp.abs(w), axis=-1) if per_channel else jnp.max(jnp.abs(w))
-    s = jnp.maximum(amax / qm.FP8_MAX, qm.MIN_SCALE)
-    sb = s[:, None] if per_channel else s
-    return (w / sb).astype(F8), s
+def _scheme(name) -> qm.Fp8Weights:
+    per_channel = "channel" in name
+    return qm.Fp8Weights(per_channel=per_channel,
+                         activation="per_token" if per_channel else
+                         "per_tensor")
+
+
+def params(name, w):
+    """The weight w [out, in] as form ``name`` holds it: bf16, or quantized
+    by the engine's own at-load quantizer."""
+    if name == "bf16":
+        return {"w": w.astype(jnp.bfloat16)}
+    n_out, n_in = w.shape
+    return quantize_linear(_scheme(name), {"weight": np.asarray(w)}.get, "",
+                           _Layer(n_in, n_out), "fp8_gemm_forms")
 
 
 def form(name):
-    """name -> fn(x bf16 [M, In], p) -> bf16 [M, Out]."""
-    per_channel = "channel" in name
-    act = "per_token" if "token" in name else "per_tensor"
+    """name -> fn(x bf16 [M, In], p) -> bf16 [M, Out]. The scheme forms are
+    ``Fp8Weights.apply`` itself, with the dot's result in float32
+    ("scheme-*") or in the activations' dtype ("f8dot-bf16out-*",
+    ``methods.FP8_PRODUCT_DTYPE``; the switch acts while tracing)."""
     if name == "bf16":
         return lambda x, p: x @ p["w"].T
+    scheme = _scheme(name)
 
-    def scheme(x, p):
-        x2 = x.astype(jnp.float32)
-        xq, xs = qm.quantize_activations(x2, act)
-        y = qm._dot_minor(xq, p["q"], 1, jnp.float32)
-        return (y * xs * p["s"]).astype(x.dtype)
-
-    def bf16out(x, p):
-        xq, xs = qm.quantize_activations(x.astype(jnp.float32), act)
-        y = qm._dot_minor(xq, p["q"], 1, jnp.bfloat16)
-        return (y.astype(jnp.float32) * xs * p["s"]).astype(x.dtype)
+    def apply(x, p, product):
+        old = qm.FP8_PRODUCT_DTYPE
+        qm.FP8_PRODUCT_DTYPE = product
+        try:
+            return scheme.apply(_Layer(x.shape[-1], p["weight"].shape[0]), p,
+                                x)
+        finally:
+            qm.FP8_PRODUCT_DTYPE = old
 
     def dequant_pattern(x, p):
-        xq, xs = qm.quantize_activations(x.astype(jnp.float32), act)
+        xq, xs = qm.quantize_activations(x.astype(jnp.float32),
+                                         scheme.activation)
         a = xq.astype(jnp.bfloat16) * xs.astype(jnp.bfloat16)
-        b = p["q"].astype(jnp.bfloat16) * p["s"].astype(jnp.bfloat16)
+        b = (p["weight"].astype(jnp.bfloat16)
+             * jnp.asarray(p["weight_scale"], jnp.bfloat16))
         return qm._dot_minor(a, b, 1)
 
     if name.startswith("scheme"):
-        return scheme
+        return lambda x, p: apply(x, p, "float32")
     if name.startswith("f8dot-bf16out"):
-        return bf16out
+        return lambda x, p: apply(x, p, "activations")
     if name.startswith("dequant-pattern"):
         return dequant_pattern
     raise ValueError(name)
@@ -114,11 +131,7 @@ def main():
         x = (jax.random.normal(k3, (M, D), jnp.float32)).astype(jnp.bfloat16)
         ref = None
         for name in FORMS:
-            per_channel = "channel" in name
-            ps = []
-            for w in (w_up, w_down):
-                q, s = quant_w(w, per_channel)
-                ps.append(dict(w=w.astype(jnp.bfloat16), q=q, s=s))
+            ps = [params(name, w) for w in (w_up, w_down)]
             f = form(name)
 
             @jax.jit

@@ -108,7 +108,7 @@ def test_fp8_product_equals_numpy_w8a8(activation, per_channel):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_fp8_dot_writes_the_activations_dtype():
+def test_fp8_dot_writes_the_activations_dtype(monkeypatch):
     """bf16 activations: the fp8 x fp8 dot's result is bf16 (half the bytes
     a float32 result costs the GEMM), scaled after, and within bf16
     rounding of the float32-result product."""
@@ -124,12 +124,8 @@ def test_fp8_dot_writes_the_activations_dtype():
     assert [d.params["preferred_element_type"] for d in dots] == [jnp.bfloat16]
     got = np.asarray(scheme.apply(layer, weights, x), np.float32)
     from jaxinfer.models.quantization import methods
-    old = methods.FP8_PRODUCT_DTYPE
-    methods.FP8_PRODUCT_DTYPE = "float32"
-    try:
-        want = np.asarray(scheme.apply(layer, weights, x), np.float32)
-    finally:
-        methods.FP8_PRODUCT_DTYPE = old
+    monkeypatch.setattr(methods, "FP8_PRODUCT_DTYPE", "float32")
+    want = np.asarray(scheme.apply(layer, weights, x), np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-2)
     assert not np.array_equal(got, np.zeros_like(got))
 
