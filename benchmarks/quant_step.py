@@ -274,7 +274,7 @@ def _nbytes(tree):
                for x in jax.tree_util.tree_leaves(tree))
 
 
-def decode(cfg, sizes, variants, backend, roof):
+def decode(cfg, sizes, variants, backend, roof, profile=False):
     rows = []
     for variant in variants:
         qcfg, model, params = _model(cfg, variant, backend)
@@ -303,13 +303,17 @@ def decode(cfg, sizes, variants, backend, roof):
                              weight_bytes=_nbytes(params),
                              bytes_over_bw_ms=(_nbytes(params) + kv_bytes)
                              / roof["bw"] * 1e3))
+            if profile:  # where the step's time goes
+                from benchmarks.step_breakdown import profile_steps
+                rows[-1]["profile"] = profile_steps(run, 3)
             del kv, state
         del params
     _ratios(rows, ("S", "L"))
     return rows
 
 
-def prefill(cfg, num_seqs, seq_len, variants, backend, roof):
+def prefill(cfg, num_seqs, seq_len, variants, backend, roof,
+            profile=False):
     rows = []
     B = 16
     pages = seq_len // B
@@ -347,6 +351,9 @@ def prefill(cfg, num_seqs, seq_len, variants, backend, roof):
                          tokens=f"{num_seqs}x{seq_len}", repeats_s=ts,
                          ms=med * 1e3, tflops=flops / med / 1e12,
                          matmul_rate_fraction=flops / med / roof["flops"]))
+        if profile:  # where the time goes: kernel groups, top kernels
+            from benchmarks.step_breakdown import profile_steps
+            rows[-1]["profile"] = profile_steps(lambda: fwd(params, kv), 2)
         del params, kv
     _ratios(rows, ("tokens",))
     return rows
@@ -447,6 +454,11 @@ def main():
                     help="the layers section's variants (bf16 first)")
     ap.add_argument("--prefill-variants", default="bf16,fp8",
                     help="the prefill section's variants, comma-separated")
+    ap.add_argument("--profile-decode", action="store_true",
+                    help="also profile each decode variant and size")
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="also profile each prefill variant (kernel groups "
+                    "and the top kernels by time)")
     ap.add_argument("--int4-tuning", default=None,
                     help="bench_int4.py's int4-kernel.json (or several, "
                     "comma-separated): the Pallas int4 variants take the "
@@ -485,11 +497,12 @@ def main():
     if "decode" in sections:
         rows += decode(cfg, [(1, 64), (4, 64)] if SMOKE else
                        [(1, 1024), (256, 1024)],
-                       tuple(args.decode_variants.split(",")), backend, roof)
+                       tuple(args.decode_variants.split(",")), backend, roof,
+                       profile=args.profile_decode)
     if "prefill" in sections:
         rows += prefill(cfg, *((2, 32) if SMOKE else (8, 2048)),
                         tuple(args.prefill_variants.split(",")), backend,
-                        roof)
+                        roof, profile=args.profile_prefill)
     result = dict(
         workload="quant-step", model="tiny" if SMOKE else "llama3-8b",
         backend=backend, date=datetime.datetime.now(
@@ -511,7 +524,7 @@ def main():
           f"{roof['flops'] / 1e12:.0f} TFLOP/s")
     for r in rows:
         shown = {k: (f"{v:.3g}" if isinstance(v, float) else v)
-                 for k, v in r.items() if k != "repeats_s"}
+                 for k, v in r.items() if k not in ("repeats_s", "profile")}
         print("  ".join(f"{k}={v}" for k, v in shown.items()))
 
 

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
 from benchmarks.run_stamp import run_stamp  # noqa: E402
+from benchmarks.step_breakdown import profile_steps  # noqa: E402
 from jaxinfer.models.quantization import methods as qm  # noqa: E402
 from jaxinfer.models.quantization.hf_checkpoints import quantize_linear  # noqa: E402
 
@@ -156,11 +157,14 @@ def main():
                     row["repeats_s"] = ts
                     row["us"] = statistics.median(ts) * 1e6
                     row["tflops"] = 2 * M * D * F * 2 / statistics.median(ts) / 1e12
+                    # The GEMMs' own time against the work around them.
+                    row["profile"] = profile_steps(lambda: pair(x, *ps), 3)
             except Exception as e:  # record it, time the others
                 row["error"] = repr(e)[:600]
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items()
-                              if k not in ("repeats_s", "gemm_lines")}),
+                              if k not in ("repeats_s", "gemm_lines",
+                                           "profile")}),
                   flush=True)
     for M in Ms:
         base = next((r.get("us") for r in rows
@@ -177,11 +181,15 @@ def main():
     dev = roof["device"].lower().replace(" ", "-")
     with open(os.path.join(args.out, f"fp8-gemm-forms-{dev}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{'M':>6} {'form':30} {'us':>9} {'x bf16':>7} {'TF/s':>6}  kernels")
+    print(f"{'M':>6} {'form':30} {'us':>9} {'x bf16':>7} {'TF/s':>6} "
+          f"{'gemm us':>8} {'rest us':>8}  kernels")
     for r in rows:
+        groups = r.get("profile", {}).get("groups", {})
+        gemm = groups.get("matmul", {}).get("ms", float("nan")) * 1e3
+        rest = sum(g["ms"] for k, g in groups.items() if k != "matmul") * 1e3
         print(f"{r['M']:>6} {r['form']:30} {r.get('us', float('nan')):9.1f} "
               f"{r.get('speedup_vs_bf16', float('nan')):7.2f} "
-              f"{r.get('tflops', float('nan')):6.0f}  "
+              f"{r.get('tflops', float('nan')):6.0f} {gemm:8.1f} {rest:8.1f}  "
               f"{r.get('kernels', r.get('error', ''))}")
 
 
