@@ -46,6 +46,8 @@ VARIANTS = {
 # "sm90_xmma_*", "cutlass*"; XLA's Triton GEMM fusions carry "gemm" or
 # "dot"; our Pallas kernels carry their function names.
 GROUPS = (
+    # The Mosaic int4 kernel is a matmul (before "mosaic" below).
+    ("matmul", re.compile(r"int4_matmul", re.I)),
     ("attention", re.compile(r"attention|paged|mosaic|ragged", re.I)),
     ("matmul", re.compile(r"nvjet|gemm|xmma|cutlass|cublas|dot|matmul|gemv", re.I)),
     ("copy", re.compile(r"memcpy|memset|copy", re.I)),
