@@ -254,6 +254,9 @@ class LLMEngine:
             self.last_step_tokens = sched_out.num_scheduled_tokens
             compile_before = CompileClock.read() if self.timeline else None
             inflight = self.runner.dispatch(sched_out)
+            # The decode bucket after this step builds in the background
+            # while it runs, when not built yet (worker/build_ahead.py).
+            self.runner.build_ahead.request(sched_out)
             inflight.host_s = time.perf_counter() - t0
             if compile_before is not None:  # compiles of this dispatch alone
                 after = CompileClock.read()

@@ -31,6 +31,7 @@ from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..errors import InvalidConfigError
 from .buckets import Buckets
+from .build_ahead import BuildAhead
 from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, max_pages, page_bytes
@@ -147,6 +148,9 @@ class ModelRunner:
         # The buckets steps have run in (`_bucket_program`), whose programs
         # jit has built: `builds_program` is False for them.
         self._buckets_run: set[tuple] = set()
+        # Decode programs built on a background thread before their first
+        # step (build_ahead.py); `_run` takes them.
+        self.build_ahead = BuildAhead(self)
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket. "scan": on the H200 a "while" window
         # cost 4-29% more per token than single steps (the host reads its
@@ -339,6 +343,10 @@ class ModelRunner:
 
     def _run(self, jitted, key, static, dyn):
         program = self.programs.get(key)
+        if program is None:
+            program = self.build_ahead.take(key)
+            if program is not None:
+                self.programs[key] = program
         if program is not None:
             return program(*dyn)
         return jitted(*static, *dyn)

@@ -1,0 +1,100 @@
+"""Building the next decode bucket's program in the background
+(worker/build_ahead.py): the decode steps use what was built ahead, the
+tokens are the same as without it, and nothing is built for a request
+that will not decode."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+
+import jax
+import pytest
+
+from jaxinfer import SamplingParams
+from jaxinfer.worker.build_ahead import BuildAhead
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def _run(engine, prompt, max_tokens):
+    engine.add_request("r", {"prompt_token_ids": prompt},
+                       SamplingParams(max_tokens=max_tokens, **GREEDY))
+    tokens, pending = [], set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = list(out.outputs[0].token_ids)
+        pending |= set(engine.runner.build_ahead._building)
+    return tokens, pending
+
+
+def _bucket(runner, pages):
+    """The decode-only bucket of one sequence over ``pages`` pages."""
+    return (*runner.buckets.pick(1, 1, pages, True), True)
+
+
+def _decode_keys(runner):
+    return {k for k in runner.programs if k[0] == "forward" and k[1][3]}
+
+
+def test_decode_steps_take_the_program_built_ahead(make_llm, monkeypatch):
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    engine = make_llm(max_num_seqs=4).llm_engine
+    runner = engine.runner
+    prompt = list(range(5, 45))  # 40 tokens: decode at pages 3, then 5
+    tokens, pending = _run(engine, prompt, max_tokens=40)
+    assert len(tokens) == 40
+    # After the prefill's last chunk was dispatched: its decode bucket (3
+    # pages) and the one 32 tokens further (5 pages: the next page bucket).
+    near, far = (_bucket(runner, 3), _bucket(runner, 5))
+    assert near[2] < far[2]
+    assert {k[1] for k in pending} == {near, far}
+    # Both were taken by the decode steps, as compiled programs (jit's own
+    # path would have left runner.programs without them).
+    assert runner.build_ahead.pending() == 0
+    built = _decode_keys(runner)
+    assert {k[1] for k in built} == {near, far}
+    assert all(isinstance(runner.programs[k], jax.stages.Compiled)
+               for k in built)
+
+    # The same tokens with it off; then every decode step builds through
+    # jit on first use, and nothing lands in runner.programs.
+    monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
+    off = make_llm(max_num_seqs=4).llm_engine
+    tokens_off, pending_off = _run(off, prompt, max_tokens=40)
+    assert tokens_off == tokens
+    assert pending_off == set() and not _decode_keys(off.runner)
+
+
+def test_nothing_is_built_for_a_request_that_does_not_decode(make_llm,
+                                                             monkeypatch):
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    engine = make_llm(max_num_seqs=4).llm_engine
+    tokens, pending = _run(engine, list(range(5, 25)), max_tokens=1)
+    assert len(tokens) == 1
+    assert pending == set() and not _decode_keys(engine.runner)
+
+
+def test_lookahead_stops_at_max_tokens(make_llm, monkeypatch):
+    """40 prompt tokens and 8 more never reach the 4-page bucket's end, so
+    only that bucket is built."""
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    engine = make_llm(max_num_seqs=4).llm_engine
+    _, pending = _run(engine, list(range(5, 45)), max_tokens=8)
+    assert {k[1] for k in pending} == {_bucket(engine.runner, 3)}
+
+
+def test_a_failed_build_is_left_to_the_step(caplog):
+    ahead = BuildAhead(runner=None)
+    failed = concurrent.futures.Future()
+    failed.set_exception(RuntimeError("lowering failed"))
+    ahead._building[("forward", (16, 1, 4, True))] = failed
+    with caplog.at_level(logging.WARNING, logger="jaxinfer.worker.build_ahead"):
+        assert ahead.take(("forward", (16, 1, 4, True))) is None
+    assert "building it on first use" in caplog.text
+    assert ahead.pending() == 0
+    assert ahead.take(("forward", (16, 1, 8, True))) is None  # never started
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])
