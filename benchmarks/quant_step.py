@@ -79,8 +79,14 @@ VARIANTS = {
         bits=4, group_size=32 if SMOKE else 128, zeros=True, kernel="pallas")),
     "int8": QuantizationConfig("int8", "float", qm.Int8Weights()),
     # fp8 quantized at load (resolve.at_load): per-channel weights,
-    # per-token activations; "fp8-per-tensor" is vLLM's per-tensor W8A8.
+    # per-token activations, the MLP's down-projection input quantized by
+    # the Pallas kernel (what the runner picks on one GPU:
+    # methods.with_int4_kernel); "fp8-xla" by XLA's own fusions;
+    # "fp8-per-tensor" is vLLM's per-tensor W8A8.
     "fp8": QuantizationConfig("fp8", "float", qm.Fp8Weights(
+        per_channel=True, activation="per_token",
+        gated_kernel="pallas_interpret" if SMOKE else "pallas")),
+    "fp8-xla": QuantizationConfig("fp8", "float", qm.Fp8Weights(
         per_channel=True, activation="per_token")),
     "fp8-per-tensor": QuantizationConfig("fp8", "float", qm.Fp8Weights()),
 }

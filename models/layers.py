@@ -80,6 +80,41 @@ class LinearMethod(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class ScaledProduct:
+    """A product handed on before its scales (``Linear(..., scaled=True)``
+    with a method that offers one): ``raw`` [T, O] in the activations'
+    dtype, ``row_scale`` [T, 1] and ``col_scale`` [O] float32;
+    ``value()`` is the layer's output."""
+    raw: jax.Array
+    row_scale: jax.Array
+    col_scale: jax.Array
+    dtype: Any
+
+    def value(self) -> jax.Array:
+        return (self.raw.astype(jnp.float32) * self.row_scale
+                * self.col_scale).astype(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedInput:
+    """``act(gate) * up`` (a gated MLP's hidden state) kept as its two
+    scaled products, so that the next layer's method may quantize it in
+    one pass (``apply_gated``); ``value()`` computes it as XLA ops."""
+    gate: ScaledProduct
+    up: ScaledProduct
+    act: Any  # the activation function
+    act_name: str  # its config name ("silu", ...)
+
+    def value(self) -> jax.Array:
+        return self.act(self.gate.value()) * self.up.value()
+
+
+def as_array(x) -> jax.Array:
+    """A layer output as an array (a ScaledProduct's value)."""
+    return x.value() if isinstance(x, (ScaledProduct, GatedInput)) else x
+
+
+@dataclasses.dataclass(frozen=True)
 class UnquantizedLinear:
     """The weight is one ``kernel`` of shape in_shape + out_shape in the
     model's dtype; the product is a dot_general over the input axes."""
@@ -109,8 +144,28 @@ class Linear(nn.Module):
     method: LinearMethod = UNQUANTIZED  # how the weight is held and applied
 
     @nn.compact
-    def __call__(self, x):
-        y = self.method.apply(self, self.method.create_weights(self), x)
+    def __call__(self, x, *, scaled: bool = False):
+        """x [..., *in_shape] (or a ``GatedInput``) -> [..., *out_shape].
+        ``scaled``: return a ``ScaledProduct`` when the layer's method
+        offers one (fp8 with per-token and per-channel scales and a gated
+        kernel) and the layer adds nothing after the product (no bias, no
+        adapter); an array otherwise."""
+        weights = self.method.create_weights(self)
+        # The method of this layer (a checkpoint's QuantizedLinear picks one
+        # per param path).
+        resolved = getattr(self.method, "method_of", lambda m: self.method)(self)
+        plain = not self.use_bias and not has_lora(self)
+        if isinstance(x, GatedInput):
+            y = (resolved.apply_gated(self, weights, x)
+                 if plain and hasattr(resolved, "apply_gated") else None)
+            if y is not None:
+                return y
+            x = x.value()
+        if scaled and plain and hasattr(resolved, "scaled_product"):
+            y = resolved.scaled_product(self, weights, x)
+            if y is not None:
+                return y
+        y = self.method.apply(self, weights, x)
         if has_lora(self):  # adapters for this layer in the step (lora.py)
             y = y + lora_delta(self, x).astype(y.dtype)
         if self.use_bias:

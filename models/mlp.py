@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from .config import ModelConfig
-from .layers import Linear
+from .layers import GatedInput, Linear, ScaledProduct, as_array
 from .quantization import linear_method
 from .spec import WeightSpec, keep_layout, linear_from_hf
 
@@ -47,11 +47,19 @@ class GatedMLP(nn.Module):
     def __call__(self, x):
         c = self.cfg
         D, F = c.hidden_size, c.intermediate_size
+        # With fp8 per-token layers and a gated kernel, gate and up come
+        # back as products before their scales and the down projection
+        # quantizes act(gate) * up in one pass (Fp8Weights.apply_gated);
+        # otherwise they are arrays.
         gate = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                      linear_method(c), name="gate_proj")(x)
+                      linear_method(c), name="gate_proj")(x, scaled=True)
         up = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                    linear_method(c), name="up_proj")(x)
-        h = ACTIVATIONS[c.hidden_act](gate) * up
+                    linear_method(c), name="up_proj")(x, scaled=True)
+        act = ACTIVATIONS[c.hidden_act]
+        if isinstance(gate, ScaledProduct) and isinstance(up, ScaledProduct):
+            h = GatedInput(gate, up, act, c.hidden_act)
+        else:
+            h = act(as_array(gate)) * as_array(up)
         return Linear((F,), (D,), ("mlp", "embed"), c.mlp_bias, self.dtype,
                       linear_method(c), name="down_proj")(h)
 

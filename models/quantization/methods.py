@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ..layers import UNQUANTIZED, param
+from ..layers import UNQUANTIZED, GatedInput, ScaledProduct, param
 
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)  # 448
@@ -124,6 +124,7 @@ class Int8Weights:
 # "none": weight-only (compressed-tensors W8A16): the e4m3 weights are
 # widened to the activations' dtype.
 ACTIVATION_SCHEMES = ("per_token", "per_tensor", "static", "none")
+GATED_KERNELS = ("xla", "pallas", "pallas_interpret")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +136,13 @@ class Fp8Weights:
     (weight-only)."""
     per_channel: bool = False
     activation: str = "per_tensor"
+    # How a gated MLP's down projection quantizes its input act(gate) * up:
+    # "xla" (XLA's fusions: a row reduction and a quantizing loop, each
+    # reading both products), "pallas" (one pass, the Pallas kernel of
+    # pallas_kernels/fp8_gated_quant.py; per-token and per-channel scales,
+    # silu) or "pallas_interpret" (the same kernel interpreted: tests).
+    # The runner picks "pallas" on one GPU (with_int4_kernel).
+    gated_kernel: str = "xla"
     name = "fp8"
 
     def __post_init__(self):
@@ -142,6 +150,44 @@ class Fp8Weights:
             raise ValueError(f"activation must be one of "
                              f"{', '.join(ACTIVATION_SCHEMES)}, got "
                              f"{self.activation!r}")
+        if self.gated_kernel not in GATED_KERNELS:
+            raise ValueError(f"gated_kernel must be one of "
+                             f"{', '.join(GATED_KERNELS)}, got "
+                             f"{self.gated_kernel!r}")
+
+    def _gated(self, module) -> bool:
+        """Whether this layer hands on scaled products / takes gated input:
+        per-token activations, per-channel weights, one output axis."""
+        return (self.gated_kernel != "xla" and self.per_channel
+                and self.activation == "per_token"
+                and len(module.out_shape) == 1)
+
+    def scaled_product(self, module, weights, x) -> ScaledProduct | None:
+        """The product before its scales (`Linear(..., scaled=True)`), or
+        None where this layer does not hand one on."""
+        if not self._gated(module):
+            return None
+        x2 = _flat_input(module, x).astype(jnp.float32)
+        xq, xs = quantize_activations(x2, self.activation)
+        raw = _dot_minor(xq, weights["weight"], 1, _product_dtype(x.dtype))
+        return ScaledProduct(raw, xs, weights["weight_scale"], x.dtype)
+
+    def apply_gated(self, module, weights, h: GatedInput):
+        """This layer's output for the gated input ``h``, its per-token
+        codes made in one pass by the Pallas kernel; None where the kernel
+        does not take the case (the caller then computes ``h``)."""
+        from jaxinfer.pallas_kernels import fp8_gated_quant as fgq
+        g, u = h.gate, h.up
+        if (not self._gated(module) or h.act_name != "silu"
+                or g.raw.ndim != 2 or not fgq.takes(g.raw.shape[-1])):
+            return None
+        codes, xs = fgq.silu_mul_quantize(
+            g.raw, u.raw, g.row_scale, u.row_scale, g.col_scale, u.col_scale,
+            dtype=jnp.dtype(g.dtype),
+            interpret=self.gated_kernel == "pallas_interpret")
+        y = _dot_minor(codes, weights["weight"], 1,
+                       _product_dtype(g.dtype)).astype(jnp.float32)
+        return (y * xs * weights["weight_scale"]).astype(g.dtype)
 
     def create_weights(self, module):
         O, In, out_axes, in_axis = _shapes(module)
@@ -168,13 +214,17 @@ class Fp8Weights:
         x2 = _flat_input(module, x).astype(jnp.float32)
         xq, xs = quantize_activations(x2, self.activation,
                                       weights.get("input_scale"))
-        product = (x.dtype if FP8_PRODUCT_DTYPE == "activations"
-                   else jnp.dtype(FP8_PRODUCT_DTYPE))
         y = _dot_minor(xq, weights["weight"], n_out,
-                       product).astype(jnp.float32)
+                       _product_dtype(x.dtype)).astype(jnp.float32)
         # Per-token scales [..., 1] broadcast over every output axis.
         xs = xs.reshape(xs.shape + (1,) * (n_out - 1))
         return (y * xs * weights["weight_scale"]).astype(x.dtype)
+
+
+def _product_dtype(activations_dtype):
+    """The fp8 dot's result dtype (FP8_PRODUCT_DTYPE)."""
+    return (activations_dtype if FP8_PRODUCT_DTYPE == "activations"
+            else jnp.dtype(FP8_PRODUCT_DTYPE))
 
 
 def quantize_activations(x2, activation: str, input_scale=None):
@@ -344,6 +394,10 @@ class QuantizedLinear:
     def _method(self, module):
         return self.config.method_for(tuple(module.path)) or UNQUANTIZED
 
+    def method_of(self, module):
+        """The method of ``module`` (Linear.__call__'s fused paths)."""
+        return self._method(module)
+
     def create_weights(self, module):
         return self._method(module).create_weights(module)
 
@@ -352,8 +406,10 @@ class QuantizedLinear:
 
 
 def with_int4_kernel(cfg, devices_per_replica: int, platform: str):
-    """``cfg`` with its 4-bit zero-point schemes on the Pallas int4 kernel
-    when the model runs on one GPU; as it is otherwise (CPU: the kernel
+    """``cfg`` with its 4-bit zero-point schemes on the Pallas int4 kernel,
+    and its per-token fp8 schemes' gated MLP input on the Pallas quantizer
+    (`Fp8Weights.gated_kernel`), when the model runs on one GPU; as it is
+    otherwise (CPU: the kernel
     would be interpreted; several devices: XLA's partitioner cannot split
     a custom kernel, so the sharded layers keep XLA's product)."""
     q = getattr(cfg, "quantization", None)
@@ -364,6 +420,9 @@ def with_int4_kernel(cfg, devices_per_replica: int, platform: str):
         if (isinstance(scheme, GroupedWeights) and scheme.bits == 4
                 and scheme.zeros and not scheme.offsets):
             return dataclasses.replace(scheme, kernel="pallas")
+        if (isinstance(scheme, Fp8Weights) and scheme.per_channel
+                and scheme.activation == "per_token"):
+            return dataclasses.replace(scheme, gated_kernel="pallas")
         return scheme
     q = dataclasses.replace(q, scheme=on_kernel(q.scheme), overrides=tuple(
         (path, on_kernel(m)) for path, m in q.overrides))

@@ -1,0 +1,114 @@
+"""The fp8 down projection's input in one pass: silu(gate) * up, quantized
+per token to e4m3 (Pallas, Triton backend; issue 15's fp8 prefill).
+
+In a W8A8 MLP the gate and up products come out of their fp8 GEMMs unscaled
+(``raw``, the activations' dtype) with a per-token scale (the MLP input's)
+and per-channel weight scales. The down projection then needs
+``h = silu(gate) * up`` quantized per token: its row amax, then its codes.
+XLA makes that two fusions, a row reduction and a quantizing loop, each
+reading both GEMM outputs; on the H200 they took 1.23 ms per llama3-8b
+layer at 16,384 rows, 39 ms of the 257 ms fp8 prefill
+(benchmarks/results/quant-step-prefill-profile-h200.json). Here one
+program per row loads the row's gate and up once (the row padded to a power
+of two, the padding masked), scales and rounds them as the unfused path
+does, takes the amax and writes the codes and the row's scale.
+
+Rounding follows the unfused path step by step (each projection's output,
+silu's sigmoid, both products rounded to the model's dtype), so the codes
+agree with it but for rare one-code differences where the two divisions
+round differently.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+FP8_DTYPE = jnp.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALE = 1e-12  # as methods.MIN_SCALE: an all-zero row keeps scale > 0
+# Widest row one program holds (two f32 rows in registers): llama3-70b's
+# 28672 pads to 32768.
+MAX_WIDTH = 32768
+
+
+def takes(width: int) -> bool:
+    """Whether a row of ``width`` fits one program."""
+    return 0 < width <= MAX_WIDTH
+
+
+def _num_warps(padded: int) -> int:
+    # About 32 elements of each row per thread.
+    return max(4, min(16, padded // 1024))
+
+
+def _kernel(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
+            width: int, padded: int, dtype):
+    from jax.experimental.pallas import triton as plgpu
+    col = jnp.arange(padded)
+    mask = col < width
+
+    def load(ref):
+        return plgpu.load(ref.at[col], mask=mask, other=0).astype(jnp.float32)
+
+    g = load(g_ref) * gr_ref[...].astype(jnp.float32) * load(gc_ref)
+    u = load(u_ref) * ur_ref[...].astype(jnp.float32) * load(uc_ref)
+    h = g * jax.nn.sigmoid(g) * u
+    scale = jnp.maximum(jnp.max(jnp.abs(h)) / FP8_MAX, MIN_SCALE)
+    codes = jnp.clip(h / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    plgpu.store(q_ref.at[col], codes, mask=mask)
+    s_ref[...] = jnp.broadcast_to(scale, (1,))
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "interpret", "num_warps"))
+def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
+                      gate_col_scale, up_col_scale, *, dtype=jnp.bfloat16,
+                      interpret: bool = False, num_warps: int | None = None):
+    """gate_raw, up_raw [T, F] (unscaled GEMM outputs); *_row_scale [T, 1]
+    f32; *_col_scale [F] f32 -> (codes e4m3 [T, F], scale f32 [T, 1]) with
+    silu(gate) * up ~= codes * scale, gate = raw * row * col in ``dtype``."""
+    T, F = gate_raw.shape
+    if not takes(F):
+        raise ValueError(f"silu_mul_quantize takes rows of at most "
+                         f"{MAX_WIDTH} elements, got {F}")
+    padded = pl.next_power_of_2(F)
+    row = pl.BlockSpec((None, F), lambda i: (i, 0))
+    per_row = pl.BlockSpec((None, 1), lambda i: (i, 0))
+    per_col = pl.BlockSpec((F,), lambda i: (0,))
+    params = {}
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+        params["compiler_params"] = plgpu.CompilerParams(
+            num_warps=num_warps or _num_warps(padded))
+    return pl.pallas_call(
+        functools.partial(_kernel, width=F, padded=padded,
+                          dtype=jnp.dtype(dtype)),
+        grid=(T,),
+        in_specs=[row, row, per_row, per_row, per_col, per_col],
+        out_specs=[row, per_row],
+        out_shape=[jax.ShapeDtypeStruct((T, F), FP8_DTYPE),
+                   jax.ShapeDtypeStruct((T, 1), jnp.float32)],
+        interpret=interpret, name="fp8_silu_mul_quantize", **params,
+    )(gate_raw, up_raw,
+      jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1)),
+      jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1)),
+      jnp.broadcast_to(gate_col_scale.astype(jnp.float32), (F,)),
+      jnp.broadcast_to(up_col_scale.astype(jnp.float32), (F,)))
+
+
+def silu_mul_quantize_reference(gate_raw, up_raw, gate_row_scale,
+                                up_row_scale, gate_col_scale, up_col_scale,
+                                dtype=jnp.bfloat16):
+    """The unfused path's math (XLA ops): the projections' outputs in
+    ``dtype``, silu(gate) * up in ``dtype``, then per-token e4m3."""
+    gate = (gate_raw.astype(jnp.float32) * gate_row_scale
+            * gate_col_scale).astype(dtype)
+    up = (up_raw.astype(jnp.float32) * up_row_scale * up_col_scale).astype(dtype)
+    h = (jax.nn.silu(gate) * up).astype(jnp.float32)
+    scale = jnp.maximum(jnp.max(jnp.abs(h), axis=-1, keepdims=True) / FP8_MAX,
+                        MIN_SCALE)
+    codes = jnp.clip(h / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    return codes, scale
