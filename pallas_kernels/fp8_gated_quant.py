@@ -6,17 +6,17 @@ In a W8A8 MLP the gate and up products come out of their fp8 GEMMs unscaled
 and per-channel weight scales. The down projection then needs
 ``h = silu(gate) * up`` quantized per token: its row amax, then its codes.
 XLA makes that two fusions, a row reduction and a quantizing loop, each
-reading both GEMM outputs; on the H200 they took 1.23 ms per llama3-8b
-layer at 16,384 rows, 39 ms of the 257 ms fp8 prefill
-(benchmarks/results/quant-step-prefill-profile-h200.json). Here one
-program per row loads the row's gate and up once (the row padded to a power
-of two, the padding masked), scales and rounds them as the unfused path
-does, takes the amax and writes the codes and the row's scale.
+reading both GEMM outputs; on the H200 they took 1.19-1.23 ms per
+llama3-8b layer at 16,384 rows, 39 ms of the 257 ms fp8 prefill
+(benchmarks/results/quant-step-prefill-profile-h200.json). Here each
+program loads its rows' gate and up once (each row padded to a power of
+two, the padding masked), scales them, takes the row's amax and writes the
+codes and the row's scale: one read of both products and one write.
 
-Rounding follows the unfused path step by step (each projection's output,
-silu's sigmoid, both products rounded to the model's dtype), so the codes
-agree with it but for rare one-code differences where the two divisions
-round differently.
+The math stays in float32 from the GEMM outputs to the codes, where the
+unfused path rounds the projections' outputs and silu(gate) * up to the
+model's dtype first: the codes differ from it where those roundings move
+them, and are as close to the float model (tests/models/test_fp8_gated_mlp.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ MIN_SCALE = 1e-12  # as methods.MIN_SCALE: an all-zero row keeps scale > 0
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
+# Rows per program (v3). v2 (one row per program, column scales loaded by
+# each) took 0.88 ms per llama3-8b layer at 16,384 rows on the H200, 0.32
+# of copy bandwidth, where XLA's two fusions took 1.19 ms.
+ROWS_PER_PROGRAM = 1
 
 
 def takes(width: int) -> bool:
@@ -46,57 +50,80 @@ def _num_warps(padded: int) -> int:
 
 
 def _kernel(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
-            width: int, padded: int, dtype):
+            width: int, padded: int, rows: int):
+    """``rows`` rows of the flattened [T * F] inputs: the column scales are
+    loaded once for them all (they are as many bytes as a row of gate and
+    up together, read from L2 by every program)."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
 
-    def load(ref):
-        return plgpu.load(ref.at[col], mask=mask, other=0).astype(jnp.float32)
+    def load(ref, at):
+        return plgpu.load(ref.at[at], mask=mask, other=0).astype(jnp.float32)
+    gc, uc = load(gc_ref, col), load(uc_ref, col)
+    lane = jnp.arange(rows)
+    g_rows = gr_ref[...].astype(jnp.float32)  # [rows]
+    u_rows = ur_ref[...].astype(jnp.float32)
+    scales = jnp.zeros((rows,), jnp.float32)
+    for r in range(rows):  # unrolled: static offsets
+        pick = lane == r
+        g = load(g_ref, r * width + col) * jnp.sum(jnp.where(pick, g_rows, 0)) * gc
+        u = load(u_ref, r * width + col) * jnp.sum(jnp.where(pick, u_rows, 0)) * uc
+        h = g * jax.nn.sigmoid(g) * u
+        scale = jnp.maximum(jnp.max(jnp.abs(h)) / FP8_MAX, MIN_SCALE)
+        codes = jnp.clip(h / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+        plgpu.store(q_ref.at[r * width + col], codes, mask=mask)
+        scales = jnp.where(pick, scale, scales)
+    s_ref[...] = scales
 
-    g = load(g_ref) * gr_ref[...].astype(jnp.float32) * load(gc_ref)
-    u = load(u_ref) * ur_ref[...].astype(jnp.float32) * load(uc_ref)
-    h = g * jax.nn.sigmoid(g) * u
-    scale = jnp.maximum(jnp.max(jnp.abs(h)) / FP8_MAX, MIN_SCALE)
-    codes = jnp.clip(h / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
-    plgpu.store(q_ref.at[col], codes, mask=mask)
-    s_ref[...] = jnp.broadcast_to(scale, (1,))
+
+def _rows_per_program(T: int, rows: int | None) -> int:
+    rows = rows or ROWS_PER_PROGRAM
+    while rows > 1 and T % rows:
+        rows //= 2
+    return rows
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("dtype", "interpret", "num_warps",
+                                             "rows"))
 def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
                       gate_col_scale, up_col_scale, *, dtype=jnp.bfloat16,
-                      interpret: bool = False, num_warps: int | None = None):
+                      interpret: bool = False, num_warps: int | None = None,
+                      rows: int | None = None):
     """gate_raw, up_raw [T, F] (unscaled GEMM outputs); *_row_scale [T, 1]
     f32; *_col_scale [F] f32 -> (codes e4m3 [T, F], scale f32 [T, 1]) with
-    silu(gate) * up ~= codes * scale, gate = raw * row * col in ``dtype``."""
+    silu(gate) * up ~= codes * scale, gate = raw * row * col computed in
+    float32 (``dtype``: the model's, kept for the signature's sake).
+    ``rows``: rows per program (a power of two dividing T, else halved)."""
+    del dtype
     T, F = gate_raw.shape
     if not takes(F):
         raise ValueError(f"silu_mul_quantize takes rows of at most "
                          f"{MAX_WIDTH} elements, got {F}")
     padded = pl.next_power_of_2(F)
-    row = pl.BlockSpec((None, F), lambda i: (i, 0))
-    per_row = pl.BlockSpec((None, 1), lambda i: (i, 0))
+    R = _rows_per_program(T, rows)
+    block = pl.BlockSpec((R * F,), lambda i: (i,))
+    per_row = pl.BlockSpec((R,), lambda i: (i,))
     per_col = pl.BlockSpec((F,), lambda i: (0,))
     params = {}
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
         params["compiler_params"] = plgpu.CompilerParams(
             num_warps=num_warps or _num_warps(padded))
-    return pl.pallas_call(
-        functools.partial(_kernel, width=F, padded=padded,
-                          dtype=jnp.dtype(dtype)),
-        grid=(T,),
-        in_specs=[row, row, per_row, per_row, per_col, per_col],
-        out_specs=[row, per_row],
-        out_shape=[jax.ShapeDtypeStruct((T, F), FP8_DTYPE),
-                   jax.ShapeDtypeStruct((T, 1), jnp.float32)],
+    codes, scale = pl.pallas_call(
+        functools.partial(_kernel, width=F, padded=padded, rows=R),
+        grid=(T // R,),
+        in_specs=[block, block, per_row, per_row, per_col, per_col],
+        out_specs=[block, per_row],
+        out_shape=[jax.ShapeDtypeStruct((T * F,), FP8_DTYPE),
+                   jax.ShapeDtypeStruct((T,), jnp.float32)],
         interpret=interpret, name="fp8_silu_mul_quantize", **params,
-    )(gate_raw, up_raw,
-      jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1)),
-      jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1)),
+    )(gate_raw.reshape(T * F), up_raw.reshape(T * F),
+      jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1)).reshape(T),
+      jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1)).reshape(T),
       jnp.broadcast_to(gate_col_scale.astype(jnp.float32), (F,)),
       jnp.broadcast_to(up_col_scale.astype(jnp.float32), (F,)))
+    return codes.reshape(T, F), scale.reshape(T, 1)
 
 
 def silu_mul_quantize_reference(gate_raw, up_raw, gate_row_scale,

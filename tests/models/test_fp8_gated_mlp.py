@@ -49,6 +49,7 @@ def _fp8_gpu() -> bool:
 def test_the_kernel_path_is_as_close_to_float_as_the_unfused_one(
         fp8_files, tiny_model_factory, monkeypatch, kernel):
     from jaxinfer.pallas_kernels import fp8_gated_quant as fgq
+    monkeypatch.setattr(qm, "GATED_KERNEL_MIN_ROWS", 1)  # a 63-token step
     calls = []
     real = fgq.silu_mul_quantize
     monkeypatch.setattr(fgq, "silu_mul_quantize",
@@ -76,6 +77,24 @@ def test_the_kernel_path_is_as_close_to_float_as_the_unfused_one(
     # unfused path, by less than both differ from the float model.
     assert 0 < _kl(logits["xla"], logits[kernel]) < kl_xla
     assert kl_kernel <= kl_xla * 1.1
+
+
+def test_steps_of_few_rows_keep_xla_fusions(fp8_files, monkeypatch):
+    """Below GATED_KERNEL_MIN_ROWS the down projection computes its input
+    with XLA ops (the kernel's one program per row lost at decode sizes)."""
+    from jaxinfer.pallas_kernels import fp8_gated_quant as fgq
+    calls = []
+    monkeypatch.setattr(fgq, "silu_mul_quantize",
+                        lambda *a, **k: calls.append(k))
+    cfg = _with_gated(fp8_files.config, "pallas_interpret")
+    model = model_class(cfg.architecture)(cfg, dtype=jnp.bfloat16)
+    params = load_params(dataclasses.replace(fp8_files, config=cfg),
+                         jnp.bfloat16)
+    ids = [[5, 6, 7], [8, 9]]
+    assert 5 < qm.GATED_KERNEL_MIN_ROWS
+    packed_prefill_logits(model, params, model_constants(model, 64), ids, 16,
+                          jnp.bfloat16)
+    assert calls == []
 
 
 def test_linear_hands_on_scaled_products_only_where_it_can():

@@ -48,10 +48,13 @@ def _code_steps(a, b):
     return np.abs(ordinal(a) - ordinal(b))
 
 
-@pytest.mark.parametrize("T,F", [(5, 200), (3, 1536)])
-def test_interpreted_kernel_equals_numpy(T, F):
+@pytest.mark.parametrize("T,F,rows", [(5, 200, 1), (3, 1536, 1), (8, 200, 4),
+                                      (6, 96, 4)])
+def test_interpreted_kernel_equals_numpy(T, F, rows):
+    """``rows`` per program (6 rows: 4 does not divide them, so 2)."""
     args = _inputs(T, F)
-    codes, scale = silu_mul_quantize(*map(jnp.asarray, args), interpret=True)
+    codes, scale = silu_mul_quantize(*map(jnp.asarray, args), interpret=True,
+                                     rows=rows)
     want_codes, want_scale = _numpy(*args)
     assert codes.dtype == jnp.float8_e4m3fn and scale.shape == (T, 1)
     np.testing.assert_allclose(np.asarray(scale), want_scale, rtol=2e-7)
@@ -93,10 +96,12 @@ def _fp8_gpu() -> bool:
 
 
 @pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with fp8 (sm89+)")
-@pytest.mark.parametrize("T,F", [(64, 14336), (32, 4096), (16, 3000)])
-def test_compiled_kernel_on_gpu(T, F):
+@pytest.mark.parametrize("T,F,rows", [(64, 14336, 1), (32, 4096, 1),
+                                      (16, 3000, 1), (64, 14336, 4),
+                                      (32, 4096, 8)])
+def test_compiled_kernel_on_gpu(T, F, rows):
     args = _inputs(T, F, seed=F)
-    codes, scale = silu_mul_quantize(*map(jnp.asarray, args))
+    codes, scale = silu_mul_quantize(*map(jnp.asarray, args), rows=rows)
     want_codes, want_scale = _numpy(*args)
     np.testing.assert_allclose(np.asarray(scale), want_scale, rtol=1e-5)
     steps = _code_steps(np.asarray(codes), want_codes)
