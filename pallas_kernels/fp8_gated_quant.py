@@ -33,9 +33,10 @@ MIN_SCALE = 1e-12  # as methods.MIN_SCALE: an all-zero row keeps scale > 0
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
-# Rows per program (v3). v2 (one row per program, column scales loaded by
-# each) took 0.88 ms per llama3-8b layer at 16,384 rows on the H200, 0.32
-# of copy bandwidth, where XLA's two fusions took 1.19 ms.
+# Rows per program. One (v2, the default): 0.88 ms per llama3-8b layer at
+# 16,384 rows on the H200, 0.32 of copy bandwidth, where XLA's two fusions
+# took 1.19 ms (quant-step-gated-kernel-h200.json). Several (v3, rows > 1)
+# share one load of the column scales; checked in interpret mode only.
 ROWS_PER_PROGRAM = 1
 
 
@@ -49,11 +50,31 @@ def _num_warps(padded: int) -> int:
     return max(4, min(16, padded // 1024))
 
 
-def _kernel(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
+def _kernel_row(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref,
+                *, width: int, padded: int):
+    """One row per program (the default; timed on the H200)."""
+    from jax.experimental.pallas import triton as plgpu
+    col = jnp.arange(padded)
+    mask = col < width
+
+    def load(ref):
+        return plgpu.load(ref.at[col], mask=mask, other=0).astype(jnp.float32)
+
+    g = load(g_ref) * gr_ref[...].astype(jnp.float32) * load(gc_ref)
+    u = load(u_ref) * ur_ref[...].astype(jnp.float32) * load(uc_ref)
+    h = g * jax.nn.sigmoid(g) * u
+    scale = jnp.maximum(jnp.max(jnp.abs(h)) / FP8_MAX, MIN_SCALE)
+    codes = jnp.clip(h / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
+    plgpu.store(q_ref.at[col], codes, mask=mask)
+    s_ref[...] = jnp.broadcast_to(scale, (1,))
+
+
+def _kernel_rows(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
             width: int, padded: int, rows: int):
     """``rows`` rows of the flattened [T * F] inputs: the column scales are
     loaded once for them all (they are as many bytes as a row of gate and
-    up together, read from L2 by every program)."""
+    up together, read from L2 by every program). Checked in interpret mode
+    only: not yet compiled on a GPU."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
@@ -102,27 +123,39 @@ def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
                          f"{MAX_WIDTH} elements, got {F}")
     padded = pl.next_power_of_2(F)
     R = _rows_per_program(T, rows)
-    block = pl.BlockSpec((R * F,), lambda i: (i,))
-    per_row = pl.BlockSpec((R,), lambda i: (i,))
-    per_col = pl.BlockSpec((F,), lambda i: (0,))
     params = {}
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
         params["compiler_params"] = plgpu.CompilerParams(
             num_warps=num_warps or _num_warps(padded))
+    gr = jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1))
+    ur = jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1))
+    gc = jnp.broadcast_to(gate_col_scale.astype(jnp.float32), (F,))
+    uc = jnp.broadcast_to(up_col_scale.astype(jnp.float32), (F,))
+    per_col = pl.BlockSpec((F,), lambda i: (0,))
+    out_shape = [jax.ShapeDtypeStruct((T, F), FP8_DTYPE),
+                 jax.ShapeDtypeStruct((T, 1), jnp.float32)]
+    if R == 1:
+        row = pl.BlockSpec((None, F), lambda i: (i, 0))
+        per_row = pl.BlockSpec((None, 1), lambda i: (i, 0))
+        return pl.pallas_call(
+            functools.partial(_kernel_row, width=F, padded=padded),
+            grid=(T,), in_specs=[row, row, per_row, per_row, per_col, per_col],
+            out_specs=[row, per_row], out_shape=out_shape,
+            interpret=interpret, name="fp8_silu_mul_quantize", **params,
+        )(gate_raw, up_raw, gr, ur, gc, uc)
+    block = pl.BlockSpec((R * F,), lambda i: (i,))
+    per_row = pl.BlockSpec((R,), lambda i: (i,))
     codes, scale = pl.pallas_call(
-        functools.partial(_kernel, width=F, padded=padded, rows=R),
+        functools.partial(_kernel_rows, width=F, padded=padded, rows=R),
         grid=(T // R,),
         in_specs=[block, block, per_row, per_row, per_col, per_col],
         out_specs=[block, per_row],
         out_shape=[jax.ShapeDtypeStruct((T * F,), FP8_DTYPE),
                    jax.ShapeDtypeStruct((T,), jnp.float32)],
-        interpret=interpret, name="fp8_silu_mul_quantize", **params,
-    )(gate_raw.reshape(T * F), up_raw.reshape(T * F),
-      jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1)).reshape(T),
-      jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1)).reshape(T),
-      jnp.broadcast_to(gate_col_scale.astype(jnp.float32), (F,)),
-      jnp.broadcast_to(up_col_scale.astype(jnp.float32), (F,)))
+        interpret=interpret, name="fp8_silu_mul_quantize_rows", **params,
+    )(gate_raw.reshape(T * F), up_raw.reshape(T * F), gr.reshape(T),
+      ur.reshape(T), gc, uc)
     return codes.reshape(T, F), scale.reshape(T, 1)
 
 
