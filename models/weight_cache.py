@@ -52,6 +52,9 @@ DEFAULT_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "jaxinfer",
                             "gguf")
 # Bump when the layout of an entry changes: older entries are then rebuilt.
 FORMAT_VERSION = 1
+# Host arrays on this byte boundary go to JAX's CPU device without a copy
+# (the device buffer is the array's memory: `_MappedFile.array`).
+ZERO_COPY_ALIGN = 64
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
 # Tensors are written in files of at most this many bytes, so building an
@@ -159,8 +162,14 @@ class _MappedFile:
 
     def array(self, name: str) -> np.ndarray:
         start, shape = self.tensors[name]
-        return np.frombuffer(self.map, np.float32, math.prod(shape),
+        view = np.frombuffer(self.map, np.float32, math.prod(shape),
                              self.base + start).reshape(shape)
+        if view.ctypes.data % ZERO_COPY_ALIGN == 0:
+            # JAX's CPU client would use this view in place as the param:
+            # a file damaged in place would then change a running engine's
+            # weights (or kill it, truncated). A copy keeps them its own.
+            view = view.copy()
+        return view
 
 
 _handles: dict[str, _MappedFile] = {}

@@ -242,3 +242,30 @@ def test_an_unchanged_file_is_not_hashed_again(tiny_gguf, cache_root,
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     changed = weight_cache.source_digest(path, cache_root)
     assert len(hashed) == 2 and changed == real(path) != digest
+
+
+def test_a_mapped_tensor_is_never_the_device_buffer(tmp_path):
+    """JAX's CPU client uses a 64-byte-aligned host array in place: such a
+    tensor of the mapped file is copied first, so that a file damaged in
+    place cannot change (or, truncated, kill) a running engine's params."""
+    import jax
+    from safetensors.numpy import save_file
+    tensors = {"w": np.arange(64, dtype=np.float32).reshape(4, 16),
+               "v": np.ones((16,), np.float32)}
+    aligned = None
+    for pad in range(64):  # a metadata length that puts the data on 64
+        path = str(tmp_path / f"{pad}.safetensors")
+        save_file(tensors, path, metadata={"pad": " " * pad})
+        mapped = weight_cache._MappedFile(path)
+        if mapped.base % weight_cache.ZERO_COPY_ALIGN == 0:
+            aligned = mapped
+            break
+    assert aligned is not None
+    mapped_at = np.frombuffer(aligned.map, np.uint8).ctypes.data + aligned.base
+    for name, want in tensors.items():
+        arr = aligned.array(name)
+        np.testing.assert_array_equal(arr, want)
+        start = aligned.tensors[name][0]
+        assert arr.ctypes.data != mapped_at + start  # a copy, not the map
+        placed = jax.device_put(arr)
+        assert placed.unsafe_buffer_pointer() != mapped_at + start
