@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = 448.0
-MIN_SCALE = 1e-12  # as methods.MIN_SCALE: an all-zero row keeps scale > 0
+MIN_SCALE = 1e-12  # an all-zero row keeps a scale > 0 (its codes are 0)
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
@@ -105,18 +105,16 @@ def _rows_per_program(T: int, rows: int | None) -> int:
     return rows
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "interpret", "num_warps",
-                                             "rows"))
+@functools.partial(jax.jit, static_argnames=("interpret", "num_warps", "rows"))
 def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
-                      gate_col_scale, up_col_scale, *, dtype=jnp.bfloat16,
+                      gate_col_scale, up_col_scale, *,
                       interpret: bool = False, num_warps: int | None = None,
                       rows: int | None = None):
     """gate_raw, up_raw [T, F] (unscaled GEMM outputs); *_row_scale [T, 1]
     f32; *_col_scale [F] f32 -> (codes e4m3 [T, F], scale f32 [T, 1]) with
     silu(gate) * up ~= codes * scale, gate = raw * row * col computed in
-    float32 (``dtype``: the model's, kept for the signature's sake).
-    ``rows``: rows per program (a power of two dividing T, else halved)."""
-    del dtype
+    float32. ``rows``: rows per program (a power of two dividing T, else
+    halved)."""
     T, F = gate_raw.shape
     if not takes(F):
         raise ValueError(f"silu_mul_quantize takes rows of at most "

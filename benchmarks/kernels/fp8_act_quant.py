@@ -98,6 +98,29 @@ def pallas_quant(x, gate=None, rows: int = 1, interpret: bool = False):
     return codes, scale
 
 
+def _measure(row, f, args, want, smoke) -> dict:
+    """Fills ``row``: f(*args)'s codes against ``want``'s (and scales), and
+    its time beside the copy floor (not in a smoke run); an error is
+    recorded and the next variant timed."""
+    try:
+        codes, scale = f(*args)
+        row["codes_equal_xla"] = float(np.mean(
+            np.asarray(codes.astype(jnp.float32))
+            == np.asarray(want[0].astype(jnp.float32))))
+        row["scale_max_rel_diff"] = float(np.max(np.abs(
+            np.asarray(scale).ravel() / np.asarray(want[1]).ravel() - 1)))
+        if not smoke:
+            ts = time_fn(f, *args, repeats=9)
+            row["repeats_s"] = ts
+            row["us"] = statistics.median(ts) * 1e6
+            row["of_copy"] = row["floor_us"] / row["us"]
+    except Exception as e:  # record it, time the others
+        row["error"] = repr(e)[:600]
+    print(json.dumps({k: v for k, v in row.items() if k != "repeats_s"}),
+          flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
@@ -122,25 +145,9 @@ def main():
         for name, f in variants:
             row = dict(T=T, W=W, gated=gated, variant=name,
                        floor_us=moved / roof["bw"] * 1e6)
-            try:
-                codes, scale = f(x, g)
-                # The gated input is rounded to bf16 between silu and the
-                # product in XLA's form, not in the kernel's (f32 throughout).
-                row["codes_equal_xla"] = float(np.mean(
-                    np.asarray(codes.astype(jnp.float32))
-                    == np.asarray(ref[0].astype(jnp.float32))))
-                row["scale_max_rel_diff"] = float(np.max(np.abs(
-                    np.asarray(scale).ravel() / np.asarray(ref[1]).ravel() - 1)))
-                if not args.smoke:
-                    ts = time_fn(f, x, g, repeats=9)
-                    row["repeats_s"] = ts
-                    row["us"] = statistics.median(ts) * 1e6
-                    row["of_copy"] = row["floor_us"] / row["us"]
-            except Exception as e:  # record it, time the others
-                row["error"] = repr(e)[:600]
-            out.append(row)
-            print(json.dumps({k: v for k, v in row.items()
-                              if k != "repeats_s"}), flush=True)
+            # The gated input is rounded to bf16 between silu and the
+            # product in XLA's form, not in the kernel's (f32 throughout).
+            out.append(_measure(row, f, (x, g), ref, args.smoke))
     # The engine's kernel (pallas_kernels/fp8_gated_quant.py) on the GEMM
     # outputs with their row and column scales, against XLA's fusions of
     # the same math (its reference), at each rows-per-program setting.
@@ -161,21 +168,7 @@ def main():
     for name, f in variants:
         row = dict(T=T, W=F, gated=True, variant="engine-" + name,
                    floor_us=moved / roof["bw"] * 1e6)
-        try:
-            codes, scale = f(*gargs)
-            row["codes_equal_xla"] = float(np.mean(
-                np.asarray(codes.astype(jnp.float32))
-                == np.asarray(want[0].astype(jnp.float32))))
-            if not args.smoke:
-                ts = time_fn(f, *gargs, repeats=9)
-                row["repeats_s"] = ts
-                row["us"] = statistics.median(ts) * 1e6
-                row["of_copy"] = row["floor_us"] / row["us"]
-        except Exception as e:  # record it, time the others
-            row["error"] = repr(e)[:600]
-        out.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "repeats_s"}),
-              flush=True)
+        out.append(_measure(row, f, gargs, want, args.smoke))
     result = dict(workload="fp8-act-quant", **run_stamp(), device=roof["device"],
                   bw_bytes_per_s=roof["bw"],
                   command="python3 benchmarks/kernels/fp8_act_quant.py "

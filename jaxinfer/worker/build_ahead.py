@@ -32,7 +32,7 @@ import jax
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
 from .packing import pack_step
-from .warmup import _dummy_batch
+from .warmup import dummy_batch
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,14 @@ class BuildAhead:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._building: dict[tuple, concurrent.futures.Future] = {}
         self._seen: set[tuple] = set()  # buckets already looked at
+        # Decided at the first request and fixed for the runner's life, so
+        # the per-step call returns at once where nothing is ever built
+        # ahead; warm-up clears it (`stop`).
+        self.enabled: bool | None = None
+
+    def stop(self) -> None:
+        """Nothing more to build ahead (warm-up built every bucket)."""
+        self.enabled = False
 
     def decode_buckets_after(self, out: SchedulerOutput) -> list[tuple]:
         """The decode-only buckets (T, S, P, True) that follow ``out``: its
@@ -95,9 +103,11 @@ class BuildAhead:
         """Starts building the programs of the decode buckets after ``out``
         that are neither built nor being built."""
         runner = self.runner
-        if (os.environ.get("JAXINFER_BUILD_AHEAD", "1") == "0"
-                or runner.lora is not None or out.num_steps > 1
-                or runner.scheduler_config.num_scheduler_steps > 1):
+        if self.enabled is None:
+            self.enabled = (os.environ.get("JAXINFER_BUILD_AHEAD", "1") != "0"
+                            and runner.lora is None and
+                            runner.scheduler_config.num_scheduler_steps == 1)
+        if not self.enabled or out.num_steps > 1:
             return
         for dims in self.decode_buckets_after(out):
             if dims in self._seen:
@@ -105,7 +115,7 @@ class BuildAhead:
             self._seen.add(dims)
             if ("forward", dims) in runner._buckets_run:
                 continue
-            input_ids, positions, md, logits_idx = _dummy_batch(*dims[:3])
+            input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
             packed = pack_step(input_ids, positions, md, None)
             fwd = runner.forward_args(packed, logits_idx)
             key = runner.forward_key(dims, fwd)

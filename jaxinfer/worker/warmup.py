@@ -56,7 +56,7 @@ def enable_compilation_cache(cache_dir: str | None) -> str | None:
     return cache_dir
 
 
-def _dummy_batch(T: int, S: int, P: int):
+def dummy_batch(T: int, S: int, P: int):
     """A batch of the given bucket shape: one 1-token sequence on the null
     page, the rest padding (the step writes only the null page)."""
     cu = np.ones(S + 1, np.int32)
@@ -116,7 +116,7 @@ def wanted_programs(runner) -> dict:
                 continue
             mm = ((runner.encoder.cache, np.full(T, -1, np.int32))
                   if with_mm else None)
-            input_ids, positions, md, logits_idx = _dummy_batch(T, S, P)
+            input_ids, positions, md, logits_idx = dummy_batch(T, S, P)
             dims = (T, S, P, decode_only)
             packed = pack_step(input_ids, positions, md,
                                None if pool is None else np.zeros(T, np.int32))
@@ -187,4 +187,5 @@ def warm_up(runner, max_workers: int | None = None,
                 "and encoder programs in %.1fs", len(futures), n_loaded,
                 t_lower, workers, n_copy, seconds)
     runner.programs_loaded = n_loaded
+    runner.build_ahead.stop()  # every bucket's program is built
     return len(futures) + n_loaded + n_copy, seconds

@@ -189,7 +189,6 @@ class Fp8Weights:
             return None
         codes, xs = fgq.silu_mul_quantize(
             g.raw, u.raw, g.row_scale, u.row_scale, g.col_scale, u.col_scale,
-            dtype=jnp.dtype(g.dtype),
             interpret=self.gated_kernel == "pallas_interpret")
         y = _dot_minor(codes, weights["weight"], 1,
                        _product_dtype(g.dtype)).astype(jnp.float32)
