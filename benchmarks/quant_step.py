@@ -107,15 +107,23 @@ TRACED_AS = {
     "fp8-f32out": ("fp8", {"FP8_PRODUCT_DTYPE": "float32"}),
     "fp8-per-tensor-f32out": ("fp8-per-tensor",
                               {"FP8_PRODUCT_DTYPE": "float32"}),
+    # The fp8 gated quantizer with several rows per program (v3, NOTES.md:
+    # the rows share one load of the column scales).
+    "fp8-rows2": ("fp8", {"fp8_gated_quant.ROWS_PER_PROGRAM": 2}),
+    "fp8-rows4": ("fp8", {"fp8_gated_quant.ROWS_PER_PROGRAM": 4}),
+    "fp8-rows8": ("fp8", {"fp8_gated_quant.ROWS_PER_PROGRAM": 8}),
 }
 
 
 def _switch_target(flag):
-    """(module, attribute) of a switch: methods.py's, or int4_matmul's when
-    the name says so."""
+    """(module, attribute) of a switch: methods.py's, or int4_matmul's or
+    fp8_gated_quant's when the name says so."""
     if flag.startswith("int4_matmul."):
         from jaxinfer.pallas_kernels import int4_matmul as i4
         return i4, flag.split(".", 1)[1]
+    if flag.startswith("fp8_gated_quant."):
+        from jaxinfer.pallas_kernels import fp8_gated_quant as fgq
+        return fgq, flag.split(".", 1)[1]
     return qm, flag
 
 
