@@ -33,11 +33,13 @@ MIN_SCALE = 1e-12  # an all-zero row keeps a scale > 0 (its codes are 0)
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
-# Rows per program. One (v2, the default): 0.88 ms per llama3-8b layer at
-# 16,384 rows on the H200, 0.32 of copy bandwidth, where XLA's two fusions
-# took 1.19 ms (quant-step-gated-kernel-h200.json). Several (v3, rows > 1)
-# share one load of the column scales; checked in interpret mode only.
-ROWS_PER_PROGRAM = 1
+# Rows per program (v3): the rows share one load of the column scales. On
+# the H200 at 16,384 x 14,336 (fp8-act-quant-v3-h200.json): 1 row 815 us
+# (0.35 of copy), 2 rows 617, 4 rows 589 (0.48), 8 rows 1415 (the unrolled
+# rows outgrow the registers); the 8 x 2048 prefill 1.60x bf16 with 1 row,
+# 1.64x with 4 (quant-step-prefill-rows-h200.json). A T that 4 does not
+# divide halves it (_rows_per_program).
+ROWS_PER_PROGRAM = 4
 
 
 def takes(width: int) -> bool:
@@ -52,7 +54,7 @@ def _num_warps(padded: int) -> int:
 
 def _kernel_row(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref,
                 *, width: int, padded: int):
-    """One row per program (the default; timed on the H200)."""
+    """One row per program (v2; what a T not divisible by 2 takes)."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
@@ -70,11 +72,11 @@ def _kernel_row(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref,
 
 
 def _kernel_rows(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
-            width: int, padded: int, rows: int):
+                 width: int, padded: int, rows: int):
     """``rows`` rows of the flattened [T * F] inputs: the column scales are
     loaded once for them all (they are as many bytes as a row of gate and
-    up together, read from L2 by every program). Checked in interpret mode
-    only: not yet compiled on a GPU."""
+    up together, read from L2 by every program). The default (4 rows);
+    compiled and timed on the H200 (pytest-fp8-gated-v3-h200.txt)."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
