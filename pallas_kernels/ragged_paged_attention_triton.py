@@ -14,7 +14,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from .kernel_common import LOG2E, MASK_VALUE, sequence_work_items
 
@@ -139,6 +138,8 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
                  pages_per_block, num_splits, prefetch, num_warps, num_stages,
                  interpret):
     """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
+    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    from jax.experimental.pallas import triton as plgpu
     num_seqs, num_kv_heads, rows, head_dim = q_dec.shape
     _, num_pages, page_size, _ = k_pages.shape
     pages_padded = block_tables.shape[1]
@@ -215,6 +216,8 @@ def prefill_kernel(
     o_ref,  # [T, H]
     *, sm_scale, sliding_window, logit_soft_cap, block_q, pages_per_block,
     per_page_scales):
+    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    from jax.experimental.pallas import triton as plgpu
     del o_init_ref
     item = pl.program_id(1)
     start = item_start_ref[item]
@@ -280,6 +283,8 @@ def prefill_call(q, k_pages, v_pages, o_init, item_seq, item_start,
                   sm_scale, sliding_window, logit_soft_cap, block_q,
                   pages_per_block, num_warps, num_stages, interpret):
     """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
+    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    from jax.experimental.pallas import triton as plgpu
     num_rows, num_q_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape
     group = num_q_heads // num_kv_heads

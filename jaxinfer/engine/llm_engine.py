@@ -84,7 +84,10 @@ class LLMEngine:
             tensor_parallel_size=args.tensor_parallel_size,
             max_logprobs=self.max_logprobs, load_format=args.load_format,
             pipeline_parallel_size=args.pipeline_parallel_size,
-            devices=devices, lora_config=self.lora_config)
+            devices=devices, lora_config=self.lora_config,
+            # Without warm-up, a first request's programs build while the
+            # weights load (build_ahead.py).
+            build_first=not args.warmup)
         # Loaded adapters in host memory (jaxinfer/lora/store.py).
         self.lora_store = self.runner.lora.store if self.runner.lora else None
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size

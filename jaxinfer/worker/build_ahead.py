@@ -16,6 +16,15 @@ does the build with the device's work.
 The same holds when running sequences near the end of their page bucket
 (`LOOKAHEAD_TOKENS` ahead): the wider bucket's program is built ahead.
 
+A first request's programs start even earlier (`start_first`): without
+warm-up, the engine builds the programs of one short prompt (its prefill
+in the smallest token bucket, its first decode bucket, the greedy and
+sampled sampler of each) from the params' and pages' expected shapes
+while the weights load, on CPU, where nothing else uses the second core
+then. A guess: the runner checks it against what was loaded
+(`confirm_first`), and a first request of another shape builds its own
+programs as before.
+
 Single-step forward programs only: multi-step windows and steps with LoRA
 adapters build on first use as before (their keys depend on what the
 scheduler picks), and with warm-up everything is already built.
@@ -27,17 +36,80 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import sys
+import threading
+import time
 
 import jax
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import SchedulerOutput
+from ..sampling_params import SamplingParams
 from .packing import pack_step
-from .warmup import dummy_batch
+from .warmup import dummy_batch, sampling_metadata_for
 
 logger = logging.getLogger(__name__)
 
 # How many tokens ahead a running sequence's next page bucket is built.
 LOOKAHEAD_TOKENS = 32
+
+# Python's thread switch interval while builds run (the default is 5 ms).
+# The build thread traces (holding the GIL) while the main thread places
+# weights or steps, which drops the GIL around each copy or program run
+# and then waits up to a whole interval to get it back: with the default,
+# weight placement took 0.5 s longer beside a first request's builds on the
+# 2-core CPU, with 0.5 ms 0.1 s (docs/performance.md, section 19).
+SWITCH_INTERVAL_S = 0.0005
+_switch_lock = threading.Lock()
+_builds_running = 0
+_saved_interval = None
+
+
+def _build_started() -> None:
+    global _builds_running, _saved_interval
+    with _switch_lock:
+        if _builds_running == 0:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL_S))
+        _builds_running += 1
+
+
+def _build_done() -> None:
+    global _builds_running
+    with _switch_lock:
+        _builds_running -= 1
+        if _builds_running == 0:
+            sys.setswitchinterval(_saved_interval)
+
+
+# The sampling a first request most likely asks for: greedy (`jaxinfer
+# generate`'s default), then plain sampling (SamplingParams' default,
+# temperature 1), built in that order.
+FIRST_SAMPLING = (SamplingParams(temperature=0.0),
+                  SamplingParams(temperature=1.0))
+
+
+def first_request_buckets(runner) -> list[tuple]:
+    """(T, S, P, decode_only) of a first request whose prompt fits the
+    smallest token bucket: its prefill step, then its decode steps (the
+    first page bucket)."""
+    b = runner.buckets
+    return [(*b.pick(b.tokens[0], 1, 1, False), False),
+            (*b.pick(1, 1, 1, True), True)]
+
+
+def _same_layout(expected, actual) -> bool:
+    """Whether two array trees have one structure and, leaf by leaf, the
+    same shape, dtype and (equivalent) sharding."""
+    e_leaves, e_def = jax.tree_util.tree_flatten(expected)
+    a_leaves, a_def = jax.tree_util.tree_flatten(actual)
+    if e_def != a_def:
+        return False
+    for e, a in zip(e_leaves, a_leaves):
+        if e.shape != a.shape or e.dtype != a.dtype:
+            return False
+        if not e.sharding.is_equivalent_to(a.sharding, len(e.shape)):
+            return False
+    return True
 
 
 def _abstract(tree):
@@ -64,6 +136,8 @@ class BuildAhead:
         # the per-step call returns at once where nothing is ever built
         # ahead; warm-up clears it (`stop`).
         self.enabled: bool | None = None
+        # start_first's forward keys and expected state, until confirmed.
+        self._first: tuple | None = None
 
     def stop(self) -> None:
         """Nothing more to build ahead (warm-up built every bucket)."""
@@ -99,15 +173,98 @@ class BuildAhead:
                 out_dims.append(dims)
         return out_dims
 
-    def request(self, out: SchedulerOutput) -> None:
-        """Starts building the programs of the decode buckets after ``out``
-        that are neither built nor being built."""
+    def _allowed(self) -> bool:
+        """Decided once, at the first call, and fixed for the runner's life,
+        so the per-step call returns at once where nothing is ever built
+        ahead."""
         runner = self.runner
         if self.enabled is None:
             self.enabled = (os.environ.get("JAXINFER_BUILD_AHEAD", "1") != "0"
                             and runner.lora is None and
                             runner.scheduler_config.num_scheduler_steps == 1)
-        if not self.enabled or out.num_steps > 1:
+        return self.enabled
+
+    def _submit(self, key, jitted, args) -> None:
+        """Lowers and compiles ``jitted`` for ``args`` (static ones first,
+        then ShapeDtypeStructs) on the worker thread, under ``key``."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="jaxinfer-build-ahead")
+        def build():
+            try:
+                t0 = time.perf_counter()
+                program = jitted.lower(*args).compile()
+                logger.debug("built %s ahead in %.2fs", key[:2],
+                             time.perf_counter() - t0)
+                return program
+            finally:
+                _build_done()
+        _build_started()
+        self._building[key] = self._pool.submit(build)
+
+    def start_first(self, state: dict) -> bool:
+        """Starts building a first request's programs (`first_request_buckets`
+        with each `FIRST_SAMPLING` sampler) from ``state``, the runner's
+        `expected_state` (the params and pages as they will be). Returns
+        whether it started (not when building ahead is off). Called before the weights load (the runner
+        has no LoRA slots yet: only runners without them call this)."""
+        runner = self.runner
+        if os.environ.get("JAXINFER_BUILD_AHEAD", "1") == "0":
+            return False
+        forward_keys = []
+        buckets = first_request_buckets(runner)
+
+        def forward(dims):
+            input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
+            packed = pack_step(input_ids, positions, md, None)
+            fwd = (state["params"], state["kv_pages"], state["constants"],
+                   state["prev_tokens"], packed, logits_idx, None, None)
+            key = runner.forward_key(dims, fwd)
+            self._submit(key, runner.forward_program(dims),
+                         (dims, *_abstract(fwd)))
+            forward_keys.append(key)
+
+        def samplers(sp):
+            for S in dict.fromkeys(dims[1] for dims in buckets):
+                smp = runner.sample_args(runner.logits_struct(S), None,
+                                         sampling_metadata_for(runner, sp, S),
+                                         None)
+                key = runner.sample_key(None, smp)
+                if key not in self._building:
+                    self._submit(key, runner._sample, (None, *_abstract(smp)))
+        # In the order the first request needs them: the prefill and its
+        # sampler give the first token.
+        forward(buckets[0])
+        samplers(FIRST_SAMPLING[0])
+        for dims in buckets[1:]:
+            forward(dims)
+        for sp in FIRST_SAMPLING[1:]:
+            samplers(sp)
+        self._first = (forward_keys, state)
+        return True
+
+    def confirm_first(self, params, kv_pages) -> bool:
+        """Keeps the first request's forward programs if ``params`` and
+        ``kv_pages`` (as loaded and allocated) have the layout
+        `start_first` expected, else drops them (those steps build their
+        programs as usual). The samplers read neither and stay."""
+        forward_keys, expected = self._first
+        self._first = None
+        same = (_same_layout(expected["params"], params)
+                and _same_layout(expected["kv_pages"], kv_pages))
+        if not same:
+            logger.info("the weights or pages loaded in another layout than "
+                        "expected: a first request builds its programs on "
+                        "first use")
+            for key in forward_keys:
+                self._building.pop(key, None)
+        return same
+
+    def request(self, out: SchedulerOutput) -> None:
+        """Starts building the programs of the decode buckets after ``out``
+        that are neither built nor being built."""
+        runner = self.runner
+        if not self._allowed() or out.num_steps > 1:
             return
         for dims in self.decode_buckets_after(out):
             if dims in self._seen:
@@ -121,13 +278,8 @@ class BuildAhead:
             key = runner.forward_key(dims, fwd)
             if key in runner.programs or key in self._building:
                 continue
-            jitted = runner.forward_program(dims)
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="jaxinfer-build-ahead")
-            args = (dims, *_abstract(fwd))
-            self._building[key] = self._pool.submit(
-                lambda jitted=jitted, args=args: jitted.lower(*args).compile())
+            self._submit(key, runner.forward_program(dims),
+                         (dims, *_abstract(fwd)))
 
     def take(self, key):
         """The program built ahead for ``key`` (waiting for its build), or

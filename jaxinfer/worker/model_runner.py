@@ -55,6 +55,11 @@ FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
 # about twice a one-row step, while for a test-sized model the extra
 # programs' compiles cost more than they save.
 SMALL_DECODE_MIN_PARAMS = 10_000_000
+# A first request's programs are built while the weights load
+# (`build_first`) for models of at least this size: under it (the test
+# suite's tiny models) the weights load too quickly to hide a build, and a
+# guess that misses would only take CPU from the steps' own builds.
+BUILD_FIRST_MIN_PARAMS = SMALL_DECODE_MIN_PARAMS
 
 
 class ModelRunner:
@@ -63,7 +68,8 @@ class ModelRunner:
                  attention_backend: str | None = None,
                  tensor_parallel_size: int = 1, max_logprobs: int = 20,
                  load_format: str = "auto", lora_config=None,
-                 pipeline_parallel_size: int = 1, devices=None):
+                 pipeline_parallel_size: int = 1, devices=None,
+                 build_first: bool = False):
         # AWQ / GPTQ layers on one GPU multiply with the Pallas int4 kernel.
         self.cfg = with_int4_kernel(
             files.config, tensor_parallel_size * pipeline_parallel_size,
@@ -81,6 +87,26 @@ class ModelRunner:
         self.placement = Placement(self.model, self.cfg, tensor_parallel_size,
                                    pipeline_parallel_size, devices)
         self.model = self.model.clone(mesh=self.placement.mesh)
+        self.constants = model_constants(self.model,
+                                         scheduler_config.max_model_len)
+        self.kv_dtype = kv_page_dtype(cache_config.cache_dtype, dtype)
+        self.max_pages_per_seq = cdiv(scheduler_config.max_model_len,
+                                      self.block_size)
+        self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
+                                    scheduler_config.max_num_seqs,
+                                    self.max_pages_per_seq,
+                                    fixed_pages=self.backend in FIXED_PAGE_BACKENDS,
+                                    small_decode=self.on_cpu and
+                                    self.cfg.num_params >= SMALL_DECODE_MIN_PARAMS)
+        self.max_logprobs = max_logprobs
+        self.sampling_inputs = SamplingInputs(
+            self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
+        self._make_programs()
+        # A first request's programs start building now, on another core,
+        # while the weights load (build_ahead.py, `start_first`).
+        first = (build_first and lora_config is None
+                 and load_format != "dummy" and self.can_build_first()
+                 and self.build_ahead.start_first(self.expected_state()))
         if load_format == "dummy":  # random weights, drawn in their sharding
             self.params = random_params(self.model, self.cfg, dtype,
                                         self.placement.param_shardings,
@@ -98,33 +124,31 @@ class ModelRunner:
         # LoRA adapter slots, allocated before the KV pool is sized.
         self.lora = (LoRAInputs(self.model, self.cfg, lora_config, dtype,
                                 self.placement.mesh) if lora_config else None)
-        self.constants = model_constants(self.model,
-                                         scheduler_config.max_model_len)
         self.encoder = self._encoder_runner()  # None: the model takes text only
-        self.kv_dtype = kv_page_dtype(cache_config.cache_dtype, dtype)
         self.num_blocks = self._num_blocks()
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, self.num_blocks, self.block_size,
             self.kv_dtype)
+        if first:  # the programs stand only if the guess held
+            self.build_ahead.confirm_first(self.params, self.kv_pages)
         # Host swap space in pages (whole pages: all kv heads, all layers).
         self.num_host_blocks = int(cache_config.swap_space * 2**30 //
                                    (self.page_bytes * self.placement.kv_shards))
         self.page_mover = PageMover(self.num_blocks, self.num_host_blocks)
-        self.max_pages_per_seq = cdiv(scheduler_config.max_model_len,
-                                      self.block_size)
-        self.buckets = Buckets.make(scheduler_config.max_num_batched_tokens,
-                                    scheduler_config.max_num_seqs,
-                                    self.max_pages_per_seq,
-                                    fixed_pages=self.backend in FIXED_PAGE_BACKENDS,
-                                    small_decode=self.on_cpu and
-                                    self.cfg.num_params >= SMALL_DECODE_MIN_PARAMS)
-        self.max_logprobs = max_logprobs
-        self.sampling_inputs = SamplingInputs(
-            self.cfg.vocab_size, scheduler_config.max_num_seqs, seed)
         self.penalty_state: PenaltyState | None = None  # made on first use
         # Seconds from launching each step to its tokens being ready: with
         # no host/device overlap, the device's busy time.
         self.device_seconds = 0.0
+        self.prev_rows: dict[str, int] = {}
+        # What the runner knows of each request in the batch: sent once by
+        # the scheduler when it joins (SchedulerOutput.new_requests).
+        self.requests: dict[str, NewRequestData] = {}
+        self._last_ready = 0.0  # when the last collected step was done
+
+    def _make_programs(self) -> None:
+        """The step's jitted programs and what selects them; nothing here
+        reads the params or the pages, so it runs before they exist."""
+        scheduler_config = self.scheduler_config
         # A step is two programs (step_programs.forward, sample_step): the
         # forward pass, one per bucket whatever the batch's sampling needs,
         # and the sampler, one per sampling variant and S. The logits
@@ -148,8 +172,8 @@ class ModelRunner:
         # The buckets steps have run in (`_bucket_program`), whose programs
         # jit has built: `builds_program` is False for them.
         self._buckets_run: set[tuple] = set()
-        # Decode programs built on a background thread before their first
-        # step (build_ahead.py); `_run` takes them.
+        # Programs built on a background thread before their first step
+        # (build_ahead.py); `_run` takes them.
         self.build_ahead = BuildAhead(self)
         # Multi-step decode programs (SchedulerOutput.num_steps > 1), built
         # on first use of each bucket. "scan": on the H200 a "while" window
@@ -163,11 +187,29 @@ class ModelRunner:
         self.prev_tokens = jax.device_put(
             jnp.zeros(scheduler_config.max_num_seqs, jnp.int32),
             self.placement.replicated)
-        self.prev_rows: dict[str, int] = {}
-        # What the runner knows of each request in the batch: sent once by
-        # the scheduler when it joins (SchedulerOutput.new_requests).
-        self.requests: dict[str, NewRequestData] = {}
-        self._last_ready = 0.0  # when the last collected step was done
+
+    def can_build_first(self) -> bool:
+        """Whether a first request's programs can be built before the
+        weights load: on CPU, where the page pool's size does not follow
+        the memory the weights take, with one process and one pipeline
+        stage, for a text-only model of at least BUILD_FIRST_MIN_PARAMS."""
+        return (self.on_cpu and jax.process_count() == 1
+                and self.cfg.num_params >= BUILD_FIRST_MIN_PARAMS
+                and self.placement.pipeline_stages == 1
+                and self.cfg.image_input is None
+                and self.scheduler_config.num_scheduler_steps == 1)
+
+    def expected_state(self) -> dict:
+        """What the forward program reads besides the step's own inputs,
+        before the weights load: the params and pages as they will be
+        (ShapeDtypeStructs; the page pool as `_num_blocks` sizes it now),
+        the constants and the previous tokens."""
+        pages = self.placement.kv_structs(
+            self.cfg.num_layers, self._num_blocks(), self.block_size,
+            self.kv_dtype)
+        return dict(params=self.placement.param_structs(self.dtype),
+                    kv_pages=pages, constants=self.constants,
+                    prev_tokens=self.prev_tokens)
 
     def _encoder_runner(self) -> EncoderRunner | None:
         image = self.cfg.image_input

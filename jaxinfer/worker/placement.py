@@ -102,26 +102,59 @@ class Placement:
             return model
         return pipeline.PipelinedModel(model, self.mesh)
 
-    def zeros_kv(self, num_layers: int, num_pages: int, block_size: int, dtype):
-        """Per layer (k_pages, v_pages), and for one-byte (fp8) pages their
-        per-page scales too: (k, v, k_scales, v_scales)."""
+    def _kv_layout(self, num_layers: int, num_pages: int, block_size: int,
+                   dtype):
+        """(page array shape, scale array shape or None, arrays of each
+        kind): what `zeros_kv` allocates."""
         shape = kv_pages_shape(num_pages, block_size, self.cfg.num_kv_heads,
                                self.cfg.head_dim)
         pairs = num_layers
         if self.pipeline_stages > 1:  # one [pp, ...] pair per slot
             shape = (self.pipeline_stages, *shape)
             pairs = num_layers // self.pipeline_stages
-        make = jax.jit(lambda: jnp.zeros(shape, dtype),
-                       out_shardings=self.kv_sharding)
         if jnp.dtype(dtype).itemsize != 1:
-            return [(make(), make()) for _ in range(pairs)]
+            return shape, None, pairs
         if self.pipeline_stages > 1:
-            from jaxinfer.errors import InvalidConfigError
             raise InvalidConfigError(
                 "kv_cache_dtype fp8 with pipeline_parallel_size > 1: the "
                 "per-page scales are not laid out by stage yet; use "
                 "kv_cache_dtype='auto' with pipeline stages")
-        scales = jax.jit(lambda: jnp.zeros(
-            page_scales_shape(num_pages, self.cfg.num_kv_heads), jnp.float32),
-            out_shardings=self.kv_sharding)
-        return [(make(), make(), scales(), scales()) for _ in range(num_layers)]
+        return shape, page_scales_shape(num_pages, self.cfg.num_kv_heads), pairs
+
+    def zeros_kv(self, num_layers: int, num_pages: int, block_size: int, dtype):
+        """Per layer (k_pages, v_pages), and for one-byte (fp8) pages their
+        per-page scales too: (k, v, k_scales, v_scales)."""
+        shape, scales_shape, pairs = self._kv_layout(num_layers, num_pages,
+                                                     block_size, dtype)
+        make = jax.jit(lambda: jnp.zeros(shape, dtype),
+                       out_shardings=self.kv_sharding)
+        if scales_shape is None:
+            return [(make(), make()) for _ in range(pairs)]
+        scales = jax.jit(lambda: jnp.zeros(scales_shape, jnp.float32),
+                         out_shardings=self.kv_sharding)
+        return [(make(), make(), scales(), scales()) for _ in range(pairs)]
+
+    def kv_structs(self, num_layers: int, num_pages: int, block_size: int,
+                   dtype):
+        """`zeros_kv`'s arrays as ShapeDtypeStructs (nothing allocated)."""
+        shape, scales_shape, pairs = self._kv_layout(num_layers, num_pages,
+                                                     block_size, dtype)
+        page = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype),
+                                    sharding=self.kv_sharding)
+        if scales_shape is None:
+            return [(page, page) for _ in range(pairs)]
+        scale = jax.ShapeDtypeStruct(scales_shape, jnp.float32,
+                                     sharding=self.kv_sharding)
+        return [(page, page, scale, scale) for _ in range(pairs)]
+
+    def param_structs(self, dtype):
+        """The params as the loader places them, as ShapeDtypeStructs in
+        their shardings: floating params in ``dtype`` (`place_param`
+        casts them), the others as the model declares them. A guess for
+        programs built before the weights arrive: the caller compares it
+        with what was loaded."""
+        def one(a, sharding):
+            dt = (jnp.dtype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                  else a.dtype)
+            return jax.ShapeDtypeStruct(a.shape, dt, sharding=sharding)
+        return jax.tree.map(one, self._abstract, self.param_shardings)

@@ -69,6 +69,14 @@ def dummy_batch(T: int, S: int, P: int):
         np.zeros(S, np.int32)
 
 
+def sampling_metadata_for(runner, sp: SamplingParams, S: int):
+    """The sampling metadata of an S-row step whose one sampling row asks
+    for ``sp``: what selects the sampler's program variant."""
+    sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
+    return runner.sampling_inputs.build(
+        sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
+
+
 def _load_saved(executables, keys: list, max_workers: int | None) -> dict:
     """{key: program} for the keys ``executables`` holds, loaded in a
     thread pool (deserializing is C++ work, mostly outside the GIL)."""
@@ -93,7 +101,6 @@ def wanted_programs(runner) -> dict:
     # variant: sampling_inputs sends the three filters together).
     variants = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
                 SamplingParams(temperature=1.0, top_p=0.9)]
-    sched = [ScheduledRequest("warmup", [0], 0, [0], True)]
     # With LoRA, each program also in its variant for steps with adapters.
     lora_pools = [None] if runner.lora is None else [None, runner.lora.pool]
     # Multi-step decode: each decode bucket also as a window of k steps.
@@ -105,8 +112,7 @@ def wanted_programs(runner) -> dict:
             todo.setdefault(key, (jitted, static, dyn))
 
     def smd_for(sp, S):
-        return runner.sampling_inputs.build(
-            sched, {"warmup": NewRequestData("warmup", [0], 1, sp)}, S)
+        return sampling_metadata_for(runner, sp, S)
     for pool, with_mm in itertools.product(lora_pools, (False, True)):
         for T, S, P, decode_only in shapes:
             # A model that takes images also gets each prefill bucket's

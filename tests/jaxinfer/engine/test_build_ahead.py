@@ -1,17 +1,22 @@
 """Building the next decode bucket's program in the background
 (worker/build_ahead.py): the decode steps use what was built ahead, the
 tokens are the same as without it, and nothing is built for a request
-that will not decode."""
+that will not decode. A first request's programs build while the weights
+load, and are dropped when the weights or pages load in another layout
+than guessed."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import sys
 
 import jax
 import pytest
 
 from jaxinfer import SamplingParams
+from jaxinfer.worker import build_ahead as ba
+from jaxinfer.worker import model_runner
 from jaxinfer.worker.build_ahead import BuildAhead
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -94,6 +99,89 @@ def test_a_failed_build_is_left_to_the_step(caplog):
     assert "building it on first use" in caplog.text
     assert ahead.pending() == 0
     assert ahead.take(("forward", (16, 1, 8, True))) is None  # never started
+
+
+def _wait_for_builds(runner):
+    for future in list(runner.build_ahead._building.values()):
+        future.result()
+
+
+def test_a_first_request_takes_the_programs_built_while_loading(
+        make_llm, monkeypatch):
+    """The tiny model is under BUILD_FIRST_MIN_PARAMS; with the floor at 0
+    its engine starts the first request's programs in its constructor, and
+    a short prompt's prefill and decode steps run them (same tokens as an
+    engine that builds nothing ahead)."""
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    monkeypatch.setattr(model_runner, "BUILD_FIRST_MIN_PARAMS", 0)
+    interval = sys.getswitchinterval()
+    engine = make_llm(max_num_seqs=4).llm_engine
+    runner = engine.runner
+    prefill, decode = ba.first_request_buckets(runner)
+    assert not prefill[3] and decode[3]
+    started = set(runner.build_ahead._building)
+    assert {k[1] for k in started if k[0] == "forward"} == {prefill, decode}
+    # Greedy and sampled samplers for each step size (prefill S, decode S).
+    samplers = {k for k in started if k[0] == "sample"}
+    assert len(samplers) == 2 * len({prefill[1], decode[1]})
+    prompt = list(range(5, 12))  # 7 tokens: the smallest token bucket
+    tokens, _ = _run(engine, prompt, max_tokens=6)
+    forward = {k[1] for k in runner.programs if k[0] == "forward"}
+    assert {prefill, decode} <= forward
+    assert all(isinstance(p, jax.stages.Compiled)
+               for p in runner.programs.values())
+    _wait_for_builds(runner)  # the sampled samplers, never asked for
+    assert sys.getswitchinterval() == interval  # restored once all are done
+
+    monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
+    off = make_llm(max_num_seqs=4).llm_engine
+    assert not off.runner.build_ahead._building
+    assert _run(off, prompt, max_tokens=6)[0] == tokens
+
+
+def test_a_wrong_guess_drops_the_forward_programs(make_llm, monkeypatch):
+    """Pages allocated with another page count than guessed: the forward
+    programs (which read them) are dropped, the samplers (which do not)
+    stay, and the request builds its own programs."""
+    monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
+    engine = make_llm(max_num_seqs=4).llm_engine
+    runner = engine.runner
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD")
+    state = runner.expected_state()
+    state["kv_pages"] = runner.placement.kv_structs(
+        runner.cfg.num_layers, runner.num_blocks + 1, runner.block_size,
+        runner.kv_dtype)
+    assert runner.build_ahead.start_first(state)
+    assert not runner.build_ahead.confirm_first(runner.params,
+                                                runner.kv_pages)
+    left = set(runner.build_ahead._building)
+    assert left and all(k[0] == "sample" for k in left)
+    tokens, _ = _run(engine, list(range(5, 12)), max_tokens=4)
+    assert len(tokens) == 4
+    _wait_for_builds(runner)
+
+
+def test_the_expected_state_is_what_loads(make_llm, monkeypatch):
+    """The guess made before loading matches the loaded params and pages
+    (so on the default path the programs are kept)."""
+    monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
+    runner = make_llm(max_num_seqs=4).llm_engine.runner
+    state = runner.expected_state()
+    assert ba._same_layout(state["params"], runner.params)
+    assert ba._same_layout(state["kv_pages"], runner.kv_pages)
+    other = runner.placement.param_structs("bfloat16")
+    assert not ba._same_layout(other, runner.params)
+
+
+def test_the_switch_interval_is_short_only_while_builds_run():
+    before = sys.getswitchinterval()
+    ba._build_started()
+    ba._build_started()
+    assert sys.getswitchinterval() == min(before, ba.SWITCH_INTERVAL_S)
+    ba._build_done()
+    assert sys.getswitchinterval() == min(before, ba.SWITCH_INTERVAL_S)
+    ba._build_done()
+    assert sys.getswitchinterval() == before
 
 
 if __name__ == "__main__":
