@@ -1,15 +1,21 @@
-"""A first request's programs built while the weights load (issue 20):
-the README's first command's phases in-process, with that build on and
-off, in alternating fresh processes (warm weight and compilation caches).
+"""A first request's programs on CPU (issue 20): the README's first
+command's phases in-process, with one change on and off, in alternating
+fresh processes (warm weight and compilation caches).
 
-    python benchmarks/cpu_first_programs.py [--runs 6] [--out OUT.json]
+    python benchmarks/cpu_first_programs.py [--compare WHAT] [--runs 6] [--out OUT.json]
+
+``--compare build-first`` (default): the programs built while the weights
+load (`BuildAhead.start_first`) or at the first step.
+``--compare prefill-options``: the 16-token prefill compiled with the
+few-row options (compile_options.py: XLA's dot emitter, whose programs'
+first run skips YNNPACK's set-up) or with the default compile.
 
 Each child process times: importing the CLI and building its parser,
 ``LLM()`` as ``jaxinfer generate`` makes it (one sequence slot), the first
 and second streamed tokens and the 32nd of a greedy ``generate`` of the
-README's prompt, from the child's first line. "off" keeps everything else
-(the decode program still builds ahead once the prefill is dispatched:
-section 18 of docs/performance.md) and only skips `BuildAhead.start_first`.
+README's prompt, from the child's first line. "off" changes only the compared
+thing (with build-first off the decode program still builds ahead once the
+prefill is dispatched: section 18 of docs/performance.md).
 Prints the medians and writes every run and the medians as JSON.
 """
 
@@ -26,7 +32,7 @@ import time
 PROMPT = "The capital of France is"
 
 
-def child(mode: str) -> None:
+def child(mode: str, compare: str) -> None:
     t0 = time.perf_counter()
     marks = {}
 
@@ -36,9 +42,11 @@ def child(mode: str) -> None:
     ns = cli.build_parser().parse_args(
         ["generate", "--prompt", PROMPT, "--max-tokens", "32"])
     from jaxinfer.sampling_params import RequestOutputKind, SamplingParams
-    from jaxinfer.worker.model_runner import ModelRunner
-    if mode == "off":
-        ModelRunner.can_build_first = lambda self: False
+    from jaxinfer.worker import model_runner
+    if mode == "off" and compare == "build-first":
+        model_runner.ModelRunner.can_build_first = lambda self: False
+    if mode == "off" and compare == "prefill-options":
+        model_runner.PREFILL_OPTIONS_MAX_TOKENS = 0
     mark("imports")
     from jaxinfer.entrypoints.llm import LLM
     llm = LLM.from_engine_args(cli.generate_engine_args(ns))
@@ -64,17 +72,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compare", default="build-first",
+                    choices=("build-first", "prefill-options"))
     ap.add_argument("--child", choices=("on", "off"))
     args = ap.parse_args()
     if args.child:
-        return child(args.child)
+        return child(args.child, args.compare)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from run_stamp import run_stamp
     runs = []
     for _ in range(args.runs):
         for mode in ("on", "off"):
             out = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--child", mode],
+                [sys.executable, os.path.abspath(__file__), "--child", mode,
+                 "--compare", args.compare],
                 capture_output=True, text=True, check=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
             print(runs[-1], flush=True)
@@ -97,7 +108,8 @@ def main() -> None:
               f"{m['second_token_s']:8.2f} {m['done_s']:7.2f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"workload": "cpu-first-programs", **run_stamp(),
+            json.dump({"workload": "cpu-first-programs",
+                       "compare": args.compare, **run_stamp(),
                        "command": "python benchmarks/cpu_first_programs.py "
                        + " ".join(sys.argv[1:]),
                        "medians": medians, "runs": runs}, f, indent=1)

@@ -1,4 +1,4 @@
-"""XLA compiler options of the decode-only step programs on CPU.
+"""XLA compiler options of the few-row step programs on CPU.
 
 XLA CPU hands matrix products to YNNPACK by default (jaxlib 0.10-0.11).
 For the few-row products of a decode batch its own dot emitter is faster:
@@ -12,6 +12,14 @@ default, and the other decode-only programs (one row per sequence,
 `Buckets`) are compiled with YNNPACK kept for reductions alone (the CPU
 lm_head, `layers.rows_times_table`, is one: 10x slower without it).
 Multi-step windows keep the default too. docs/performance.md, section 16.
+
+Prefill buckets of at most PREFILL_OPTIONS_MAX_TOKENS tokens take the same
+options: their products are few-row too (16 rows: 33 against 49 ms), and
+a program's first run builds its YNNPACK products' runtime, which made the
+first run of the README command's 16-token prefill 0.37-0.51 s against
+0.15 s with the options (its later runs 0.08-0.10 s either way);
+docs/performance.md, section 20. Their logits rows (at most 32) take the
+reduction form, which keeps YNNPACK.
 
 Passed per program (``jax.jit(..., compiler_options=...)``), not through
 ``XLA_FLAGS``: nothing else in the process changes, and an XLA that does
@@ -32,6 +40,8 @@ CPU_DECODE_OPTIONS = {
 # measured faster at 4-16 rows (layers' products 28-33 ms against 33-49),
 # the same at one row, slower at two (30 against 23) and from 64.
 DECODE_OPTIONS_ROWS = (4, 32)
+# Prefill buckets of at most this many tokens take the options too.
+PREFILL_OPTIONS_MAX_TOKENS = 32
 # jaxlib (major, minor) versions known to take the option: 0.10 timed here,
 # 0.11 (the GPU machine's) checked to accept it and drop YNNPACK's products.
 MEASURED_JAXLIB = ((0, 10), (0, 11))

@@ -32,7 +32,8 @@ from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..errors import InvalidConfigError
 from .buckets import Buckets
 from .build_ahead import BuildAhead
-from .compile_options import DECODE_OPTIONS_ROWS, decode_compile_options
+from .compile_options import (DECODE_OPTIONS_ROWS, PREFILL_OPTIONS_MAX_TOKENS,
+                              decode_compile_options)
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, max_pages, page_bytes
 from .lora_inputs import LoRAInputs
@@ -159,10 +160,10 @@ class ModelRunner:
             logits_sharding=self.placement.replicated)
         self._forward = jax.jit(step_forward, static_argnums=(0,),
                                 donate_argnums=(2,))
-        # Decode-only buckets on CPU compile with their own XLA options
+        # Few-row buckets on CPU compile with their own XLA options
         # (compile_options.py: XLA's dot emitter for few-row products).
         self.decode_options = decode_compile_options(self.on_cpu)
-        self._forward_decode = None if not self.decode_options else jax.jit(
+        self._forward_few_rows = None if not self.decode_options else jax.jit(
             step_forward, static_argnums=(0,), donate_argnums=(2,),
             compiler_options=self.decode_options)
         self._sample = jax.jit(sample_step, static_argnums=(0,),
@@ -374,13 +375,17 @@ class ModelRunner:
         return out, prompt_lp, kv_pages, state, next_tokens
 
     def forward_program(self, dims):
-        """The jitted forward of a bucket: decode-only buckets (dims[3]) of
-        DECODE_OPTIONS_ROWS sequences have their own compiler options on
-        CPU (`decode_options`)."""
+        """The jitted forward of a bucket: few-row buckets (decode-only
+        ones of DECODE_OPTIONS_ROWS sequences, prefill ones of at most
+        PREFILL_OPTIONS_MAX_TOKENS tokens) have their own compiler options
+        on CPU (`decode_options`, compile_options.py)."""
+        if self._forward_few_rows is None:
+            return self._forward
         lo, hi = DECODE_OPTIONS_ROWS
-        if (dims[3] and lo <= dims[1] <= hi
-                and self._forward_decode is not None):
-            return self._forward_decode
+        decode_only = dims[3]
+        if (lo <= dims[1] <= hi if decode_only
+                else dims[0] <= PREFILL_OPTIONS_MAX_TOKENS):
+            return self._forward_few_rows
         return self._forward
 
     def _run(self, jitted, key, static, dyn):

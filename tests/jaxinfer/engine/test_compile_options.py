@@ -26,30 +26,36 @@ def _ynn_products(compiled_text: str) -> int:
                if "__ynn_fusion" in line and "dot_general" in line)
 
 
-def test_decode_buckets_compile_products_outside_ynnpack(make_llm):
-    """Warm-up's program for each decode-only bucket is the runner's
-    decode forward, and its products compile to XLA's own dots; buckets
-    with prefill rows keep YNNPACK's (the default compile)."""
+def test_few_row_buckets_compile_products_outside_ynnpack(make_llm):
+    """Warm-up's program for each decode-only bucket of DECODE_OPTIONS_ROWS
+    sequences and each prefill bucket of at most PREFILL_OPTIONS_MAX_TOKENS
+    tokens is the runner's few-row forward, whose products compile to
+    XLA's own dots; wider prefill buckets keep YNNPACK's (the default
+    compile)."""
     from jaxinfer.worker.warmup import wanted_programs
-    runner = make_llm().llm_engine.runner
+    # Steps of up to 64 tokens: prefill buckets of 16, 32 and 64.
+    runner = make_llm(max_num_batched_tokens=64).llm_engine.runner
     if runner.decode_options is None:
         pytest.skip("no decode options on this platform or jaxlib")
     forwards = {key[1]: todo for key, todo in wanted_programs(runner).items()
                 if key[0] == "forward"}
     decode = [dims for dims in forwards if dims[3] and dims[1] >= 4]
-    prefill = [dims for dims in forwards if not dims[3]]
-    assert decode and prefill
+    cap = compile_options.PREFILL_OPTIONS_MAX_TOKENS
+    small = [dims for dims in forwards if not dims[3] and dims[0] <= cap]
+    wide = [dims for dims in forwards if not dims[3] and dims[0] > cap]
+    assert decode and small and wide
     lo, hi = compile_options.DECODE_OPTIONS_ROWS
     for dims, (jitted, _, _) in forwards.items():
         assert jitted is runner.forward_program(dims)
-        assert (jitted is runner._forward_decode) == (
-            dims[3] and lo <= dims[1] <= hi)
+        assert (jitted is runner._forward_few_rows) == (
+            lo <= dims[1] <= hi if dims[3] else dims[0] <= cap)
     # Decode buckets outside the measured rows keep the default compile.
     for rows in (lo - 1, hi * 2):
         assert runner.forward_program((rows, rows, 4, True)) is runner._forward
     texts = {}
-    for dims in (decode[0], prefill[0]):
+    for dims in (decode[0], small[0], wide[0]):
         jitted, static, dyn = forwards[dims]
-        texts[dims[3]] = jitted.lower(*static, *dyn).compile().as_text()
-    assert _ynn_products(texts[True]) == 0
-    assert _ynn_products(texts[False]) > 0
+        texts[dims] = jitted.lower(*static, *dyn).compile().as_text()
+    assert _ynn_products(texts[decode[0]]) == 0
+    assert _ynn_products(texts[small[0]]) == 0
+    assert _ynn_products(texts[wide[0]]) > 0
