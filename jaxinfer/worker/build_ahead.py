@@ -190,6 +190,7 @@ class BuildAhead:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="jaxinfer-build-ahead")
+
         def build():
             try:
                 t0 = time.perf_counter()
@@ -206,41 +207,47 @@ class BuildAhead:
         """Starts building a first request's programs (`first_request_buckets`
         with each `FIRST_SAMPLING` sampler) from ``state``, the runner's
         `expected_state` (the params and pages as they will be). Returns
-        whether it started (not when building ahead is off). Called before the weights load (the runner
-        has no LoRA slots yet: only runners without them call this)."""
+        whether it started (not when building ahead is off). Called before
+        the weights load (the runner has no LoRA slots yet: only runners
+        without them call this)."""
         runner = self.runner
         if os.environ.get("JAXINFER_BUILD_AHEAD", "1") == "0":
             return False
-        forward_keys = []
         buckets = first_request_buckets(runner)
+        todo = {}  # key -> (jitted, static and abstract args), in build order
 
         def forward(dims):
             input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
             packed = pack_step(input_ids, positions, md, None)
             fwd = (state["params"], state["kv_pages"], state["constants"],
                    state["prev_tokens"], packed, logits_idx, None, None)
-            key = runner.forward_key(dims, fwd)
-            self._submit(key, runner.forward_program(dims),
-                         (dims, *_abstract(fwd)))
-            forward_keys.append(key)
+            todo[runner.forward_key(dims, fwd)] = (
+                runner.forward_program(dims), (dims, *_abstract(fwd)))
 
         def samplers(sp):
             for S in dict.fromkeys(dims[1] for dims in buckets):
                 smp = runner.sample_args(runner.logits_struct(S), None,
                                          sampling_metadata_for(runner, sp, S),
                                          None)
-                key = runner.sample_key(None, smp)
-                if key not in self._building:
-                    self._submit(key, runner._sample, (None, *_abstract(smp)))
+                todo.setdefault(runner.sample_key(None, smp),
+                                (runner._sample, (None, *_abstract(smp))))
         # In the order the first request needs them: the prefill and its
-        # sampler give the first token.
-        forward(buckets[0])
-        samplers(FIRST_SAMPLING[0])
-        for dims in buckets[1:]:
-            forward(dims)
-        for sp in FIRST_SAMPLING[1:]:
-            samplers(sp)
-        self._first = (forward_keys, state)
+        # sampler give the first token. Everything is laid out before the
+        # first build starts, so a failure here leaves nothing half-queued.
+        try:
+            forward(buckets[0])
+            samplers(FIRST_SAMPLING[0])
+            for dims in buckets[1:]:
+                forward(dims)
+            for sp in FIRST_SAMPLING[1:]:
+                samplers(sp)
+        except Exception:  # noqa: BLE001 - a guess never fails the engine
+            logger.warning("could not lay out a first request's programs; "
+                           "they build on first use", exc_info=True)
+            return False
+        for key, (jitted, args) in todo.items():
+            self._submit(key, jitted, args)
+        self._first = ([k for k in todo if k[0] == "forward"], state)
         return True
 
     def confirm_first(self, params, kv_pages) -> bool:

@@ -161,6 +161,25 @@ def test_a_wrong_guess_drops_the_forward_programs(make_llm, monkeypatch):
     _wait_for_builds(runner)
 
 
+def test_a_first_request_layout_that_fails_queues_nothing(make_llm,
+                                                          monkeypatch, caplog):
+    """An error while laying out the first request's programs (here the
+    sampler's metadata) is logged; no build was queued, and the engine
+    builds on first use."""
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    monkeypatch.setattr(model_runner, "BUILD_FIRST_MIN_PARAMS", 0)
+
+    def broken(*args):
+        raise RuntimeError("no metadata")
+    monkeypatch.setattr(ba, "sampling_metadata_for", broken)
+    with caplog.at_level(logging.WARNING, logger="jaxinfer.worker.build_ahead"):
+        engine = make_llm(max_num_seqs=4).llm_engine
+    assert "could not lay out a first request's programs" in caplog.text
+    assert not engine.runner.build_ahead._building
+    tokens, _ = _run(engine, list(range(5, 12)), max_tokens=3)
+    assert len(tokens) == 3
+
+
 def test_the_expected_state_is_what_loads(make_llm, monkeypatch):
     """The guess made before loading matches the loaded params and pages
     (so on the default path the programs are kept)."""
