@@ -193,9 +193,12 @@ class ModelRunner:
         """Whether a first request's programs can be built before the
         weights load: on CPU, where the page pool's size does not follow
         the memory the weights take, with one process and one pipeline
-        stage, for a text-only model of at least BUILD_FIRST_MIN_PARAMS."""
+        stage, for an unquantized text-only model of at least
+        BUILD_FIRST_MIN_PARAMS (quantized params have their own layouts,
+        which `Placement.param_structs` does not foresee)."""
         return (self.on_cpu and jax.process_count() == 1
                 and self.cfg.num_params >= BUILD_FIRST_MIN_PARAMS
+                and self.cfg.quantization is None
                 and self.placement.pipeline_stages == 1
                 and self.cfg.image_input is None
                 and self.scheduler_config.num_scheduler_steps == 1)
