@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import sys
+import time
 
 import jax
 import pytest
@@ -106,6 +107,15 @@ def _wait_for_builds(runner):
         future.result()
 
 
+def _until_no_builds_run(timeout_s: float = 120.0) -> None:
+    """Builds an earlier test's engine left running (a sampler nobody
+    asked for) hold the short switch interval; wait them out."""
+    deadline = time.monotonic() + timeout_s
+    while ba._builds_running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ba._builds_running == 0
+
+
 def test_a_first_request_takes_the_programs_built_while_loading(
         make_llm, monkeypatch):
     """The tiny model is under BUILD_FIRST_MIN_PARAMS; with the floor at 0
@@ -114,6 +124,7 @@ def test_a_first_request_takes_the_programs_built_while_loading(
     engine that builds nothing ahead)."""
     monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
     monkeypatch.setattr(model_runner, "BUILD_FIRST_MIN_PARAMS", 0)
+    _until_no_builds_run()
     interval = sys.getswitchinterval()
     engine = make_llm(max_num_seqs=4).llm_engine
     runner = engine.runner
@@ -131,6 +142,7 @@ def test_a_first_request_takes_the_programs_built_while_loading(
     assert all(isinstance(p, jax.stages.Compiled)
                for p in runner.programs.values())
     _wait_for_builds(runner)  # the sampled samplers, never asked for
+    _until_no_builds_run(10.0)  # the last one's bookkeeping
     assert sys.getswitchinterval() == interval  # restored once all are done
 
     monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
@@ -193,6 +205,7 @@ def test_the_expected_state_is_what_loads(make_llm, monkeypatch):
 
 
 def test_the_switch_interval_is_short_only_while_builds_run():
+    _until_no_builds_run()
     before = sys.getswitchinterval()
     ba._build_started()
     ba._build_started()
