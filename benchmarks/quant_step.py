@@ -43,11 +43,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -60,6 +58,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.decode_step import LLAMA3_8B, TINY, decode_batch, make_step  # noqa: E402
+from benchmarks.run_stamp import run_stamp  # noqa: E402
 from benchmarks.kernels.bench_attention import (batch, roofline,  # noqa: E402
                                                 time_chained, time_fn)
 from jaxinfer.models import AttentionMetadata, model_class  # noqa: E402
@@ -519,11 +518,7 @@ def main():
                         roof, profile=args.profile_prefill)
     result = dict(
         workload="quant-step", model="tiny" if SMOKE else "llama3-8b",
-        backend=backend, date=datetime.datetime.now(
-            datetime.timezone.utc).isoformat(),
-        commit=subprocess.run(["git", "rev-parse", "HEAD"],
-                              capture_output=True, text=True).stdout.strip(),
-        device=roof["device"], jax=jax.__version__,
+        backend=backend, **run_stamp(), device=roof["device"], jax=jax.__version__,
         jaxlib=__import__("jaxlib").__version__, int4_unpack=qm.INT4_UNPACK,
         bw_bytes_per_s=roof["bw"], matmul_flops_per_s=roof["flops"],
         copy_s=roof["copy_s"], matmul_s=roof["matmul_s"],
