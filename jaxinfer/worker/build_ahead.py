@@ -82,8 +82,8 @@ def _build_done() -> None:
 
 
 # The sampling a first request most likely asks for: greedy (`jaxinfer
-# generate`'s default), then plain sampling (SamplingParams' default,
-# temperature 1), built in that order.
+# generate`'s default) and plain sampling (SamplingParams' default,
+# temperature 1).
 FIRST_SAMPLING = (SamplingParams(temperature=0.0),
                   SamplingParams(temperature=1.0))
 
@@ -224,23 +224,22 @@ class BuildAhead:
             todo[runner.forward_key(dims, fwd)] = (
                 runner.forward_program(dims), (dims, *_abstract(fwd)))
 
-        def samplers(sp):
-            for S in dict.fromkeys(dims[1] for dims in buckets):
+        def samplers(S):
+            for sp in FIRST_SAMPLING:
                 smp = runner.sample_args(runner.logits_struct(S), None,
                                          sampling_metadata_for(runner, sp, S),
                                          None)
                 todo.setdefault(runner.sample_key(None, smp),
                                 (runner._sample, (None, *_abstract(smp))))
         # In the order the first request needs them: the prefill and its
-        # sampler give the first token. Everything is laid out before the
-        # first build starts, so a failure here leaves nothing half-queued.
+        # samplers (greedy or sampled: small builds) give the first token,
+        # then the decode bucket and its samplers. Everything is laid out
+        # before the first build starts, so a failure here leaves nothing
+        # half-queued.
         try:
-            forward(buckets[0])
-            samplers(FIRST_SAMPLING[0])
-            for dims in buckets[1:]:
+            for dims in buckets:
                 forward(dims)
-            for sp in FIRST_SAMPLING[1:]:
-                samplers(sp)
+                samplers(dims[1])
         except Exception:  # noqa: BLE001 - a guess never fails the engine
             logger.warning("could not lay out a first request's programs; "
                            "they build on first use", exc_info=True)
