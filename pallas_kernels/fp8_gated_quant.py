@@ -6,9 +6,8 @@ In a W8A8 MLP the gate and up products come out of their fp8 GEMMs unscaled
 and per-channel weight scales. The down projection then needs
 ``h = silu(gate) * up`` quantized per token: its row amax, then its codes.
 XLA makes that two fusions, a row reduction and a quantizing loop, each
-reading both GEMM outputs; on the H200 they took 1.19-1.23 ms per
-llama3-8b layer at 16,384 rows, 39 ms of the 257 ms fp8 prefill
-(benchmarks/results/quant-step-prefill-profile-h200.json). Here each
+reading both GEMM outputs: the largest work around the fp8 prefill's GEMMs
+(NOTES.md, "fp8 gated quantizer", has the profile). Here each
 program loads its rows' gate and up once (each row padded to a power of
 two, the padding masked), scales them, takes the row's amax and writes the
 codes and the row's scale: one read of both products and one write.
@@ -33,12 +32,10 @@ MIN_SCALE = 1e-12  # an all-zero row keeps a scale > 0 (its codes are 0)
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
-# Rows per program (v3): the rows share one load of the column scales. On
-# the H200 at 16,384 x 14,336 (fp8-act-quant-v3-h200.json): 1 row 815 us
-# (0.35 of copy), 2 rows 617, 4 rows 589 (0.48), 8 rows 1415 (the unrolled
-# rows outgrow the registers); the 8 x 2048 prefill 1.60x bf16 with 1 row,
-# 1.64x with 4 (quant-step-prefill-rows-h200.json). A T that 4 does not
-# divide halves it (_rows_per_program).
+# Rows per program (v3): the rows share one load of the column scales.
+# Four was the fastest setting on the H200 (eight unrolled rows outgrow the
+# registers); NOTES.md, "fp8 gated quantizer", has the timings. A T that 4
+# does not divide halves it (_rows_per_program).
 ROWS_PER_PROGRAM = 4
 
 

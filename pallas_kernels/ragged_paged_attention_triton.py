@@ -138,7 +138,8 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
                  pages_per_block, num_splits, prefetch, num_warps, num_stages,
                  interpret):
     """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
-    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    # Imported here: a CPU process never builds Triton kernels, and the
+    # lowering is a noticeable part of its start-up imports.
     from jax.experimental.pallas import triton as plgpu
     num_seqs, num_kv_heads, rows, head_dim = q_dec.shape
     _, num_pages, page_size, _ = k_pages.shape
@@ -216,7 +217,8 @@ def prefill_kernel(
     o_ref,  # [T, H]
     *, sm_scale, sliding_window, logit_soft_cap, block_q, pages_per_block,
     per_page_scales):
-    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    # Imported here: a CPU process never builds Triton kernels, and the
+    # lowering is a noticeable part of its start-up imports.
     from jax.experimental.pallas import triton as plgpu
     del o_init_ref
     item = pl.program_id(1)
@@ -283,7 +285,8 @@ def prefill_call(q, k_pages, v_pages, o_init, item_seq, item_start,
                   sm_scale, sliding_window, logit_soft_cap, block_q,
                   pages_per_block, num_warps, num_stages, interpret):
     """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
-    # Imported here: the Triton lowering is 0.08 s of a CPU start.
+    # Imported here: a CPU process never builds Triton kernels, and the
+    # lowering is a noticeable part of its start-up imports.
     from jax.experimental.pallas import triton as plgpu
     num_rows, num_q_heads, head_dim = q.shape
     num_kv_heads, num_pages, page_size, _ = k_pages.shape

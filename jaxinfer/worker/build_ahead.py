@@ -3,9 +3,9 @@
 Without warm-up, a step program is built (traced, then compiled or read
 from the compilation cache) when the first step of its bucket is
 dispatched. A new request's prefill and its first decode step land in two
-buckets, so a `generate` waited for two builds one after the other; on
-the 2-core CPU each was about 0.5 s with a warm cache (two thirds of it
-reading the cache) and 5-10 s cold. The decode bucket that follows a step
+buckets, so a `generate` waited for two builds one after the other (most
+of a warm cache's build is reading the cache; docs/performance.md section
+18 has the timings). The decode bucket that follows a step
 is known when that step is scheduled: its sampling rows, one token each,
 one position further. So `BuildAhead` starts that program's build on a
 background thread before the step is dispatched, and the runner takes the
@@ -55,9 +55,9 @@ LOOKAHEAD_TOKENS = 32
 # Python's thread switch interval while builds run (the default is 5 ms).
 # The build thread traces (holding the GIL) while the main thread places
 # weights or steps, which drops the GIL around each copy or program run
-# and then waits up to a whole interval to get it back: with the default,
-# weight placement took 0.5 s longer beside a first request's builds on the
-# 2-core CPU, with 0.5 ms 0.1 s (docs/performance.md, section 19).
+# and then waits up to a whole interval to get it back; a tenth of the
+# default interval kept weight placement close to its time without builds
+# beside it (docs/performance.md, section 19).
 SWITCH_INTERVAL_S = 0.0005
 _switch_lock = threading.Lock()
 _builds_running = 0
@@ -86,6 +86,11 @@ def _build_done() -> None:
 # temperature 1).
 FIRST_SAMPLING = (SamplingParams(temperature=0.0),
                   SamplingParams(temperature=1.0))
+
+
+def _env_allows() -> bool:
+    """``JAXINFER_BUILD_AHEAD=0`` turns building ahead off."""
+    return os.environ.get("JAXINFER_BUILD_AHEAD", "1") != "0"
 
 
 def first_request_buckets(runner) -> list[tuple]:
@@ -179,10 +184,20 @@ class BuildAhead:
         ahead."""
         runner = self.runner
         if self.enabled is None:
-            self.enabled = (os.environ.get("JAXINFER_BUILD_AHEAD", "1") != "0"
-                            and runner.lora is None and
+            self.enabled = (_env_allows() and runner.lora is None and
                             runner.scheduler_config.num_scheduler_steps == 1)
         return self.enabled
+
+    def _forward_build(self, dims, state: dict | None = None) -> tuple:
+        """(program key, jitted forward, its static and abstract args) of
+        a text-only step in bucket ``dims`` (``state``: see
+        `ModelRunner.forward_args`)."""
+        runner = self.runner
+        input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
+        packed = pack_step(input_ids, positions, md, None)
+        fwd = runner.forward_args(packed, logits_idx, state=state)
+        return (runner.forward_key(dims, fwd), runner.forward_program(dims),
+                (dims, *_abstract(fwd)))
 
     def _submit(self, key, jitted, args) -> None:
         """Lowers and compiles ``jitted`` for ``args`` (static ones first,
@@ -211,18 +226,14 @@ class BuildAhead:
         the weights load (the runner has no LoRA slots yet: only runners
         without them call this)."""
         runner = self.runner
-        if os.environ.get("JAXINFER_BUILD_AHEAD", "1") == "0":
+        if not _env_allows():
             return False
         buckets = first_request_buckets(runner)
         todo = {}  # key -> (jitted, static and abstract args), in build order
 
         def forward(dims):
-            input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
-            packed = pack_step(input_ids, positions, md, None)
-            fwd = (state["params"], state["kv_pages"], state["constants"],
-                   state["prev_tokens"], packed, logits_idx, None, None)
-            todo[runner.forward_key(dims, fwd)] = (
-                runner.forward_program(dims), (dims, *_abstract(fwd)))
+            key, jitted, args = self._forward_build(dims, state)
+            todo[key] = (jitted, args)
 
         def samplers(S):
             for sp in FIRST_SAMPLING:
@@ -278,14 +289,10 @@ class BuildAhead:
             self._seen.add(dims)
             if ("forward", dims) in runner._buckets_run:
                 continue
-            input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
-            packed = pack_step(input_ids, positions, md, None)
-            fwd = runner.forward_args(packed, logits_idx)
-            key = runner.forward_key(dims, fwd)
+            key, jitted, args = self._forward_build(dims)
             if key in runner.programs or key in self._building:
                 continue
-            self._submit(key, runner.forward_program(dims),
-                         (dims, *_abstract(fwd)))
+            self._submit(key, jitted, args)
 
     def take(self, key):
         """The program built ahead for ``key`` (waiting for its build), or

@@ -1,25 +1,21 @@
 """XLA compiler options of the few-row step programs on CPU.
 
 XLA CPU hands matrix products to YNNPACK by default (jaxlib 0.10-0.11).
-For the few-row products of a decode batch its own dot emitter is faster:
-30 layers of the embedded model's products at 8 rows took 28 ms against
-36 ms, and its batched decode (8 x 64) ran at 188 tok/s against 161, with
-the same greedy tokens. For wide products of many rows YNNPACK is faster
-(a [256, 576] x [576, 49152] logits product 109 ms against 242 ms, and
-the layers' products break even near 64 rows), so steps with prefill rows
-and decode buckets outside DECODE_OPTIONS_ROWS sequences keep the
-default, and the other decode-only programs (one row per sequence,
-`Buckets`) are compiled with YNNPACK kept for reductions alone (the CPU
-lm_head, `layers.rows_times_table`, is one: 10x slower without it).
-Multi-step windows keep the default too. docs/performance.md, section 16.
+For the few-row products of a decode batch its own dot emitter is faster,
+with the same greedy tokens; for wide products of many rows YNNPACK is
+faster (the layers' products break even near 64 rows, and a wide logits
+product is much slower outside it). So steps with more than
+PREFILL_OPTIONS_MAX_TOKENS prefill tokens and decode buckets outside
+DECODE_OPTIONS_ROWS sequences keep the default, and the other programs
+are compiled with YNNPACK kept for reductions alone (the CPU lm_head,
+`layers.rows_times_table`, is one, and much slower without it).
+Multi-step windows keep the default too.
 
-Prefill buckets of at most PREFILL_OPTIONS_MAX_TOKENS tokens take the same
-options: their products are few-row too (16 rows: 33 against 49 ms), and
-a program's first run builds its YNNPACK products' runtime, which made the
-first run of the README command's 16-token prefill 0.37-0.51 s against
-0.15 s with the options (its later runs 0.08-0.10 s either way);
-docs/performance.md, section 20. Their logits rows (at most 32) take the
-reduction form, which keeps YNNPACK.
+Small prefill buckets take the options for two reasons: their products are
+few-row too, and a program's first run sets up its YNNPACK products, which
+delayed the first token of the README's command. The timings are in
+docs/performance.md, sections 16 (decode) and 20 (prefill), with the
+results files that hold them.
 
 Passed per program (``jax.jit(..., compiler_options=...)``), not through
 ``XLA_FLAGS``: nothing else in the process changes, and an XLA that does
@@ -37,8 +33,8 @@ from importlib import metadata
 CPU_DECODE_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 # Decode buckets of this many sequences take the options (first, last):
-# measured faster at 4-16 rows (layers' products 28-33 ms against 33-49),
-# the same at one row, slower at two (30 against 23) and from 64.
+# the range where they were measured faster (performance.md section 16;
+# one row was even, two and 64 slower).
 DECODE_OPTIONS_ROWS = (4, 32)
 # Prefill buckets of at most this many tokens take the options too.
 PREFILL_OPTIONS_MAX_TOKENS = 32

@@ -329,10 +329,17 @@ class ModelRunner:
         return name not in self._buckets_run and not any(
             key[:len(name)] == name for key in self.programs)
 
-    def forward_args(self, packed, logits_idx, mm=None, lora_pool=None) -> tuple:
-        """The forward program's dynamic arguments, in order."""
-        return (self.params, self.kv_pages, self.constants, self.prev_tokens,
-                packed, logits_idx, mm, lora_pool)
+    def forward_args(self, packed, logits_idx, mm=None, lora_pool=None,
+                     state: dict | None = None) -> tuple:
+        """The forward program's dynamic arguments, in order. ``state``:
+        the params, pages, constants and previous tokens to use instead of
+        the runner's own (`expected_state`, before the weights load)."""
+        if state is None:
+            state = dict(params=self.params, kv_pages=self.kv_pages,
+                         constants=self.constants,
+                         prev_tokens=self.prev_tokens)
+        return (state["params"], state["kv_pages"], state["constants"],
+                state["prev_tokens"], packed, logits_idx, mm, lora_pool)
 
     @staticmethod
     def forward_key(dims, fwd_args) -> tuple:

@@ -111,8 +111,6 @@ def wanted_programs(runner) -> dict:
         if key not in runner.programs:
             todo.setdefault(key, (jitted, static, dyn))
 
-    def smd_for(sp, S):
-        return sampling_metadata_for(runner, sp, S)
     for pool, with_mm in itertools.product(lora_pools, (False, True)):
         for T, S, P, decode_only in shapes:
             # A model that takes images also gets each prefill bucket's
@@ -133,14 +131,15 @@ def wanted_programs(runner) -> dict:
             if decode_only and mm is None and k > 1:  # its decode windows
                 for sp in variants:
                     dyn = runner.multi_step_args(
-                        packed, smd_for(sp, S), runner.window_stop_ids([], S),
+                        packed, sampling_metadata_for(runner, sp, S),
+                        runner.window_stop_ids([], S),
                         None if pool is None else pool.arrays)
                     want(runner.multi_step_key(k, dims, dyn), runner._multi,
                          (k, dims), dyn)
     for S in sorted({shape[1] for shape in shapes}):
         for sp in variants:
             smp = runner.sample_args(runner.logits_struct(S), None,
-                                     smd_for(sp, S), None)
+                                     sampling_metadata_for(runner, sp, S), None)
             want(runner.sample_key(None, smp), runner._sample, (None,), smp)
     return todo
 
