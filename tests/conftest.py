@@ -9,10 +9,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from tests import no_network  # noqa: E402
+from tests import interpret_compile_memo, no_network  # noqa: E402
 
 # Sockets to anything but localhost raise from here on (tests/no_network.py).
 no_network.install()
+# jax's Mosaic GPU interpreter compiles each distinct warpgroup program once,
+# not once per thread and grid point (tests/interpret_compile_memo.py).
+interpret_compile_memo.install()
 
 
 @pytest.fixture(scope="session")
