@@ -256,6 +256,9 @@ class LLMEngine:
             self.num_steps += 1
             self.last_step_tokens = sched_out.num_scheduled_tokens
             compile_before = CompileClock.read() if self.timeline else None
+            # A first request other than start_first's guess: the guess's
+            # queued builds would only compete with this step's own.
+            self.runner.build_ahead.drop_missed_first(sched_out)
             inflight = self.runner.dispatch(sched_out)
             # The decode bucket after this step builds in the background
             # while it runs, when not built yet (worker/build_ahead.py).

@@ -23,7 +23,8 @@ sampled sampler of each) from the params' and pages' expected shapes
 while the weights load, on CPU, where nothing else uses the second core
 then. A guess: the runner checks it against what was loaded
 (`confirm_first`), and a first request of another shape builds its own
-programs as before.
+programs as before, the guess's builds not yet started cancelled
+(`drop_missed_first`).
 
 Single-step forward programs only: multi-step windows and steps with LoRA
 adapters build on first use as before (their keys depend on what the
@@ -143,6 +144,9 @@ class BuildAhead:
         self.enabled: bool | None = None
         # start_first's forward keys and expected state, until confirmed.
         self._first: tuple | None = None
+        # start_first's guessed first step and every key it queued, until
+        # the first real step is seen (`drop_missed_first`).
+        self._first_guess: tuple | None = None
 
     def stop(self) -> None:
         """Nothing more to build ahead (warm-up built every bucket)."""
@@ -158,8 +162,15 @@ class BuildAhead:
         ends = {}
         for s in out.scheduled:
             req = runner.requests.get(s.request_id)
-            if not s.sample or req is None:
+            if req is None:
                 continue
+            if not s.sample:
+                # A prompt still prefilling: the next step has its next
+                # chunk, so it is not decode-only, and the decode steps
+                # after its last chunk have one row more than this step's
+                # sampling rows (and maybe its wider pages): a guess from
+                # here is a build no step takes.
+                return []
             end = runner.scheduler_config.max_model_len
             max_tokens = req.sampling_params.max_tokens
             if max_tokens is not None:
@@ -258,7 +269,32 @@ class BuildAhead:
         for key, (jitted, args) in todo.items():
             self._submit(key, jitted, args)
         self._first = ([k for k in todo if k[0] == "forward"], state)
+        self._first_guess = (buckets[0], list(todo))
         return True
+
+    def drop_missed_first(self, out: SchedulerOutput) -> int:
+        """At the engine's first step: if its bucket is not the one
+        `start_first` guessed (a batch of prompts, say), cancels the guessed
+        builds that have not started, so they do not take the host's other
+        core from the steps that run. Returns how many it cancelled."""
+        if self._first_guess is None:
+            return 0
+        guessed, keys = self._first_guess
+        self._first_guess = None
+        dims = self.runner.step_dims(out)
+        if dims == guessed:
+            return 0
+        cancelled = 0
+        for key in keys:
+            future = self._building.get(key)
+            if future is not None and future.cancel():
+                # A cancelled build never runs: its count ends here.
+                del self._building[key]
+                _build_done()
+                cancelled += 1
+        logger.debug("first step in bucket %s, not %s: cancelled %d builds",
+                     dims, guessed, cancelled)
+        return cancelled
 
     def confirm_first(self, params, kv_pages) -> bool:
         """Keeps the first request's forward programs if ``params`` and

@@ -90,6 +90,73 @@ def test_lookahead_stops_at_max_tokens(make_llm, monkeypatch):
     assert {k[1] for k in pending} == {_bucket(engine.runner, 3)}
 
 
+def test_no_decode_build_while_a_prompt_still_prefills(make_llm, monkeypatch):
+    """A short request decodes while a long prompt prefills in 16-token
+    chunks: the steps with a chunk that does not sample ask for no decode
+    build (the next step is not decode-only, and the decode step after the
+    last chunk has one row more), and every build that was asked for is
+    taken by a step: none is left over."""
+    monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
+    engine = make_llm(max_num_seqs=4, max_num_batched_tokens=16).llm_engine
+    runner = engine.runner
+    asked = []
+    real = runner.build_ahead.decode_buckets_after
+
+    def recording(out):
+        dims = real(out)
+        asked.append((all(s.sample for s in out.scheduled), dims))
+        return dims
+    monkeypatch.setattr(runner.build_ahead, "decode_buckets_after", recording)
+    sp = SamplingParams(max_tokens=12, **GREEDY)
+    engine.add_request("short", {"prompt_token_ids": list(range(5, 10))}, sp)
+    engine.add_request("long", {"prompt_token_ids": list(range(5, 60))}, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    assert set(done) == {"short", "long"} and all(len(t) == 12
+                                                  for t in done.values())
+    mixed = [dims for all_sample, dims in asked if not all_sample]
+    assert mixed and all(dims == [] for dims in mixed)
+    assert any(dims for all_sample, dims in asked if all_sample)
+    assert runner.build_ahead.pending() == 0
+
+
+def test_a_first_step_in_another_bucket_cancels_the_queued_guesses():
+    """`drop_missed_first`: a first step outside start_first's guessed
+    bucket cancels the guessed builds that have not started (and ends their
+    count for the switch interval); the one running is left to finish; a
+    first step in the guessed bucket cancels nothing."""
+    _until_no_builds_run()
+
+    class Runner:
+        @staticmethod
+        def step_dims(out):
+            return out  # the tests pass the step's dims as the step
+
+    guessed = (16, 1, 1, False)
+    for first_step, expect_cancelled in (((64, 8, 4, False), 2),
+                                         (guessed, 0)):
+        ahead = BuildAhead(Runner())
+        keys = [("forward", guessed), ("sample", 0), ("forward", (1, 1, 1, True))]
+        futures = [concurrent.futures.Future() for _ in keys]
+        assert futures[0].set_running_or_notify_cancel()  # being built
+        for key, future in zip(keys, futures):
+            ba._build_started()
+            ahead._building[key] = future
+        ahead._first_guess = (guessed, keys)
+        assert ahead.drop_missed_first(first_step) == expect_cancelled
+        assert ba._builds_running == 3 - expect_cancelled
+        assert ahead.drop_missed_first((64, 8, 4, False)) == 0  # once only
+        left = set(ahead._building)
+        assert ("forward", guessed) in left
+        assert len(left) == 3 - expect_cancelled
+        for _ in left:  # the builds left end as their threads would
+            ba._build_done()
+    assert ba._builds_running == 0
+
+
 def test_a_failed_build_is_left_to_the_step(caplog):
     ahead = BuildAhead(runner=None)
     failed = concurrent.futures.Future()
