@@ -50,13 +50,17 @@ def _key(jaxpr, consts, args):
     return (str(jaxpr), tuple(map(id, cbs)), avals), cbs
 
 
-def _compile(jaxpr, consts, args):
+def _eval(jaxpr, consts, *args):
     import jax
+    jax.core.eval_jaxpr(jaxpr, consts, *args)
 
-    def _run(jaxpr, consts, *args):
-        jax.core.eval_jaxpr(jaxpr, consts, *args)
 
-    return jax.jit(_run, static_argnums=(0,)).trace(
+def _compile(jaxpr, consts, args):
+    """What ``_run_jaxpr`` compiles (jax 0.11 names its body ``_run``)."""
+    import jax
+    from jax._src.pallas.mosaic.interpret import thread_map
+    body = getattr(thread_map, "_run", _eval)
+    return jax.jit(body, static_argnums=(0,)).trace(
         jaxpr, consts, *args).lower().compile()
 
 
