@@ -14,6 +14,7 @@ Logical axis names (mapped to mesh axes by ``jaxinfer.sharding``):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, ClassVar, Iterator
 
@@ -114,10 +115,26 @@ class LlamaForCausalLM(nn.Module):
 
     def layers_alike(self) -> bool:
         """All layers hold the same params and run the same code, so one
-        traced layer serves them all: not so when a quantization config
-        names layers of their own method (its ``overrides``, by param path)."""
+        traced layer serves them all and one layer's init gives the params'
+        tree: not so when a quantization config names layers of their own
+        method (its ``overrides``, by param path; then each pattern has its
+        own trace, `layer_config`)."""
         q = getattr(self.cfg, "quantization", None)
         return q is None or not getattr(q, "overrides", ())
+
+    def layer_config(self, name: str) -> ModelConfig:
+        """The config layer ``name`` runs under when applied on its own
+        (`apply_layer`, where its modules' paths start at the layer): the
+        quantization overrides under it, re-keyed to those paths. Layers
+        with the same overrides get equal configs, so they share one
+        trace (a GGUF file gives a few layers other block types)."""
+        q = self.cfg.quantization
+        prefix = tuple(self.path) + (name,)
+        n = len(prefix)
+        local = tuple((p[n:], m) for p, m in q.overrides
+                      if tuple(p[:n]) == prefix)
+        return dataclasses.replace(
+            self.cfg, quantization=dataclasses.replace(q, overrides=local))
 
     def constants(self, max_model_len: int) -> dict[str, np.ndarray]:
         """The host-built tables ``__call__`` reads from its ``constants``
@@ -151,16 +168,21 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = jnp.take(table.value, positions, axis=0)
         new_pages = []
         layer = (c, self.backend, self.dtype, self.mlp_cls, self.mesh)
-        traced_once = self.layers_alike()
+        alike = self.layers_alike()
         for i in range(c.num_layers):
-            if self.is_initializing() or not traced_once:  # submodules
-                x, kv = DecoderLayer(*layer, name=f"layers_{i}")(
-                    x, cos_sin, kv_pages[i], md)
+            name = f"layers_{i}"
+            if self.is_initializing():  # submodules create the params
+                x, kv = DecoderLayer(*layer, name=name)(x, cos_sin,
+                                                       kv_pages[i], md)
             else:
-                name = f"layers_{i}"
+                # Layers of one quantization pattern share one traced
+                # layer (apply_layer's jit cache keys on the settings).
+                own_layer = layer if alike else (
+                    self.layer_config(name), *layer[1:])
                 own = {col: tree[name] for col, tree in self.variables.items()
                        if name in tree}
-                x, kv = apply_layer(layer, own, x, cos_sin, kv_pages[i], md)
+                x, kv = apply_layer(own_layer, own, x, cos_sin, kv_pages[i],
+                                    md)
             new_pages.append(kv)
         x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)
         x = jnp.take(x, logits_indices, axis=0)

@@ -112,3 +112,47 @@ def test_abstract_params_of_one_layer_repeated_equal_the_full_init():
                 for p, x in leaves]
     assert describe(fast) == describe(full) == describe(every)
     assert len(describe(full)) > 4 * 9  # every layer's tensors are there
+
+
+def test_layers_of_one_quantization_pattern_share_a_trace(monkeypatch):
+    """Quantization overrides give layers 2 and 4 an unquantized down
+    projection (as a GGUF file gives some layers other block types): the
+    step traces one layer per pattern (2, not 6), and its logits equal
+    the layers run as plain submodules."""
+    from jaxinfer.models.quantization import QuantizationConfig
+    from jaxinfer.models.quantization.methods import Int8Weights
+    odd = tuple((("layers_%d" % i, "mlp", "down_proj"), None) for i in (2, 4))
+    q = QuantizationConfig(method="int8", checkpoint_format="float",
+                           scheme=Int8Weights(), overrides=odd)
+    cfg, model = _model(hidden_size=24, intermediate_size=56, num_layers=6,
+                        num_heads=3, num_kv_heads=1, head_dim=8,
+                        quantization=q)
+    params = random_params(model, cfg, jnp.float32)
+    assert params["layers_2"]["mlp"]["down_proj"]["kernel"].dtype == jnp.float32
+    assert params["layers_3"]["mlp"]["down_proj"]["weight"].dtype == jnp.int8
+    calls = []
+    real_call = llama.DecoderLayer.__call__
+
+    def counting_call(self, *args):
+        calls.append(self.cfg.quantization.overrides)
+        return real_call(self, *args)
+    monkeypatch.setattr(llama.DecoderLayer, "__call__", counting_call)
+    _lower_step(model, cfg, params, T=3)
+    assert sorted(map(len, calls)) == [0, 1], calls
+
+    T = 3
+    kv, md = _one_sequence(cfg, T)
+    ids, pos = jnp.array([5, 17, 3], jnp.int32), jnp.arange(T, dtype=jnp.int32)
+    consts = model_constants(model, 64)
+
+    def logits(m):
+        return jax.jit(lambda p: run_model(m, p, consts, kv, ids, pos, md,
+                                           np.array([T - 1], np.int32))[0])(params)
+
+    class Unrolled(type(model)):
+        def is_initializing(self):
+            return True
+    monkeypatch.setattr(llama.DecoderLayer, "__call__", real_call)
+    np.testing.assert_array_equal(
+        np.asarray(logits(model)),
+        np.asarray(logits(Unrolled(cfg, backend="reference", dtype=jnp.float32))))
