@@ -127,7 +127,10 @@ class LlamaForCausalLM(nn.Module):
         (`apply_layer`, where its modules' paths start at the layer): the
         quantization overrides under it, re-keyed to those paths. Layers
         with the same overrides get equal configs, so they share one
-        trace (a GGUF file gives a few layers other block types)."""
+        trace (a GGUF file gives a few layers other block types). Without
+        overrides, the model's own config."""
+        if self.layers_alike():
+            return self.cfg
         q = self.cfg.quantization
         prefix = tuple(self.path) + (name,)
         n = len(prefix)
@@ -168,7 +171,6 @@ class LlamaForCausalLM(nn.Module):
         cos_sin = jnp.take(table.value, positions, axis=0)
         new_pages = []
         layer = (c, self.backend, self.dtype, self.mlp_cls, self.mesh)
-        alike = self.layers_alike()
         for i in range(c.num_layers):
             name = f"layers_{i}"
             if self.is_initializing():  # submodules create the params
@@ -177,8 +179,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 # Layers of one quantization pattern share one traced
                 # layer (apply_layer's jit cache keys on the settings).
-                own_layer = layer if alike else (
-                    self.layer_config(name), *layer[1:])
+                own_layer = (self.layer_config(name), *layer[1:])
                 own = {col: tree[name] for col, tree in self.variables.items()
                        if name in tree}
                 x, kv = apply_layer(own_layer, own, x, cos_sin, kv_pages[i],
