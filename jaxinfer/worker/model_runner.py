@@ -24,18 +24,17 @@ from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
 from jaxinfer.models.quantization.methods import with_int4_kernel
 
-from ..config import (CacheConfig, SchedulerConfig, cpu_num_blocks,
-                      host_available_bytes)
+from ..config import CacheConfig, SchedulerConfig
 from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.kv_cache_manager import cdiv
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
-from ..errors import InvalidConfigError
 from .buckets import Buckets
 from .build_ahead import BuildAhead
 from .compile_options import (DECODE_OPTIONS_ROWS, PREFILL_OPTIONS_MAX_TOKENS,
                               decode_compile_options)
 from .encoder_runner import EncoderRunner
-from .kv_dtype import kv_page_dtype, max_pages, page_bytes
+from .kv_dtype import kv_page_dtype, page_bytes
+from .kv_pool_size import num_kv_pages, pages_per_array
 from .lora_inputs import LoRAInputs
 from .packing import pack_step
 from .page_ops import PageMover
@@ -241,54 +240,15 @@ class ModelRunner:
                           self.kv_dtype, self.placement.kv_shards)
 
     def max_pages_per_array(self) -> int:
-        """Pages a layer's page array may hold on one device (the kernels'
-        32-bit offsets, `kv_dtype.max_pages`)."""
-        heads_split = self.placement.kv_shards // self.placement.pipeline_stages
-        return max_pages(self.block_size,
-                         max(1, self.cfg.num_kv_heads // heads_split),
-                         self.cfg.head_dim)
+        """Pages a layer's page array may hold on one device."""
+        return pages_per_array(self.cfg, self.placement, self.block_size)
 
     def _num_blocks(self) -> int:
-        cc = self.cache_config
-        if cc.num_gpu_blocks_override is not None:
-            cap = self.max_pages_per_array()
-            if not self.on_cpu and cc.num_gpu_blocks_override > cap:
-                raise InvalidConfigError(
-                    f"num_gpu_blocks_override={cc.num_gpu_blocks_override} "
-                    f"exceeds the {cap} pages one layer's page array can "
-                    "hold (the attention kernels' 32-bit offsets); ask for "
-                    "fewer")
-            return cc.num_gpu_blocks_override
-        if self.on_cpu:
-            sc = self.scheduler_config
-            return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
-                                  self.page_bytes, host_available_bytes())
-        util = 0.9 if cc.gpu_memory_utilization is None else cc.gpu_memory_utilization
-        stats = jax.local_devices()[0].memory_stats() or {}
-        limit = stats.get("bytes_limit", 0)
-        in_use = stats.get("bytes_in_use", 0)
-        # Headroom for the step's activations and logits at the largest bucket.
-        sc = self.scheduler_config
-        workspace = (sc.max_num_batched_tokens *
-                     (self.cfg.hidden_size * 16 + self.cfg.intermediate_size * 8) *
-                     4 + sc.max_num_seqs * self.cfg.vocab_size * 16 + (1 << 30))
-        free = limit * util - in_use - workspace
-        n = int(free // self.page_bytes)
-        if n < 2:
-            raise ValueError(
-                f"no room for the KV cache: {limit / 2**30:.1f} GiB "
-                f"{'host' if self.on_cpu else 'device'} memory x "
-                f"gpu_memory_utilization={util} "
-                f"leaves {free / 2**30:.2f} GiB after weights; raise "
-                "gpu_memory_utilization or lower max_num_batched_tokens")
-        cap = self.max_pages_per_array()
-        if n > cap:
-            logger.warning(
-                "KV cache capped at %d pages (memory for %d): one layer's "
-                "page array must stay under 2**31 elements for the "
-                "attention kernels' 32-bit offsets", cap, n)
-            n = cap
-        return n
+        """The KV pool's page count (`kv_pool_size.num_kv_pages`; a
+        multi-process runner agrees on one across processes)."""
+        return num_kv_pages(self.cfg, self.placement, self.cache_config,
+                            self.scheduler_config, self.block_size,
+                            self.page_bytes, self.on_cpu)
 
     # -- one step ---------------------------------------------------------
 

@@ -148,8 +148,8 @@ def the_pool_has_the_pages_asked_for(llm, make_llm):
 def cpu_pool_is_the_share_of_host_memory(make_llm, monkeypatch):
     # On CPU the share is of the host memory available; pinned here so the
     # page count is exact: 1 GiB x share / page bytes.
-    from jaxinfer.worker import model_runner
-    monkeypatch.setattr(model_runner, "host_available_bytes", lambda: 1 << 30)
+    from jaxinfer.worker import kv_pool_size
+    monkeypatch.setattr(kv_pool_size, "host_available_bytes", lambda: 1 << 30)
     sizes = []
     for share in (1.5e-4, 2.5e-4):  # both below the 4 seats x 8 pages cap
         runner = make_llm(num_gpu_blocks_override=None,

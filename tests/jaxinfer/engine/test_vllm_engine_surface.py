@@ -102,7 +102,7 @@ def test_cpu_pool_honours_gpu_memory_utilization(llm, make_llm, monkeypatch):
     """On CPU the pool holds every seat at full length; a share of the
     available host memory (gpu_memory_utilization) caps it: more memory,
     proportionally more pages."""
-    from jaxinfer.worker import model_runner
+    from jaxinfer.worker import kv_pool_size
     cfg = llm.llm_engine.scheduler_config
     per_seq = -(-cfg.max_model_len // llm.llm_engine.cache_config.block_size)
     full = cfg.max_num_seqs * per_seq + 1  # + the null page
@@ -111,7 +111,7 @@ def test_cpu_pool_honours_gpu_memory_utilization(llm, make_llm, monkeypatch):
     sizes = []
     for extra in (0, 10):
         available = 2 * (per_seq + 6 + extra) * page  # x 0.5 below
-        monkeypatch.setattr(model_runner, "host_available_bytes",
+        monkeypatch.setattr(kv_pool_size, "host_available_bytes",
                             lambda available=available: available)
         sizes.append(make_llm(gpu_memory_utilization=0.5,
                               num_gpu_blocks_override=None).llm_engine.runner.num_blocks)

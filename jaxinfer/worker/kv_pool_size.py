@@ -1,0 +1,66 @@
+"""How many KV pages the pool holds: `num_kv_pages`, from the memory left
+once the weights are placed (GPU), from `max_model_len` and `max_num_seqs`
+(CPU, `config.cpu_num_blocks`), or as `num_gpu_blocks_override` asks; never
+more than one layer's page array can address (`pages_per_array`)."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+
+from ..config import cpu_num_blocks, host_available_bytes
+from ..errors import InvalidConfigError
+from .kv_dtype import max_pages
+
+logger = logging.getLogger(__name__)
+
+
+def pages_per_array(cfg, placement, block_size: int) -> int:
+    """Pages a layer's page array may hold on one device (the kernels'
+    32-bit offsets, `kv_dtype.max_pages`)."""
+    heads_split = placement.kv_shards // placement.pipeline_stages
+    return max_pages(block_size, max(1, cfg.num_kv_heads // heads_split),
+                     cfg.head_dim)
+
+
+def num_kv_pages(cfg, placement, cache_config, scheduler_config,
+                 block_size: int, page_bytes: int, on_cpu: bool) -> int:
+    """The pool's page count (``page_bytes``: one page across all layers,
+    K and V, on one device)."""
+    cc, sc = cache_config, scheduler_config
+    cap = pages_per_array(cfg, placement, block_size)
+    if cc.num_gpu_blocks_override is not None:
+        if not on_cpu and cc.num_gpu_blocks_override > cap:
+            raise InvalidConfigError(
+                f"num_gpu_blocks_override={cc.num_gpu_blocks_override} "
+                f"exceeds the {cap} pages one layer's page array can "
+                "hold (the attention kernels' 32-bit offsets); ask for "
+                "fewer")
+        return cc.num_gpu_blocks_override
+    if on_cpu:
+        return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
+                              page_bytes, host_available_bytes())
+    util = 0.9 if cc.gpu_memory_utilization is None else cc.gpu_memory_utilization
+    stats = jax.local_devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit", 0)
+    in_use = stats.get("bytes_in_use", 0)
+    # Headroom for the step's activations and logits at the largest bucket.
+    workspace = (sc.max_num_batched_tokens *
+                 (cfg.hidden_size * 16 + cfg.intermediate_size * 8) *
+                 4 + sc.max_num_seqs * cfg.vocab_size * 16 + (1 << 30))
+    free = limit * util - in_use - workspace
+    n = int(free // page_bytes)
+    if n < 2:
+        raise ValueError(
+            f"no room for the KV cache: {limit / 2**30:.1f} GiB "
+            f"device memory x gpu_memory_utilization={util} "
+            f"leaves {free / 2**30:.2f} GiB after weights; raise "
+            "gpu_memory_utilization or lower max_num_batched_tokens")
+    if n > cap:
+        logger.warning(
+            "KV cache capped at %d pages (memory for %d): one layer's "
+            "page array must stay under 2**31 elements for the "
+            "attention kernels' 32-bit offsets", cap, n)
+        n = cap
+    return n
