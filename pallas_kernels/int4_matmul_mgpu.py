@@ -74,7 +74,7 @@ class Int4MosaicTuning:
     splits: int = 0  # programs sharing a row tile's groups; 0 = automatic
     programs_per_sm: int = 1  # target of the automatic split count
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
-    scale_on: str = "auto"  # "partials", "weights"; auto: weights
+    scale_on: str = "auto"  # "partials", "weights", "fma"; auto: weights
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
 
     def __post_init__(self):
@@ -89,9 +89,9 @@ class Int4MosaicTuning:
         if self.block_rows < 0 or self.block_rows % 8 or self.block_rows > 256:
             raise ValueError(f"block_rows={self.block_rows} must be 0 or a "
                              "multiple of 8 up to 256 (the wgmma N)")
-        if self.scale_on not in ("auto", "partials", "weights"):
-            raise ValueError(f"scale_on must be 'auto', 'partials' or "
-                             f"'weights', got {self.scale_on!r}")
+        if self.scale_on not in ("auto", "partials", "weights", "fma"):
+            raise ValueError(f"scale_on must be 'auto', 'partials', "
+                             f"'weights' or 'fma', got {self.scale_on!r}")
 
 
 class _Plan(NamedTuple):
@@ -103,6 +103,7 @@ class _Plan(NamedTuple):
     boxes: int  # 16-group scale boxes per program
     stages: int
     partials: bool
+    fma: bool = False  # weights as q * s + (-z * s): one multiply-add each
 
 
 def problem(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
@@ -160,7 +161,7 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
     stages = tuning.num_stages or max(
         2, min(8, (tuning.smem_budget - fixed - 2048) // step))
     return _Plan(rows, padded, splits, gps, boxes, min(stages, max(gps, 2)),
-                 partials)
+                 partials, tuning.scale_on == "fma")
 
 
 class _Buffers(NamedTuple):
@@ -258,7 +259,7 @@ def _int4_kernel(
                 else:
                     w = _weights(q_ring.at[slot, wg], None if interpret
                                  else q4_ring.at[slot, wg], s_row, z_row,
-                                 interpret)
+                                 interpret, p.fma)
                     acc = _accumulate(acc, w, x_tile, interpret)
 
                 @pl.when(i + S < p.groups_per_split)
@@ -355,10 +356,22 @@ def _row_scales(s_ref, z_ref, interpret):
     return s.astype(jnp.float32), z.astype(jnp.float32) - 8.0
 
 
-def _weights(q8_ref, q4_ref, s_ref, z_ref, interpret):
-    """The tile's weights (q - z) * s in bf16 [64, 128]."""
+def _weights(q8_ref, q4_ref, s_ref, z_ref, interpret, fma=False):
+    """The tile's weights (q - z) * s in bf16 [64, 128]; ``fma``: as
+    q * s + m with m = -z * s rounded to bf16 once per row (one fused
+    multiply-add per pair of weights instead of a subtract and a
+    multiply)."""
     q = _codes(q8_ref, q4_ref, interpret)  # q - 8
     s, z = _row_scales(s_ref, z_ref, interpret)  # z - 8
+    if fma:
+        m = (-z * s).astype(jnp.bfloat16)
+        s = s.astype(jnp.bfloat16)
+        if interpret:
+            return (q.astype(jnp.float32) * s[:, None].astype(jnp.float32)
+                    + m[:, None].astype(jnp.float32)).astype(jnp.bfloat16)
+        s = lax.broadcast_in_dim(s, q.shape, [0])
+        m = lax.broadcast_in_dim(m, q.shape, [0])
+        return q * s + m
     if interpret:
         return ((q.astype(jnp.float32) - z[:, None]) * s[:, None]).astype(
             jnp.bfloat16)

@@ -55,6 +55,8 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
     # program's 32 groups in two scale boxes on a 3-slot ring.
     (17, 4096, 128, dict(warpgroups=2, splits=1, num_stages=3,
                          scale_on="weights", block_rows=16)),
+    # The multiply-add form: weights as q * s + (-z * s).
+    (2, 2048, 128, dict(warpgroups=1, scale_on="fma")),
 ])
 def test_mosaic_int4_matches_the_reference(M, n_in, n_out, tuning):
     t = Int4MosaicTuning(**tuning)
@@ -108,6 +110,8 @@ def test_mosaic_int4_refuses_what_it_cannot_take():
 @gpu
 @pytest.mark.parametrize("M, n_in, n_out, tuning", [
     (1, 4096, 14336, {}),  # gate/up, weights form, 2 splits
+    (1, 4096, 14336, dict(scale_on="fma")),
+    (256, 4096, 4096, dict(scale_on="fma")),
     (1, 14336, 4096, dict(scale_on="partials")),  # down, 7 splits
     (7, 4096, 1024, dict(warpgroups=1)),  # k/v, 16 splits of 2 groups
     (16, 4096, 4096, dict(scale_on="weights", warpgroups=4)),
