@@ -32,7 +32,9 @@ bandwidth in three forms, NOTES.md v2-v4b):
   past the conversion. "weights" forms (q - z) * s per weight in bf16 and
   accumulates all groups in one accumulator. Predicted the cheaper form
   for few rows, partials lost to weights at 1 row too on the H200 (24.2
-  against 20.2 us for gate/up), so weights is the default.
+  against 20.2 us for gate/up), so weights is the default, computed as
+  q * s + (-z * s) ("fma": one multiply-add per pair of weights instead of
+  a subtract and a multiply; 4-10% faster, NOTES.md int4 v6).
 * Split-K over groups for small batches: ``splits`` programs share a row
   tile, each writing its f32 partial product; a jnp sum adds them.
 
@@ -74,7 +76,7 @@ class Int4MosaicTuning:
     splits: int = 0  # programs sharing a row tile's groups; 0 = automatic
     programs_per_sm: int = 1  # target of the automatic split count
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
-    scale_on: str = "auto"  # "partials", "weights", "fma"; auto: weights
+    scale_on: str = "auto"  # "partials", "weights", "fma"; auto: fma
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
 
     def __post_init__(self):
@@ -136,8 +138,10 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
     group count)."""
     rows = tuning.block_rows or min(round_up(M, 8), 128)
     padded = round_up(M, rows)
-    # "auto" is the weights form: on the H200 it beat the partials form at
-    # every shape timed, 1 and 256 rows (NOTES.md, int4 v5 run 3).
+    # "auto" is the weights form as one multiply-add per pair ("fma"): on
+    # the H200 the weights form beat the partials form at every shape timed
+    # (NOTES.md, int4 v5 run 3) and the multiply-add beat the subtract and
+    # multiply by 4-10% at 1 and 256 rows (int4 v6).
     partials = tuning.scale_on == "partials"
     tiles = (padded // rows) * (n_out // (ROWS * tuning.warpgroups))
     valid = _valid_splits(groups)
@@ -161,7 +165,7 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
     stages = tuning.num_stages or max(
         2, min(8, (tuning.smem_budget - fixed - 2048) // step))
     return _Plan(rows, padded, splits, gps, boxes, min(stages, max(gps, 2)),
-                 partials, tuning.scale_on == "fma")
+                 partials, tuning.scale_on in ("fma", "auto"))
 
 
 class _Buffers(NamedTuple):

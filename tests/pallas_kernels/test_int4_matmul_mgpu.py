@@ -49,7 +49,7 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
     # Partials form; 16 groups over 2 splits on a 2-slot ring (refills).
     (5, 4096, 128, dict(warpgroups=1, splits=2, num_stages=2,
                         scale_on="partials")),
-    # The default ("auto") is the weights form.
+    # The default ("auto") is the weights form as multiply-adds (fma).
     (3, 2048, 128, dict(warpgroups=1)),
     # Weights form, two consumer warpgroups, two row blocks of x, one
     # program's 32 groups in two scale boxes on a 3-slot ring.
@@ -62,6 +62,7 @@ def test_mosaic_int4_matches_the_reference(M, n_in, n_out, tuning):
     t = Int4MosaicTuning(**tuning)
     p = plan(M, n_out, n_in // 128, t)
     assert p.partials == (tuning.get("scale_on") == "partials")
+    assert p.fma == (tuning.get("scale_on", "auto") in ("auto", "fma"))
     _check(M, n_in, n_out, t)
 
 
