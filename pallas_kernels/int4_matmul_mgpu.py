@@ -78,6 +78,12 @@ class Int4MosaicTuning:
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
     scale_on: str = "auto"  # "partials", "weights", "fma"; auto: fma
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
+    # Measurement only (NOTES.md int4 v7; wrong results on purpose): leave
+    # one stage out to see which bounds the kernel. "no_math": consumers
+    # only wait and release; "no_loads": after the ring's first fill the
+    # producer arrives without copying; "no_dequant": a constant tile
+    # stands in for the dequantized weights.
+    probe: str = ""
 
     def __post_init__(self):
         if self.warpgroups not in (1, 2, 4):
@@ -91,6 +97,9 @@ class Int4MosaicTuning:
         if self.block_rows < 0 or self.block_rows % 8 or self.block_rows > 256:
             raise ValueError(f"block_rows={self.block_rows} must be 0 or a "
                              "multiple of 8 up to 256 (the wgmma N)")
+        if self.probe not in ("", "no_math", "no_loads", "no_dequant"):
+            raise ValueError(f"probe must be '', 'no_math', 'no_loads' or "
+                             f"'no_dequant', got {self.probe!r}")
         if self.scale_on not in ("auto", "partials", "weights", "fma"):
             raise ValueError(f"scale_on must be 'auto', 'partials', "
                              f"'weights' or 'fma', got {self.scale_on!r}")
@@ -106,6 +115,7 @@ class _Plan(NamedTuple):
     stages: int
     partials: bool
     fma: bool = False  # weights as q * s + (-z * s): one multiply-add each
+    probe: str = ""  # Int4MosaicTuning.probe
 
 
 def problem(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
@@ -165,7 +175,7 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
     stages = tuning.num_stages or max(
         2, min(8, (tuning.smem_budget - fixed - 2048) // step))
     return _Plan(rows, padded, splits, gps, boxes, min(stages, max(gps, 2)),
-                 partials, tuning.scale_on in ("fma", "auto"))
+                 partials, tuning.scale_on in ("fma", "auto"), tuning.probe)
 
 
 class _Buffers(NamedTuple):
@@ -236,12 +246,16 @@ def _int4_kernel(
                 def _(i):
                     slot = lax.rem(i, S)
                     plgpu.barrier_wait(free.at[slot])
-                    issue(i + S, slot)
+                    if p.probe == "no_loads":
+                        plgpu.barrier_arrive(ready.at[slot])
+                        plgpu.barrier_arrive(ready.at[slot])
+                    else:
+                        issue(i + S, slot)
 
         @pl.when(wg < W)
         def _consumer():
             plgpu.barrier_wait(sz_bar.at[0])
-            if p.partials:
+            if p.partials or p.probe == "no_dequant":
                 ones = cast(jnp.ones((ROWS, GROUP), dt), plgpu.Layout.WGMMA)
 
             def step(i, acc):
@@ -253,7 +267,11 @@ def _int4_kernel(
                 z_row = z_smem.at[box, wg, :, col]
                 plgpu.barrier_wait(ready.at[slot])
                 x_tile = x_ring.at[slot]
-                if p.partials:
+                if p.probe == "no_math":
+                    pass
+                elif p.probe == "no_dequant":
+                    acc = _accumulate(acc, ones, x_tile, interpret)
+                elif p.partials:
                     q = _codes(q_ring.at[slot, wg], None if interpret
                                else q4_ring.at[slot, wg], interpret)
                     part, xsum = _dots(q, ones, x_tile, N, interpret)
