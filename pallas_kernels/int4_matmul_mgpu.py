@@ -194,109 +194,29 @@ class _Barriers(NamedTuple):
 
 def _int4_kernel(
     x_ref,  # [Mp, In] bf16
-    q_ref,  # [Out / 64, 64, In / 2] uint8 codes, two per byte
-    s_ref,  # [Out / 64, 64, G] scales
-    z_ref,  # [Out / 64, 64, G] uint8 zero points
-    o_ref,  # [splits, Out / 64, 64, Mp] f32 each split's partial product
-    *, p: _Plan, warpgroups: int, interpret: bool):
+    *refs,  # per weight set: q [Out_j / 64, 64, In / 2] uint8 codes (two
+    # per byte), s [Out_j / 64, 64, G] scales, z [Out_j / 64, 64, G] uint8
+    # zero points; then o [splits, sum Out_j / 64, 64, Mp] f32, each
+    # split's partial product (the sets' tiles one after another)
+    p: _Plan, warpgroups: int, bounds: tuple[int, ...], interpret: bool):
+    """``bounds``: the first tile of each weight set, then the tile count;
+    a program's tiles lie in one set (each set's tiles are a multiple of
+    ``warpgroups``). Only the producer's copies depend on the set (one
+    branch per set around each copy); the consumers read the ring and
+    write the program's global tiles of ``o_ref`` alike for every set."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    cast, _ = mosaic_register_helpers(interpret)
+    o_ref = refs[-1]
+    sets = [refs[3 * j:3 * j + 3] for j in range(len(bounds) - 1)]
     W, S, N = warpgroups, p.stages, p.rows
-    m0 = lax.axis_index("m") * N
-    t0 = lax.axis_index("n") * W  # first 64-row tile of the program
-    split = lax.axis_index("k")
-    g0 = split * p.groups_per_split
-    box0 = lax.div(g0, BOX_GROUPS) * BOX_GROUPS
-    wg = lax.axis_index("wg")
     dt = x_ref.dtype
-    gbytes = GROUP // 2
 
     def scoped(buffers: _Buffers, barriers: _Barriers):
-        q_ring, x_ring, s_smem, z_smem = buffers
-        if interpret:
-            q4_ring = None
-        else:
-            q_ring, q4_ring = q_ring
-        ready, free, sz_bar = barriers
+        _body(buffers, barriers, x_ref, sets, o_ref, bounds, p=p,
+              warpgroups=W, interpret=interpret)
 
-        @pl.when(wg == W)
-        def _producer():
-            for b in range(p.boxes):
-                cols = pl.ds(box0 + b * BOX_GROUPS, BOX_GROUPS)
-                plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(t0, W), :, cols],
-                                        s_smem.at[b], sz_bar.at[0])
-                plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(t0, W), :, cols],
-                                        z_smem.at[b], sz_bar.at[0])
-
-            def issue(i, slot):
-                g = g0 + i
-                plgpu.copy_gmem_to_smem(
-                    q_ref.at[pl.ds(t0, W), :, pl.ds(g * gbytes, gbytes)],
-                    q_ring.at[slot], ready.at[slot])
-                plgpu.copy_gmem_to_smem(
-                    x_ref.at[pl.ds(m0, N), pl.ds(g * GROUP, GROUP)],
-                    x_ring.at[slot], ready.at[slot])
-
-            for i in range(min(S, p.groups_per_split)):
-                issue(i, i)
-            if p.groups_per_split > S:
-                @pl.loop(0, p.groups_per_split - S)
-                def _(i):
-                    slot = lax.rem(i, S)
-                    plgpu.barrier_wait(free.at[slot])
-                    if p.probe == "no_loads":
-                        plgpu.barrier_arrive(ready.at[slot])
-                        plgpu.barrier_arrive(ready.at[slot])
-                    else:
-                        issue(i + S, slot)
-
-        @pl.when(wg < W)
-        def _consumer():
-            plgpu.barrier_wait(sz_bar.at[0])
-            if p.partials or p.probe == "no_dequant":
-                ones = cast(jnp.ones((ROWS, GROUP), dt), plgpu.Layout.WGMMA)
-
-            def step(i, acc):
-                slot = lax.rem(i, S)
-                g = g0 + i
-                box = lax.div(g, BOX_GROUPS) - lax.div(box0, BOX_GROUPS)
-                col = lax.rem(g, BOX_GROUPS)
-                s_row = s_smem.at[box, wg, :, col]
-                z_row = z_smem.at[box, wg, :, col]
-                plgpu.barrier_wait(ready.at[slot])
-                x_tile = x_ring.at[slot]
-                if p.probe == "no_math":
-                    pass
-                elif p.probe == "no_dequant":
-                    acc = _accumulate(acc, ones, x_tile, interpret)
-                elif p.partials:
-                    q = _codes(q_ring.at[slot, wg], None if interpret
-                               else q4_ring.at[slot, wg], interpret)
-                    part, xsum = _dots(q, ones, x_tile, N, interpret)
-                    s, z = _row_scales(s_row, z_row, interpret)
-                    acc = (acc + lax.broadcast_in_dim(s, acc.shape, [0]) * part
-                           - lax.broadcast_in_dim(s * z, acc.shape, [0]) * xsum)
-                else:
-                    w = _weights(q_ring.at[slot, wg], None if interpret
-                                 else q4_ring.at[slot, wg], s_row, z_row,
-                                 interpret, p.fma)
-                    acc = _accumulate(acc, w, x_tile, interpret)
-
-                @pl.when(i + S < p.groups_per_split)
-                def _():
-                    plgpu.barrier_arrive(free.at[slot])
-                return acc
-
-            acc = cast(jnp.zeros((ROWS, N), jnp.float32), plgpu.Layout.WGMMA)
-            acc = lax.fori_loop(0, p.groups_per_split, step, acc)
-            # Straight from registers: a [64, N] f32 tile is small beside
-            # the program's codes, and staging it would take smem the ring
-            # can use.
-            o_ref.at[split, t0 + wg, :, pl.ds(m0, N)][...] = acc
-
-    r = (S, W, ROWS, gbytes)
+    r = (S, W, ROWS, GROUP // 2)
     if interpret:
         q_alloc = plgpu.SMEM(r, jnp.uint8)
     else:
@@ -312,7 +232,7 @@ def _int4_kernel(
             q=q_alloc,
             x=plgpu.SMEM((S, N, GROUP), dt,
                          transforms=swizzled_smem_transforms(dt)),
-            s=plgpu.SMEM(sz, s_ref.dtype),
+            s=plgpu.SMEM(sz, refs[1].dtype),
             z=plgpu.SMEM(sz, jnp.uint8)),
         _Barriers(
             ready=plgpu.Barrier(num_arrivals=2, num_barriers=S),
@@ -320,6 +240,121 @@ def _int4_kernel(
             sz=plgpu.Barrier(num_arrivals=2 * p.boxes, num_barriers=1)),
         collective_axes="wg",
     )
+
+
+def _body(buffers: _Buffers, barriers: _Barriers, x_ref, sets, o_ref,
+          bounds, *, p: _Plan, warpgroups: int, interpret: bool):
+    """One program: the producer copies its tiles' codes, scales and zero
+    points from the weight set they lie in, the consumers multiply."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    cast, _ = mosaic_register_helpers(interpret)
+    W, S, N = warpgroups, p.stages, p.rows
+    m0 = lax.axis_index("m") * N
+    split = lax.axis_index("k")
+    g0 = split * p.groups_per_split
+    box0 = lax.div(g0, BOX_GROUPS) * BOX_GROUPS
+    wg = lax.axis_index("wg")
+    dt = x_ref.dtype
+    gbytes = GROUP // 2
+    t0 = lax.axis_index("n") * W  # the program's first tile, all sets
+
+    def from_set(copy):
+        """copy(q_ref, s_ref, z_ref, first tile in the set) for the set
+        holding the program's tiles."""
+        if len(sets) == 1:
+            copy(*sets[0], t0)
+            return
+        for (q_ref, s_ref, z_ref), lo, hi in zip(sets, bounds[:-1],
+                                                 bounds[1:]):
+            @pl.when((t0 >= lo) & (t0 < hi))
+            def _(q_ref=q_ref, s_ref=s_ref, z_ref=z_ref, lo=lo):
+                copy(q_ref, s_ref, z_ref, t0 - lo)
+
+    q_ring, x_ring, s_smem, z_smem = buffers
+    if interpret:
+        q4_ring = None
+    else:
+        q_ring, q4_ring = q_ring
+    ready, free, sz_bar = barriers
+
+    @pl.when(wg == W)
+    def _producer():
+        def scales(q_ref, s_ref, z_ref, t):
+            for b in range(p.boxes):
+                cols = pl.ds(box0 + b * BOX_GROUPS, BOX_GROUPS)
+                plgpu.copy_gmem_to_smem(s_ref.at[pl.ds(t, W), :, cols],
+                                        s_smem.at[b], sz_bar.at[0])
+                plgpu.copy_gmem_to_smem(z_ref.at[pl.ds(t, W), :, cols],
+                                        z_smem.at[b], sz_bar.at[0])
+        from_set(scales)
+
+        def issue(i, slot):
+            g = g0 + i
+            from_set(lambda q_ref, s_ref, z_ref, t: plgpu.copy_gmem_to_smem(
+                q_ref.at[pl.ds(t, W), :, pl.ds(g * gbytes, gbytes)],
+                q_ring.at[slot], ready.at[slot]))
+            plgpu.copy_gmem_to_smem(
+                x_ref.at[pl.ds(m0, N), pl.ds(g * GROUP, GROUP)],
+                x_ring.at[slot], ready.at[slot])
+
+        for i in range(min(S, p.groups_per_split)):
+            issue(i, i)
+        if p.groups_per_split > S:
+            @pl.loop(0, p.groups_per_split - S)
+            def _(i):
+                slot = lax.rem(i, S)
+                plgpu.barrier_wait(free.at[slot])
+                if p.probe == "no_loads":
+                    plgpu.barrier_arrive(ready.at[slot])
+                    plgpu.barrier_arrive(ready.at[slot])
+                else:
+                    issue(i + S, slot)
+
+    @pl.when(wg < W)
+    def _consumer():
+        plgpu.barrier_wait(sz_bar.at[0])
+        if p.partials or p.probe == "no_dequant":
+            ones = cast(jnp.ones((ROWS, GROUP), dt), plgpu.Layout.WGMMA)
+
+        def step(i, acc):
+            slot = lax.rem(i, S)
+            g = g0 + i
+            box = lax.div(g, BOX_GROUPS) - lax.div(box0, BOX_GROUPS)
+            col = lax.rem(g, BOX_GROUPS)
+            s_row = s_smem.at[box, wg, :, col]
+            z_row = z_smem.at[box, wg, :, col]
+            plgpu.barrier_wait(ready.at[slot])
+            x_tile = x_ring.at[slot]
+            if p.probe == "no_math":
+                pass
+            elif p.probe == "no_dequant":
+                acc = _accumulate(acc, ones, x_tile, interpret)
+            elif p.partials:
+                q = _codes(q_ring.at[slot, wg], None if interpret
+                           else q4_ring.at[slot, wg], interpret)
+                part, xsum = _dots(q, ones, x_tile, N, interpret)
+                s, z = _row_scales(s_row, z_row, interpret)
+                acc = (acc + lax.broadcast_in_dim(s, acc.shape, [0]) * part
+                       - lax.broadcast_in_dim(s * z, acc.shape, [0]) * xsum)
+            else:
+                w = _weights(q_ring.at[slot, wg], None if interpret
+                             else q4_ring.at[slot, wg], s_row, z_row,
+                             interpret, p.fma)
+                acc = _accumulate(acc, w, x_tile, interpret)
+
+            @pl.when(i + S < p.groups_per_split)
+            def _():
+                plgpu.barrier_arrive(free.at[slot])
+            return acc
+
+        acc = cast(jnp.zeros((ROWS, N), jnp.float32), plgpu.Layout.WGMMA)
+        acc = lax.fori_loop(0, p.groups_per_split, step, acc)
+        # Straight from registers: a [64, N] f32 tile is small beside
+        # the program's codes, and staging it would take smem the ring
+        # can use.
+        o_ref.at[split, t0 + wg, :, pl.ds(m0, N)][...] = acc
 
 
 def _tiles(dtype, swizzle):
@@ -449,19 +484,47 @@ def int4_matmul_mgpu(
 ) -> jax.Array:  # [M, Out] in x's dtype
     """x @ w.T (see module doc); raises ``Int4MosaicUnsupported`` for
     cases the kernel does not take. Call it under jit."""
+    [y] = int4_matmul_mgpu_many(x, [(qweight, scales, qzeros)],
+                                tuning=tuning, interpret=interpret)
+    return y
+
+
+def int4_matmul_mgpu_many(
+    x: jax.Array,  # [M, In] bf16
+    weight_sets,  # [(qweight [Out_j, In / 2], scales [Out_j, G], qzeros)]
+    *,
+    tuning: Int4MosaicTuning = Int4MosaicTuning(),
+    interpret: bool = False,
+) -> list[jax.Array]:  # [M, Out_j] in x's dtype, one per set
+    """x @ w_j.T for several weight sets that read the same input (q, k
+    and v; gate and up) in one kernel call: one launch, one ring fill and
+    one epilogue instead of one each (NOTES.md int4 v7: about 4 us fixed
+    per call at one row). The sets' tiles are laid one after another over
+    the grid; the split count is planned for all of them together."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     M, n_in = x.shape
-    n_out, G = scales.shape
-    why = problem(x.dtype, n_in, n_out, G, scales.dtype, tuning.warpgroups)
-    if why is None and qweight.shape != (n_out, n_in // 2):
-        why = f"qweight {qweight.shape} != [{n_out}, {n_in // 2}]"
-    if why:
-        raise Int4MosaicUnsupported(why)
-    p = plan(M, n_out, G, tuning)
+    G = weight_sets[0][1].shape[1]
+    sdt = weight_sets[0][1].dtype
+    for qweight, scales, qzeros in weight_sets:
+        n_out = scales.shape[0]
+        why = problem(x.dtype, n_in, n_out, scales.shape[1], scales.dtype,
+                      tuning.warpgroups)
+        if why is None and qweight.shape != (n_out, n_in // 2):
+            why = f"qweight {qweight.shape} != [{n_out}, {n_in // 2}]"
+        if why is None and (scales.shape[1] != G or scales.dtype != sdt
+                            or qzeros.shape != scales.shape):
+            why = (f"weight sets differ in groups or scale dtype ({G} "
+                   f"{sdt.name} against {scales.shape[1]} "
+                   f"{scales.dtype.name})")
+        if why:
+            raise Int4MosaicUnsupported(why)
+    outs = [s.shape[0] for _, s, _ in weight_sets]
+    p = plan(M, sum(outs), G, tuning)
     xp = jnp.pad(x, ((0, p.padded - M), (0, 0))) if p.padded != M else x
-    tiles = n_out // ROWS
+    bounds = tuple(sum(outs[:j]) // ROWS for j in range(len(outs) + 1))
+    tiles = bounds[-1]
     kw = {}
     if interpret:
         kw["interpret"] = mosaic_interpret_params()
@@ -475,14 +538,19 @@ def int4_matmul_mgpu(
     mesh = plgpu.Mesh(grid=(p.padded // p.rows, tiles // W, p.splits),
                       grid_names=("m", "n", "k"), num_threads=W + 1,
                       thread_name="wg")
+    args = []
+    for (qweight, scales, qzeros), n_out in zip(weight_sets, outs):
+        t = n_out // ROWS
+        args += [qweight.reshape(t, ROWS, -1), scales.reshape(t, ROWS, G),
+                 qzeros.reshape(t, ROWS, G)]
     part = pl.kernel(
-        functools.partial(_int4_kernel, p=p, warpgroups=W,
+        functools.partial(_int4_kernel, p=p, warpgroups=W, bounds=bounds,
                           interpret=interpret),
         mesh=mesh, name="int4_matmul_mgpu",
         out_type=jax.ShapeDtypeStruct((p.splits, tiles, ROWS, p.padded),
                                       jnp.float32), **kw,
-    )(xp, qweight.reshape(tiles, ROWS, -1), scales.reshape(tiles, ROWS, G),
-      qzeros.reshape(tiles, ROWS, G))
+    )(xp, *args)
     y = part.sum(axis=0) if p.splits > 1 else part[0]
-    return y.reshape(n_out, p.padded)[:, :M].T.astype(x.dtype)
-
+    y = y.reshape(tiles * ROWS, p.padded)
+    return [y[lo * ROWS:hi * ROWS, :M].T.astype(x.dtype)
+            for lo, hi in zip(bounds[:-1], bounds[1:])]

@@ -18,7 +18,9 @@ from jaxinfer.pallas_kernels.int4_matmul import (int4_matmul,
                                                  int4_matmul_reference)
 from jaxinfer.pallas_kernels.int4_matmul_mgpu import (Int4MosaicTuning,
                                                       Int4MosaicUnsupported,
-                                                      int4_matmul_mgpu, plan)
+                                                      int4_matmul_mgpu,
+                                                      int4_matmul_mgpu_many,
+                                                      plan)
 from tests.pallas_kernels.cases import gpu
 
 
@@ -123,6 +125,50 @@ def test_mosaic_int4_on_gpu(M, n_in, n_out, tuning):
     """Compiled at llama3-8b's projection shapes."""
     _check(M, n_in, n_out, Int4MosaicTuning(**tuning), seed=M,
            interpret=False)
+
+
+def _check_many(M, n_in, outs, tuning, interpret=True):
+    """One call over weight sets sharing x (q/k/v-like) against each set's
+    reference."""
+    sets = [_case(M, n_in, n, seed=j)[1:] for j, n in enumerate(outs)]
+    x = _case(M, n_in, 128, seed=9)[0]
+    got = jax.jit(lambda x, sets: int4_matmul_mgpu_many(
+        x, sets, tuning=tuning, interpret=interpret))(x, sets)
+    assert len(got) == len(outs)
+    for y, (q, s, z), n in zip(got, sets, outs):
+        want = int4_matmul_reference(x, q, s, z).astype(jnp.float32)
+        assert y.shape == (M, n) and y.dtype == jnp.bfloat16
+        err = float(jnp.abs(y.astype(jnp.float32) - want).max())
+        # A tile read from the wrong set or written to the wrong output is
+        # off by the whole product, far over this bound.
+        assert err <= 1e-2 * float(jnp.abs(want).max()), err
+
+
+@pytest.mark.parametrize("M, outs, tuning", [
+    # Three sets of 2, 1 and 1 tiles, one warpgroup: programs land in each.
+    (3, (128, 64, 64), dict(warpgroups=1, splits=2, num_stages=2)),
+    # Two warpgroups per program: each set a multiple of 128 outputs.
+    (2, (256, 128), dict(warpgroups=2, splits=1, num_stages=2)),
+])
+def test_several_weight_sets_in_one_call(M, outs, tuning):
+    _check_many(M, 2048, outs, Int4MosaicTuning(**tuning))
+
+
+def test_weight_sets_must_share_their_groups():
+    x, q, s, z = _case(1, 2048, 128)
+    _, q2, s2, z2 = _case(1, 4096, 128)
+    with pytest.raises(Int4MosaicUnsupported):
+        int4_matmul_mgpu_many(x, [(q, s, z), (q2, s2, z2)], interpret=True)
+
+
+@gpu
+@pytest.mark.parametrize("M, n_in, outs", [
+    (1, 4096, (4096, 1024, 1024)),  # llama3-8b q/k/v at a decode
+    (16, 4096, (14336, 14336)),  # gate/up
+    (256, 4096, (4096, 1024, 1024)),
+])
+def test_several_weight_sets_on_gpu(M, n_in, outs):
+    _check_many(M, n_in, outs, Int4MosaicTuning(), interpret=False)
 
 
 def test_the_default_picks_mosaic_only_on_hopper(monkeypatch):
