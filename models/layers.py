@@ -109,6 +109,36 @@ class GatedInput:
         return self.act(self.gate.value()) * self.up.value()
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingProduct:
+    """A layer's product left for ``compute_together`` (``Linear(...,
+    pending=True)`` with a method that offers one), so that layers reading
+    the same input (q, k and v; gate and up) can run as one kernel call.
+    ``run(products) -> outputs`` computes a list of pending products that
+    share ``run`` and ``x``."""
+    x: jax.Array  # the layer's input, as given (its identity groups)
+    weights: Any
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    run: Any
+    bias: Any = None  # added to the product by compute_together
+
+
+def compute_together(*ys) -> list:
+    """The outputs of ``Linear(..., pending=True)`` calls with each pending
+    product computed: those that share one input and one ``run`` in one
+    call. Anything else (an array, a ``ScaledProduct``) passes through."""
+    out = list(ys)
+    groups: dict = {}
+    for i, y in enumerate(ys):
+        if isinstance(y, PendingProduct):
+            groups.setdefault((id(y.x), y.run), []).append(i)
+    for idx in groups.values():
+        for i, r in zip(idx, ys[idx[0]].run([ys[i] for i in idx])):
+            out[i] = r if ys[i].bias is None else r + ys[i].bias
+    return out
+
+
 def as_array(x) -> jax.Array:
     """A layer output as an array (a ScaledProduct's value)."""
     return x.value() if isinstance(x, (ScaledProduct, GatedInput)) else x
@@ -144,12 +174,14 @@ class Linear(nn.Module):
     method: LinearMethod = UNQUANTIZED  # how the weight is held and applied
 
     @nn.compact
-    def __call__(self, x, *, scaled: bool = False):
+    def __call__(self, x, *, scaled: bool = False, pending: bool = False):
         """x [..., *in_shape] (or a ``GatedInput``) -> [..., *out_shape].
         ``scaled``: return a ``ScaledProduct`` when the layer's method
         offers one (fp8 with per-token and per-channel scales and a gated
         kernel) and the layer adds nothing after the product (no bias, no
-        adapter); an array otherwise."""
+        adapter); ``pending``: a ``PendingProduct`` when the method offers
+        one (the int4 kernel's layers, for ``compute_together``, which adds
+        the bias) and the layer has no adapter; an array otherwise."""
         weights = self.method.create_weights(self)
         # The method of this layer (a checkpoint's QuantizedLinear picks one
         # per param path).
@@ -165,11 +197,21 @@ class Linear(nn.Module):
             y = resolved.scaled_product(self, weights, x)
             if y is not None:
                 return y
+        if pending and not has_lora(self) and hasattr(resolved,
+                                                      "pending_product"):
+            y = resolved.pending_product(self, weights, x)
+            if y is not None:
+                if self.use_bias:
+                    y = dataclasses.replace(y, bias=self._bias())
+                return y
         y = self.method.apply(self, weights, x)
         if has_lora(self):  # adapters for this layer in the step (lora.py)
             y = y + lora_delta(self, x).astype(y.dtype)
         if self.use_bias:
-            y = y + param(self, "bias", self.out_shape,
-                          self.axes[len(self.in_shape):], self.dtype,
-                          nn.initializers.zeros)
+            y = y + self._bias()
         return y
+
+    def _bias(self):
+        return param(self, "bias", self.out_shape,
+                     self.axes[len(self.in_shape):], self.dtype,
+                     nn.initializers.zeros)

@@ -25,7 +25,8 @@ from flax import linen as nn
 
 from .attention import AttentionMetadata, paged_attention
 from .config import ModelConfig, decoder_config_from_hf
-from .layers import Linear, RMSNorm, param, rows_times_table
+from .layers import (Linear, RMSNorm, compute_together, param,
+                     rows_times_table)
 from .mlp import GatedMLP
 from .quantization import linear_method
 from .rope import apply_rope, rope_cos_sin_table
@@ -45,15 +46,17 @@ class Attention(nn.Module):
     def __call__(self, x, cos_sin, kv, md: AttentionMetadata):
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        # q, k and v on the int4 kernel run as one call (compute_together).
         q = Linear((D,), (N, H), ("embed", "heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
-                   name="q_proj")(x)
+                   name="q_proj")(x, pending=True)
         k = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
-                   name="k_proj")(x)
+                   name="k_proj")(x, pending=True)
         v = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
-                   name="v_proj")(x)
+                   name="v_proj")(x, pending=True)
+        q, k, v = compute_together(q, k, v)
         if c.qk_norm:
             q = RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm")(q)
             k = RMSNorm(H, c.rms_norm_eps, self.dtype, name="k_norm")(k)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from .config import ModelConfig
-from .layers import GatedInput, Linear, ScaledProduct, as_array
+from .layers import (GatedInput, Linear, ScaledProduct, as_array,
+                     compute_together)
 from .quantization import linear_method
 from .spec import WeightSpec, keep_layout, linear_from_hf
 
@@ -50,11 +51,15 @@ class GatedMLP(nn.Module):
         # With fp8 per-token layers and a gated kernel, gate and up come
         # back as products before their scales and the down projection
         # quantizes act(gate) * up in one pass (Fp8Weights.apply_gated);
-        # otherwise they are arrays.
+        # otherwise they are arrays (on the int4 kernel, both from one call:
+        # compute_together).
         gate = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                      linear_method(c), name="gate_proj")(x, scaled=True)
+                      linear_method(c), name="gate_proj")(x, scaled=True,
+                                                          pending=True)
         up = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,
-                    linear_method(c), name="up_proj")(x, scaled=True)
+                    linear_method(c), name="up_proj")(x, scaled=True,
+                                                      pending=True)
+        gate, up = compute_together(gate, up)
         act = ACTIVATIONS[c.hidden_act]
         if isinstance(gate, ScaledProduct) and isinstance(up, ScaledProduct):
             h = GatedInput(gate, up, act, c.hidden_act)

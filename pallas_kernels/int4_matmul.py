@@ -299,6 +299,22 @@ def int4_matmul(
     return partial.sum(axis=0)[:M].astype(x.dtype)
 
 
+def int4_matmul_many(x, weight_sets, *, interpret: bool = False) -> list:
+    """``int4_matmul(x, *set)`` for each weight set: one Mosaic kernel call
+    for all of them where the Mosaic kernel would run each
+    (``uses_mosaic``) and they share their group count and scale dtype,
+    else one call each."""
+    from .int4_matmul_mgpu import int4_matmul_mgpu_many
+    M, n_in = x.shape
+    firsts = weight_sets[0][1]
+    if len(weight_sets) > 1 and all(
+            uses_mosaic(x.dtype, n_in, *s.shape, s.dtype, M, interpret)
+            and s.shape[1] == firsts.shape[1] and s.dtype == firsts.dtype
+            for _, s, _ in weight_sets):
+        return int4_matmul_mgpu_many(x, weight_sets, interpret=interpret)
+    return [int4_matmul(x, *ws, interpret=interpret) for ws in weight_sets]
+
+
 def int4_matmul_reference(x, qweight, scales, qzeros):
     """x @ w.T with w dequantized in float32."""
     q = jnp.stack([qweight & 0xF, qweight >> 4], axis=-1).reshape(

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ..layers import UNQUANTIZED, GatedInput, ScaledProduct, param
+from ..layers import (UNQUANTIZED, GatedInput, PendingProduct, ScaledProduct,
+                      param)
 
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)  # 448
@@ -323,6 +324,18 @@ class GroupedWeights:
         w = dequantize_grouped(self, weights).astype(x.dtype)
         return _dot_minor(x2, w, len(module.out_shape))
 
+    def pending_product(self, module, weights, x):
+        """The product left for ``compute_together`` when it would run on
+        the int4 kernel (so that q, k and v, or gate and up, share one
+        call); None otherwise."""
+        x2 = _flat_input(module, x)
+        if (self.act_order or self.kernel != "pallas"
+                or math.prod(x2.shape[:-1]) > INT4_KERNEL_MAX_ROWS
+                or not self._kernel_takes(weights)):
+            return None
+        return PendingProduct(x, weights, module.in_shape, module.out_shape,
+                              _int4_kernel_together)
+
     def _kernel_takes(self, weights) -> bool:
         if not (self.bits == 4 and self.zeros and not self.offsets
                 and weights["qweight"].dtype == jnp.uint8):
@@ -345,6 +358,27 @@ def _int4_kernel(x2, weights, out_shape):
                     weights["qzeros"].reshape(n_out, -1),
                     interpret=jax.default_backend() == "cpu")
     return y.reshape(lead + tuple(out_shape))
+
+
+def _int4_kernel_together(products) -> list:
+    """Pending int4 products of one input: one kernel call for all of them
+    where the Mosaic kernel takes them (``int4_matmul_many``)."""
+    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul_many
+    p0 = products[0]
+    n_in = math.prod(p0.in_shape)
+    x2 = p0.x.reshape(p0.x.shape[:p0.x.ndim - len(p0.in_shape)] + (n_in,))
+    lead = x2.shape[:-1]
+    sets = []
+    for p in products:
+        n_out = math.prod(p.out_shape)
+        w = p.weights
+        sets.append((w["qweight"].reshape(n_out, -1),
+                     w["scales"].reshape(n_out, -1),
+                     w["qzeros"].reshape(n_out, -1)))
+    ys = int4_matmul_many(x2.reshape(-1, n_in), sets,
+                          interpret=jax.default_backend() == "cpu")
+    return [y.reshape(lead + tuple(p.out_shape))
+            for y, p in zip(ys, products)]
 
 
 def unpack_int4(packed, method: str | None = None):

@@ -306,3 +306,51 @@ def test_the_engine_runs_awq_layers_on_the_int4_kernel(checkpoints,
         == "pallas"
     assert calls  # traced through the kernel, not XLA's product
     assert got == want
+
+
+def test_int4_layers_of_one_input_share_a_kernel_call(checkpoints,
+                                                      monkeypatch):
+    """On the int4 kernel, q/k/v and gate/up each reach ``int4_matmul_many``
+    as one group (one Mosaic call on Hopper), o and down alone; the tokens
+    equal XLA's path's."""
+    import jax
+
+    from jaxinfer.models.quantization import methods as qm
+    from jaxinfer.pallas_kernels import int4_matmul as i4
+    from jaxinfer.worker import model_runner
+    folder = checkpoints["awq"][0]
+    _, want = _greedy(folder)
+    groups = []
+    real = i4.int4_matmul_many
+    monkeypatch.setattr(i4, "int4_matmul_many", lambda x, sets, **k: (
+        groups.append(len(sets)) or real(x, sets, **k)))
+    if jax.default_backend() != "gpu":
+        monkeypatch.setattr(model_runner, "with_int4_kernel",
+                            lambda cfg, n, platform: qm.with_int4_kernel(
+                                cfg, n, "gpu"))
+    _, got = _greedy(folder, warmup=False)
+    assert got == want
+    # Traced once per layer pattern and step shape: q/k/v as 3, gate/up 2.
+    assert set(groups) == {3, 2}, groups
+
+
+def test_compute_together_groups_by_input_and_method():
+    import jax.numpy as jnp
+
+    from jaxinfer.models.layers import PendingProduct, compute_together
+    runs = []
+
+    def run(products):
+        runs.append(len(products))
+        return [p.weights for p in products]
+
+    def other(products):
+        runs.append(-len(products))
+        return [p.weights for p in products]
+    x, y = jnp.ones(2), jnp.zeros(2)
+    got = compute_together(PendingProduct(x, "q", (2,), (1,), run), "array",
+                           PendingProduct(x, "k", (2,), (1,), run),
+                           PendingProduct(y, "v", (2,), (1,), run),
+                           PendingProduct(x, "w", (2,), (1,), other))
+    assert got == ["q", "array", "k", "v", "w"]
+    assert sorted(runs) == [-1, 1, 2]
