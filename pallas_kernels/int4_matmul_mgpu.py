@@ -78,10 +78,6 @@ class Int4MosaicTuning:
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
     scale_on: str = "auto"  # "partials", "weights", "fma"; auto: fma
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
-    # Weights forms: each group's wgmma left in flight while the next
-    # group is dequantized (the accumulator in an ACC ref across steps,
-    # wgmma_wait(1), a slot released one step later). Compiled only.
-    overlap: bool = False
     # Measurement only (NOTES.md int4 v7; wrong results on purpose): leave
     # one stage out to see which bounds the kernel. "no_math": consumers
     # only wait and release; "no_loads": after the ring's first fill the
@@ -120,7 +116,6 @@ class _Plan(NamedTuple):
     partials: bool
     fma: bool = False  # weights as q * s + (-z * s): one multiply-add each
     probe: str = ""  # Int4MosaicTuning.probe
-    overlap: bool = False  # Int4MosaicTuning.overlap (weights forms only)
 
 
 def problem(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
@@ -180,8 +175,7 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
     stages = tuning.num_stages or max(
         2, min(8, (tuning.smem_budget - fixed - 2048) // step))
     return _Plan(rows, padded, splits, gps, boxes, min(stages, max(gps, 2)),
-                 partials, tuning.scale_on in ("fma", "auto"), tuning.probe,
-                 tuning.overlap and not partials and not tuning.probe)
+                 partials, tuning.scale_on in ("fma", "auto"), tuning.probe)
 
 
 class _Buffers(NamedTuple):
@@ -355,34 +349,8 @@ def _body(buffers: _Buffers, barriers: _Barriers, x_ref, sets, o_ref,
                 plgpu.barrier_arrive(free.at[slot])
             return acc
 
-        def overlapped(acc_ref):
-            @pl.loop(0, p.groups_per_split)
-            def _(i):
-                slot = lax.rem(i, S)
-                g = g0 + i
-                box = lax.div(g, BOX_GROUPS) - lax.div(box0, BOX_GROUPS)
-                col = lax.rem(g, BOX_GROUPS)
-                plgpu.barrier_wait(ready.at[slot])
-                w = _weights(q_ring.at[slot, wg], q4_ring.at[slot, wg],
-                             s_smem.at[box, wg, :, col],
-                             z_smem.at[box, wg, :, col], False, p.fma)
-                plgpu.wgmma(acc_ref, w, x_ring.at[slot].transpose((1, 0)))
-                # The previous group's product is done: its slot is free.
-                plgpu.wgmma_wait(1)
-
-                @pl.when((i > 0) & (i - 1 + S < p.groups_per_split))
-                def _():
-                    plgpu.barrier_arrive(free.at[lax.rem(i + S - 1, S)])
-            plgpu.wgmma_wait(0)
-            return acc_ref[...]
-
-        if p.overlap and not interpret:
-            acc = pl.run_scoped(overlapped,
-                                plgpu.ACC((ROWS, N), jnp.float32))
-        else:
-            acc = cast(jnp.zeros((ROWS, N), jnp.float32),
-                       plgpu.Layout.WGMMA)
-            acc = lax.fori_loop(0, p.groups_per_split, step, acc)
+        acc = cast(jnp.zeros((ROWS, N), jnp.float32), plgpu.Layout.WGMMA)
+        acc = lax.fori_loop(0, p.groups_per_split, step, acc)
         # Straight from registers: a [64, N] f32 tile is small beside
         # the program's codes, and staging it would take smem the ring
         # can use.

@@ -115,14 +115,12 @@ def mosaic_variants(M):
                     Int4MosaicTuning(programs_per_sm=2),
                     Int4MosaicTuning(num_stages=4),
                     Int4MosaicTuning(scale_on="partials"),
-                    Int4MosaicTuning(scale_on="weights"),
-                    Int4MosaicTuning(overlap=True))
+                    Int4MosaicTuning(scale_on="weights"))
         return
     yield from (Int4MosaicTuning(warpgroups=4),
                 Int4MosaicTuning(block_rows=64),
                 Int4MosaicTuning(scale_on="weights", block_rows=64),
-                Int4MosaicTuning(programs_per_sm=2),
-                Int4MosaicTuning(overlap=True))
+                Int4MosaicTuning(programs_per_sm=2))
 
 
 def lower_only(ms):

@@ -115,8 +115,6 @@ def test_mosaic_int4_refuses_what_it_cannot_take():
     (1, 4096, 14336, {}),  # gate/up, weights form, 2 splits
     (1, 4096, 14336, dict(scale_on="fma")),
     (256, 4096, 4096, dict(scale_on="fma")),
-    (1, 14336, 4096, dict(overlap=True)),  # wgmma in flight over a step
-    (256, 4096, 14336, dict(overlap=True)),
     (1, 14336, 4096, dict(scale_on="partials")),  # down, 7 splits
     (7, 4096, 1024, dict(warpgroups=1)),  # k/v, 16 splits of 2 groups
     (16, 4096, 4096, dict(scale_on="weights", warpgroups=4)),
