@@ -6,7 +6,8 @@ how many instructions a 64 x 128 group tile costs each thread, by kind.
 Compiles gate/up (4096 -> 14336) at one row under MOSAIC_GPU_DUMP_SASS /
 MOSAIC_GPU_DUMP_PTXAS (Mosaic writes the dumps into a folder per form),
 finds the kernel's loop (the longest backward branch's body), and counts
-its instructions by opcode. Writes int4-sass.json with the counts and keeps
+its instructions by opcode; where Mosaic cannot write SASS (it runs an
+``nvdisasm`` the GPU machine's PATH lacks) it counts the PTX loop instead. Writes int4-sass.json with the counts and keeps
 the dumps beside it. The prediction this checks sits in
 pallas_kernels/NOTES.md (int4 v6).
 """
@@ -76,6 +77,34 @@ def loop_counts(sass: str) -> dict:
     return dict(collections.Counter(best or []).most_common())
 
 
+PTX_LABEL = re.compile(r"^\s*(\$L__\w+):")
+PTX_BRA = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+
+
+def ptx_loop_counts(ptx: str) -> dict:
+    """Opcode counts of the longest PTX loop body (a branch back to an
+    earlier label): the fallback where Mosaic's SASS dump needs an
+    ``nvdisasm`` the machine's PATH lacks."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, l in enumerate(lines)
+              if (m := PTX_LABEL.match(l))}
+    best: list[str] = []
+    for i, line in enumerate(lines):
+        m = PTX_BRA.search(line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            if len(body) > len(best):
+                best = body
+    ops = []
+    for line in best:
+        t = line.strip()
+        if not t or t.startswith(("//", "$", "{", "}", ".reg", ".loc")):
+            continue
+        t = re.sub(r"^@!?%p\d+\s+", "", t)
+        ops.append(t.split()[0].rstrip(";"))
+    return dict(collections.Counter(ops).most_common())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -87,18 +116,25 @@ def main() -> None:
         compile_form(form, dump)
         files = sorted(glob.glob(os.path.join(dump, "*")))
         sass_files = [f for f in files if f.endswith(".sass")] or files
-        counts = {}
+        counts, source = {}, "sass"
         for f in sass_files:
             text = open(f, errors="replace").read()
             c = loop_counts(text)
             if sum(c.values()) > sum(counts.values()):
                 counts = c
+        if not counts:  # no SASS came out: count the PTX instead
+            source = "ptx"
+            for f in (f for f in files if f.endswith(".ptx")):
+                c = ptx_loop_counts(open(f, errors="replace").read())
+                if sum(c.values()) > sum(counts.values()):
+                    counts = c
         ptxas = [open(f, errors="replace").read()[-2000:] for f in files
                  if "ptxas" in os.path.basename(f)]
         result[form] = {"files": [os.path.basename(f) for f in files],
+                        "counted_from": source,
                         "loop_instructions": sum(counts.values()),
                         "loop_opcodes": counts, "ptxas": ptxas}
-        print(form, sum(counts.values()), list(counts.items())[:25],
+        print(form, source, sum(counts.values()), list(counts.items())[:25],
               flush=True)
     with open(os.path.join(args.out, "int4-sass.json"), "w") as f:
         json.dump(result, f, indent=1)
