@@ -21,7 +21,7 @@ from jaxinfer.pallas_kernels.int4_matmul_mgpu import (Int4MosaicTuning,
                                                       int4_matmul_mgpu,
                                                       int4_matmul_mgpu_many,
                                                       plan)
-from tests.pallas_kernels.cases import gpu
+from tests.pallas_kernels.cases import gpu, interpreter_on_cpu
 
 
 def _case(M, n_in, n_out, seed=0, dtype=jnp.bfloat16):
@@ -47,6 +47,7 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
     assert err <= 1e-2 * float(jnp.abs(want).max()), err
 
 
+@interpreter_on_cpu
 @pytest.mark.parametrize("M, n_in, n_out, tuning", [
     # Partials form; 16 groups over 2 splits on a 2-slot ring (refills).
     (5, 4096, 128, dict(warpgroups=1, splits=2, num_stages=2,
@@ -144,6 +145,7 @@ def _check_many(M, n_in, outs, tuning, interpret=True):
         assert err <= 1e-2 * float(jnp.abs(want).max()), err
 
 
+@interpreter_on_cpu
 @pytest.mark.parametrize("M, outs, tuning", [
     # Three sets of 2, 1 and 1 tiles, one warpgroup: programs land in each.
     (3, (128, 64, 64), dict(warpgroups=1, splits=2, num_stages=2)),
@@ -176,7 +178,8 @@ def test_the_default_picks_mosaic_only_on_hopper(monkeypatch):
     x, q, s, z = _case(3, 2048, 128)
     args = (x.dtype, 2048, 128, 16, s.dtype)
     monkeypatch.setattr(i4, "MOSAIC_MAX_ROWS", 256)
-    assert not i4.uses_mosaic(*args, M=3)  # CPU
+    monkeypatch.setattr(i4, "hopper", lambda: False)  # CPU, or an older GPU
+    assert not i4.uses_mosaic(*args, M=3)
     monkeypatch.setattr(i4, "hopper", lambda: True)
     assert i4.uses_mosaic(*args, M=3)
     assert not i4.uses_mosaic(*args, M=3, interpret=True)

@@ -20,7 +20,8 @@ import pytest
 
 from jaxinfer.pallas_kernels import ragged_paged_attention_reference
 from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
-from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
+from tests.pallas_kernels.cases import (TOLERANCE, interpreter_on_cpu,
+                                       make_case, rel_error)
 
 ON_GPU = jax.default_backend() == "gpu"
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA Hopper GPU")
@@ -129,6 +130,7 @@ def _check_prefill(case, mix, dec, out, **kw):
     assert not bool(jnp.any(out[cu[len(mix)]:]))
 
 
+@interpreter_on_cpu
 @pytest.mark.slow
 def test_prefill_matches_reference_in_interpret_mode():
     """The kernel itself on CPU: a chunk reading a cached prefix across
