@@ -83,8 +83,12 @@ def _shapes(module):
 
 def _flat_input(module, x):
     """x [..., *in_shape] -> [..., In]."""
-    n_in = len(module.in_shape)
-    return x.reshape(x.shape[:x.ndim - n_in] + (math.prod(module.in_shape),))
+    return _flat(x, module.in_shape)
+
+
+def _flat(x, in_shape):
+    n_in = len(in_shape)
+    return x.reshape(x.shape[:x.ndim - n_in] + (math.prod(in_shape),))
 
 
 def _dot_minor(x2, w, out_ndim: int, preferred=None):
@@ -317,9 +321,7 @@ class GroupedWeights:
         x2 = _flat_input(module, x)
         if self.act_order:
             x2 = jnp.take(x2, weights["perm"], axis=-1)
-        rows = math.prod(x2.shape[:-1])
-        if (self.kernel == "pallas" and rows <= INT4_KERNEL_MAX_ROWS
-                and self._kernel_takes(weights)):
+        if self._on_kernel(x2, weights):
             return _int4_kernel(x2, weights, module.out_shape)
         w = dequantize_grouped(self, weights).astype(x.dtype)
         return _dot_minor(x2, w, len(module.out_shape))
@@ -328,13 +330,18 @@ class GroupedWeights:
         """The product left for ``compute_together`` when it would run on
         the int4 kernel (so that q, k and v, or gate and up, share one
         call); None otherwise."""
-        x2 = _flat_input(module, x)
-        if (self.act_order or self.kernel != "pallas"
-                or math.prod(x2.shape[:-1]) > INT4_KERNEL_MAX_ROWS
-                or not self._kernel_takes(weights)):
+        # act_order gathers each layer's input in its own order: no sharing.
+        if self.act_order or not self._on_kernel(_flat_input(module, x),
+                                                 weights):
             return None
         return PendingProduct(x, weights, module.in_shape, module.out_shape,
                               _int4_kernel_together)
+
+    def _on_kernel(self, x2, weights) -> bool:
+        """Whether this product of x2 [..., In] runs on the int4 kernel."""
+        return (self.kernel == "pallas"
+                and math.prod(x2.shape[:-1]) <= INT4_KERNEL_MAX_ROWS
+                and self._kernel_takes(weights))
 
     def _kernel_takes(self, weights) -> bool:
         if not (self.bits == 4 and self.zeros and not self.offsets
@@ -346,38 +353,37 @@ class GroupedWeights:
         return takes(2 * q.shape[-1], n_out, s.shape[-1])
 
 
-def _int4_kernel(x2, weights, out_shape):
-    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
+def _weight_set(weights, out_shape) -> tuple:
+    """A layer's (qweight, scales, qzeros) as the int4 kernel takes them:
+    [Out, In / 2], [Out, G], [Out, G]."""
     n_out = math.prod(out_shape)
-    lead = x2.shape[:-1]
-    rows = x2.reshape(-1, x2.shape[-1])
-    scales = weights["scales"].reshape(n_out, -1)
-    # No tuning: the Mosaic GPU kernel on Hopper where it takes the case
-    # (int4_matmul.uses_mosaic), else the Triton kernel's default tuning.
-    y = int4_matmul(rows, weights["qweight"].reshape(n_out, -1), scales,
-                    weights["qzeros"].reshape(n_out, -1),
+    return (weights["qweight"].reshape(n_out, -1),
+            weights["scales"].reshape(n_out, -1),
+            weights["qzeros"].reshape(n_out, -1))
+
+
+def _int4_kernel(x2, weights, out_shape):
+    """x2 [..., In] times one layer on the int4 kernel. No tuning: the
+    Mosaic GPU kernel on Hopper where it takes the case
+    (int4_matmul.uses_mosaic), else the Triton kernel's default tuning."""
+    from jaxinfer.pallas_kernels.int4_matmul import int4_matmul
+    y = int4_matmul(x2.reshape(-1, x2.shape[-1]),
+                    *_weight_set(weights, out_shape),
                     interpret=jax.default_backend() == "cpu")
-    return y.reshape(lead + tuple(out_shape))
+    return y.reshape(x2.shape[:-1] + tuple(out_shape))
 
 
 def _int4_kernel_together(products) -> list:
-    """Pending int4 products of one input: one kernel call for all of them
-    where the Mosaic kernel takes them (``int4_matmul_many``)."""
+    """Pending int4 products of one input (``compute_together``): one
+    Mosaic call for them all where it takes them (``int4_matmul_many``)."""
     from jaxinfer.pallas_kernels.int4_matmul import int4_matmul_many
     p0 = products[0]
-    n_in = math.prod(p0.in_shape)
-    x2 = p0.x.reshape(p0.x.shape[:p0.x.ndim - len(p0.in_shape)] + (n_in,))
-    lead = x2.shape[:-1]
-    sets = []
-    for p in products:
-        n_out = math.prod(p.out_shape)
-        w = p.weights
-        sets.append((w["qweight"].reshape(n_out, -1),
-                     w["scales"].reshape(n_out, -1),
-                     w["qzeros"].reshape(n_out, -1)))
-    ys = int4_matmul_many(x2.reshape(-1, n_in), sets,
+    x2 = _flat(p0.x, p0.in_shape)
+    ys = int4_matmul_many(x2.reshape(-1, x2.shape[-1]),
+                          [_weight_set(p.weights, p.out_shape)
+                           for p in products],
                           interpret=jax.default_backend() == "cpu")
-    return [y.reshape(lead + tuple(p.out_shape))
+    return [y.reshape(x2.shape[:-1] + tuple(p.out_shape))
             for y, p in zip(ys, products)]
 
 

@@ -1,15 +1,14 @@
-"""SASS of the Mosaic int4 kernel's consumer loop, per form, on the GPU:
-how many instructions a 64 x 128 group tile costs each thread, by kind.
+"""The Mosaic int4 kernel's consumer loop, per form, on the GPU: how many
+instructions a 64 x 128 group tile costs each thread, by kind.
 
-    python3 benchmarks/kernels/int4_sass.py --out DIR [--forms weights,fma]
+    python3 benchmarks/kernels/int4_loop_counts.py --out DIR [--forms weights,fma]
 
-Compiles gate/up (4096 -> 14336) at one row under MOSAIC_GPU_DUMP_SASS /
-MOSAIC_GPU_DUMP_PTXAS (Mosaic writes the dumps into a folder per form),
-finds the kernel's loop (the longest backward branch's body), and counts
-its instructions by opcode; where Mosaic cannot write SASS (it runs an
-``nvdisasm`` the GPU machine's PATH lacks) it counts the PTX loop instead. Writes int4-sass.json with the counts and keeps
-the dumps beside it. The prediction this checks sits in
-pallas_kernels/NOTES.md (int4 v6).
+Compiles gate/up (4096 -> 14336) at one row in a fresh process under
+Mosaic's dump switches (PTX, ptxas's report, SASS where Mosaic can run
+``nvdisasm``: the H200 machine's PATH lacks it), finds the PTX's loop (the
+longest branch back to an earlier label) and counts its instructions by
+opcode. Writes int4-loop-counts.json with the counts and keeps the dumps
+beside it. pallas_kernels/NOTES.md (int4 v6) has the counts of one run.
 """
 
 from __future__ import annotations
@@ -46,45 +45,13 @@ f(x, q, s, z).block_until_ready()
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-BRA = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
-
-
-def loop_counts(sass: str) -> dict:
-    """Opcode counts of the longest loop body (a backward branch's range)."""
-    instrs = []  # (address, opcode, text)
-    for line in sass.splitlines():
-        m = LINE.search(line)
-        if m:
-            instrs.append((int(m.group(1), 16), m.group(3), line.strip()))
-    labels = {}
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.L_x_(\d+):", line)
-        if m:
-            labels[m.group(1)] = None
-    best = None
-    for i, (addr, op, text) in enumerate(instrs):
-        if not op.startswith("BRA"):
-            continue
-        m = re.search(r"0x([0-9a-f]+)", text.split("BRA", 1)[1])
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target < addr:
-            body = [o for a, o, _ in instrs if target <= a <= addr]
-            if best is None or len(body) > len(best):
-                best = body
-    return dict(collections.Counter(best or []).most_common())
-
-
 PTX_LABEL = re.compile(r"^\s*(\$L__\w+):")
 PTX_BRA = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
 
 
 def ptx_loop_counts(ptx: str) -> dict:
     """Opcode counts of the longest PTX loop body (a branch back to an
-    earlier label): the fallback where Mosaic's SASS dump needs an
-    ``nvdisasm`` the machine's PATH lacks."""
+    earlier label)."""
     lines = ptx.splitlines()
     labels = {m.group(1): i for i, l in enumerate(lines)
               if (m := PTX_LABEL.match(l))}
@@ -115,28 +82,20 @@ def main() -> None:
         dump = os.path.join(args.out, f"dump-{form}")
         compile_form(form, dump)
         files = sorted(glob.glob(os.path.join(dump, "*")))
-        sass_files = [f for f in files if f.endswith(".sass")] or files
-        counts, source = {}, "sass"
-        for f in sass_files:
-            text = open(f, errors="replace").read()
-            c = loop_counts(text)
+        counts = {}
+        for f in (f for f in files if f.endswith(".ptx")):
+            c = ptx_loop_counts(open(f, errors="replace").read())
             if sum(c.values()) > sum(counts.values()):
                 counts = c
-        if not counts:  # no SASS came out: count the PTX instead
-            source = "ptx"
-            for f in (f for f in files if f.endswith(".ptx")):
-                c = ptx_loop_counts(open(f, errors="replace").read())
-                if sum(c.values()) > sum(counts.values()):
-                    counts = c
         ptxas = [open(f, errors="replace").read()[-2000:] for f in files
                  if "ptxas" in os.path.basename(f)]
         result[form] = {"files": [os.path.basename(f) for f in files],
-                        "counted_from": source,
+                        "counted_from": "ptx",
                         "loop_instructions": sum(counts.values()),
                         "loop_opcodes": counts, "ptxas": ptxas}
-        print(form, source, sum(counts.values()), list(counts.items())[:25],
+        print(form, sum(counts.values()), list(counts.items())[:25],
               flush=True)
-    with open(os.path.join(args.out, "int4-sass.json"), "w") as f:
+    with open(os.path.join(args.out, "int4-loop-counts.json"), "w") as f:
         json.dump(result, f, indent=1)
 
 
