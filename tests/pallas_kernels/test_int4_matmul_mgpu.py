@@ -39,11 +39,17 @@ def _check(M, n_in, n_out, tuning, seed=0, interpret=True):
     x, q, s, z = _case(M, n_in, n_out, seed)
     got = jax.jit(lambda *a: int4_matmul(*a, tuning=tuning,
                                          interpret=interpret))(x, q, s, z)
+    _assert_matches(got, x, q, s, z)
+
+
+def _assert_matches(got, x, q, s, z):
+    """``got`` is x @ w.T for these weights: bf16, within 1e-2 of the
+    largest output (bf16 output and, in the weights forms, bf16 weights);
+    a wrong group, row, nibble or weight set is off by far more."""
     want = int4_matmul_reference(x, q, s, z).astype(jnp.float32)
-    assert got.shape == (M, n_out) and got.dtype == jnp.bfloat16
+    assert got.shape == (x.shape[0], q.shape[0])
+    assert got.dtype == jnp.bfloat16
     err = float(jnp.abs(got.astype(jnp.float32) - want).max())
-    # bf16 output (and, in the weights form, bf16 weights): 1e-2 of the
-    # largest output; a wrong group, row or nibble is off by far more.
     assert err <= 1e-2 * float(jnp.abs(want).max()), err
 
 
@@ -136,13 +142,8 @@ def _check_many(M, n_in, outs, tuning, interpret=True):
     got = jax.jit(lambda x, sets: int4_matmul_mgpu_many(
         x, sets, tuning=tuning, interpret=interpret))(x, sets)
     assert len(got) == len(outs)
-    for y, (q, s, z), n in zip(got, sets, outs):
-        want = int4_matmul_reference(x, q, s, z).astype(jnp.float32)
-        assert y.shape == (M, n) and y.dtype == jnp.bfloat16
-        err = float(jnp.abs(y.astype(jnp.float32) - want).max())
-        # A tile read from the wrong set or written to the wrong output is
-        # off by the whole product, far over this bound.
-        assert err <= 1e-2 * float(jnp.abs(want).max()), err
+    for y, (q, s, z) in zip(got, sets):
+        _assert_matches(y, x, q, s, z)
 
 
 @interpreter_on_cpu
