@@ -700,9 +700,24 @@ def _split_e4m3(q: jax.Array) -> tuple[jax.Array, jax.Array]:
     scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8).max), 1.0)
     y = x / scale[..., None]
     hi = y.astype(fp8)
-    lo = (y - hi.astype(jnp.float32)).astype(fp8)
+    lo = (y - _e4m3_value(hi)).astype(fp8)
     scale = jnp.pad(scale, ((0, 0), (0, 0), (0, _ROWS - scale.shape[-1])))
     return jnp.stack([hi, lo], axis=2), scale
+
+
+def _e4m3_value(codes: jax.Array) -> jax.Array:
+    """The f32 value of e4m3fn codes, decoded from their bits. Not
+    ``codes.astype(f32)``: XLA's GPU compiler may drop an f32 -> e4m3 ->
+    f32 round trip as excess precision (xla_allow_excess_precision), which
+    made every residual zero on the H200 (NOTES.md v12)."""
+    bits = lax.bitcast_convert_type(codes, jnp.uint8).astype(jnp.int32)
+    exp = (bits >> 3) & 0xF
+    man = (bits & 7).astype(jnp.float32)
+    # 2 ** (exp - 10) built from its f32 bits (exact; exp2 may not be).
+    pow2 = lax.bitcast_convert_type((jnp.maximum(exp, 1) + 117) << 23,
+                                    jnp.float32)
+    mag = jnp.where(exp == 0, man, man + 8.0) * pow2  # subnormal: m * 2**-9
+    return jnp.where(bits & 0x80, -mag, mag)
 
 
 def decode_attention(
