@@ -62,6 +62,9 @@ from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
+# swap_ab: per-row f32 vectors (query scales, lse) padded to 128 bytes, the
+# smallest copy Mosaic issues from one warpgroup.
+_VEC = 32
 # Rows of one K/V TMA copy (a page of 16 is one copy).
 _COPY_ROWS = 16
 # Page sizes verified on GPU. Page 32 faulted with an illegal instruction on
@@ -94,6 +97,8 @@ class _Buffers(NamedTuple):
     # rows' two terms) and these hold the rest:
     out: Any = None  # [64, H] the output rows
     q_scale: Any = None  # [64] f32 each query row's scale
+    # swap_ab only (then q is [2, R, H], out [H, R], q_scale and lse [R]):
+    p: Any = None  # [R, bk] a step's probabilities, PV's B operand
 
 
 class _Barriers(NamedTuple):
@@ -141,7 +146,7 @@ def _decode_kernel(
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
     num_splits, table_chunk, producer, staging, per_page, interpret,
-    producers=1, fp8_qk=False):
+    producers=1, fp8_qk=False, swap_ab=False):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
     #       [q_scale_ref,  # [S, K, 64] f32 each query row's scale; fp8_qk]
@@ -390,6 +395,113 @@ def _decode_kernel(
             done(i, slot)  # both tiles of this step are consumed
             return acc, m_next, l
 
+        def consume_swapped(k_tile, v_tile, done, after_qk):
+            """``swap_ab``: the tokens on the wgmmas' M side and the query
+            rows on N (S^T = K Q^T from the fp8 ring, O^T = V^T P^T), so the
+            online softmax runs over a [bk, R] tile, not a 64-row padded
+            one; P^T goes through a small smem tile as PV's B operand."""
+            for t in range(2):
+                plgpu.copy_gmem_to_smem(q_ref.at[seq, kv_head, t],
+                                        q_smem.at[t], q_bar.at[0])
+            plgpu.copy_gmem_to_smem(q_scale_ref.at[seq, kv_head],
+                                    buffers.q_scale, q_bar.at[0])
+            plgpu.barrier_wait(q_bar.at[0])
+            cols = plgpu.Layout.WGMMA.reduce(0)
+            q_scale = buffers.q_scale.at[pl.ds(0, rows_out)]
+            factor = (q_scale[...] if interpret else
+                      plgpu.load(q_scale, (), layout=cols, optimized=False))
+            factor = factor * (sm_scale / logit_soft_cap
+                               if logit_soft_cap is not None
+                               else sm_scale * LOG2E)
+            if per_page:
+                @pl.when(n > 0)
+                def _():
+                    plgpu.barrier_wait(tbl_bar.at[0])
+            acc = cast(jnp.zeros((head_dim, rows_out), jnp.float32),
+                       plgpu.Layout.WGMMA)
+            m = cast(jnp.full((rows_out,), MASK_VALUE, jnp.float32), cols)
+            l = cast(jnp.zeros((rows_out,), jnp.float32), cols)
+
+            def step(i, carry, masked):
+                acc, m, l = carry
+                k_ref, slot = k_tile(i)
+                if interpret:
+                    k = k_ref[...].astype(jnp.float32)
+                    st = sum(lax.dot_general(
+                        k, q_smem.at[t][...].astype(jnp.float32),
+                        (((1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+                        for t in range(2))
+                else:
+                    def body(acc_ref):
+                        for t in range(2):
+                            plgpu.wgmma(acc_ref, k_ref,
+                                        q_smem.at[t].transpose((1, 0)))
+                        return acc_ref[...]
+                    st = pl.run_scoped(body, plgpu.ACC((bk, rows_out),
+                                                       jnp.float32))
+                after_qk(i, slot)
+                st = st * lax.broadcast_in_dim(factor, st.shape, [1])
+                if per_page:
+                    first = tbl_shift + i * pages_per_step
+                    st = st * _token_scales(
+                        [buffers.scales[0, first + j]
+                         for j in range(pages_per_step)], page_size,
+                        rows_out, iota)
+                if logit_soft_cap is not None:
+                    st = jnp.tanh(st) * (logit_soft_cap * LOG2E)
+                if masked:
+                    pos = (start + i) * bk + iota((bk, rows_out), 0)
+                    valid = pos < kv_len
+                    if sliding_window is not None:
+                        valid = valid & (pos >= kv_len - sliding_window)
+                    st = jnp.where(valid, st, MASK_VALUE)
+                m_next = jnp.maximum(m, st.max(axis=0))
+                alpha = jnp.exp2(m - m_next)
+                p = jnp.exp2(st - lax.broadcast_in_dim(m_next, st.shape, [1]))
+                l = l * alpha + p.sum(axis=0)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                # P^T [bk, R] stored as P [R, bk]: K-major for PV's B
+                # operand, whose swizzle must match V^T's.
+                if interpret:
+                    buffers.p[...] = p.astype(dtype).T
+                else:
+                    buffers.p.transpose((1, 0))[...] = plgpu.layout_cast(
+                        p.astype(dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                plgpu.commit_smem()
+                v_ref = v_tile(i, slot)
+                if interpret:
+                    acc = acc + lax.dot_general(
+                        v_ref[...], buffers.p[...], (((0,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+                else:
+                    def pv_body(acc_ref):
+                        plgpu.wgmma(acc_ref, v_ref.transpose((1, 0)),
+                                    buffers.p.transpose((1, 0)))
+                    acc = pl.run_state(pv_body)(plgpu.ACC.init(acc))
+                done(i, slot)
+                return acc, m_next, l
+
+            n_full = jnp.int32(0)
+            if sliding_window is None:
+                n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
+            carry = lax.fori_loop(0, n_full,
+                                  functools.partial(step, masked=False),
+                                  (acc, m, l))
+            acc, m, l = lax.fori_loop(n_full, n,
+                                      functools.partial(step, masked=True),
+                                      carry)
+            l = jnp.maximum(l, 1.0)
+            acc = acc / lax.broadcast_in_dim(l, acc.shape, [1])
+            buffers.out[...] = acc.astype(dtype)
+            lse_smem.at[pl.ds(0, rows_out)][...] = m + jnp.log2(l)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffers.out,
+                                    o_ref.at[seq, kv_head, split])
+            plgpu.copy_smem_to_gmem(lse_smem,
+                                    lse_ref.at[seq, kv_head, split])
+            plgpu.wait_smem_to_gmem(0)
+
         def ring_k(i):
             slot = lax.rem(i, num_stages)
             plgpu.barrier_wait(k_bar.at[slot])
@@ -468,8 +580,12 @@ def _decode_kernel(
                     @pl.when(i + num_stages < n)
                     def _():
                         plgpu.barrier_arrive(free_bar.at[slot])
-                consume(ring_k, nothing, staged_v_qk, release_v,
-                        after_qk=release_k)
+                if swap_ab:
+                    consume_swapped(ring_k, staged_v_qk, release_v,
+                                    release_k)
+                else:
+                    consume(ring_k, nothing, staged_v_qk, release_v,
+                            after_qk=release_k)
                 return
 
             def staged_k(i):
@@ -622,6 +738,17 @@ def _decode_kernel(
             fp8_buffers.update(out=plgpu.SMEM((_ROWS, head_dim), dtype,
                                               transforms=transforms),
                                q_scale=plgpu.SMEM((_ROWS,), jnp.float32))
+            if swap_ab:  # the query rows on N: R-wide tiles
+                narrow = swizzled_smem_transforms(
+                    dtype, rows_out * jnp.dtype(dtype).itemsize)
+                q_buffer = plgpu.SMEM((2, rows_out, head_dim), page_dtype,
+                                      transforms=ring_transforms)
+                fp8_buffers.update(
+                    out=plgpu.SMEM((head_dim, rows_out), dtype,
+                                   transforms=narrow),
+                    q_scale=plgpu.SMEM((_VEC,), jnp.float32),
+                    p=plgpu.SMEM((rows_out, bk), dtype,
+                                 transforms=transforms))
             # One V barrier per (producer, slot): each copies its chunks.
             v_ready = plgpu.Barrier(num_arrivals=copies // producers,
                                     num_barriers=producers * num_stages)
@@ -642,7 +769,7 @@ def _decode_kernel(
             k=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             v=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             table=plgpu.SMEM((table_chunk,), jnp.int32),
-            lse=plgpu.SMEM((_ROWS,), jnp.float32),
+            lse=plgpu.SMEM((_VEC if swap_ab else _ROWS,), jnp.float32),
             **fp8_buffers),
         _Barriers(
             q=plgpu.Barrier(num_arrivals=3 if fp8_qk else 1, num_barriers=1),
@@ -682,6 +809,16 @@ def _col_scales(scales, page_size, iota):
     (one f32 scalar per page of the step), in the logits' layout."""
     assert len(scales) >= 2  # a step holds 64+ tokens, pages of 16
     page = iota((_ROWS, len(scales) * page_size), 1) // page_size
+    out = jnp.where(page == 0, scales[0], scales[-1])
+    for j in range(1, len(scales) - 1):
+        out = jnp.where(page == j, scales[j], out)
+    return out
+
+
+def _token_scales(scales, page_size, rows, iota):
+    """[bk, rows] f32 (``swap_ab``): row t of a step's transposed logits
+    takes ``scales[t // B]``."""
+    page = iota((len(scales) * page_size, rows), 0) // page_size
     out = jnp.where(page == 0, scales[0], scales[-1])
     for j in range(1, len(scales) - 1):
         out = jnp.where(page == j, scales[j], out)
@@ -752,11 +889,12 @@ def decode_attention(
     itemsize = jnp.dtype(q.dtype).itemsize
     staging = 0  # 16-bit pages go to wgmma as they land
     producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
-    fp8_qk = False
+    fp8_qk = swap_ab = False
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
         num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
         producers = tuning.fp8_producers
         fp8_qk = tuning.fp8_qk
+        swap_ab = tuning.swap_ab
     else:
         num_stages = tuning.stages(head_dim, itemsize)
     max_steps = cdiv(pages_per_seq, pages_per_step)
@@ -773,7 +911,9 @@ def decode_attention(
     width = max(round_up(max_steps * pages_per_step, 4), chunk)
     if width != pages_per_seq:
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
-    rows_out = round_up(group, 8)
+    # swap_ab: the rows are wgmma's N, and their 16-bit tiles' rows must be
+    # 32+ bytes (Mosaic's smallest swizzle).
+    rows_out = round_up(group, 16 if swap_ab else 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
     out_dtype = q.dtype  # of the dequantized tiles, PV and the output
     if staging and tuning.fp8_f16:
@@ -782,7 +922,7 @@ def decode_attention(
     q_scales = ()
     if fp8_qk:
         q_rows, q_scale = _split_e4m3(q_rows)
-        q_scales = (q_scale,)
+        q_scales = (q_scale[..., :_VEC] if swap_ab else q_scale,)
     scale_rows = ()
     if per_page:  # each table entry's (k, v) scales, in the table's order
         scale_rows = (jnp.transpose(
@@ -794,7 +934,7 @@ def decode_attention(
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
         per_page=per_page, interpret=interpret, producers=producers,
-        fp8_qk=fp8_qk)
+        fp8_qk=fp8_qk, swap_ab=swap_ab)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
@@ -807,14 +947,18 @@ def decode_attention(
         kw.update(num_threads=1 + producers, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),
-                                       out_dtype),
-                  jax.ShapeDtypeStruct((*part, _ROWS), jnp.float32)),
+        out_type=(jax.ShapeDtypeStruct(
+            (*part, *((head_dim, rows_out) if swap_ab
+                      else (rows_out, head_dim))), out_dtype),
+                  jax.ShapeDtypeStruct(
+                      (*part, _VEC if swap_ab else _ROWS), jnp.float32)),
         grid=(num_seqs, num_kv_heads, splits),
         grid_names=("seq", "kv_head", "split"),
         **kw,
     )(kv_lens.astype(jnp.int32), tables, *scale_rows, *q_scales, q_rows,
       k_pages, v_pages)
+    if swap_ab:
+        o = jnp.swapaxes(o, -1, -2)
     o = o[:, :, :, :group].astype(jnp.float32)
     if splits == 1:
         return o[:, :, 0]

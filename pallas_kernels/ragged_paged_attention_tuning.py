@@ -64,6 +64,11 @@ class MosaicDecodeTuning:
     # tiles are still dequantized for PV, split over the producers by
     # 64-row chunk.
     fp8_qk: bool = False
+    # fp8_qk only: the tokens on the wgmmas' M side and the query rows on N
+    # (S^T = K Q^T, O^T = V^T P^T). The consumer's softmax then covers
+    # [tokens, R] instead of a 64-row padded tile, the bound of the
+    # unswapped kernel at one group per program (NOTES.md v12).
+    swap_ab: bool = False
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -82,6 +87,9 @@ class MosaicDecodeTuning:
             raise TuningError("fp8_qk needs producer_warpgroup=True (the "
                               "producers dequantize V while the consumer "
                               "reads K straight from the ring)")
+        if self.swap_ab and not self.fp8_qk:
+            raise TuningError("swap_ab needs fp8_qk=True (K is the A operand"
+                              " straight from the fp8 ring)")
         if self.fp8_qk and (self.tokens_per_step // 64) % self.fp8_producers:
             raise TuningError(
                 f"fp8_qk with fp8_producers={self.fp8_producers} needs "
@@ -109,6 +117,10 @@ class MosaicDecodeTuning:
         if self.fp8_qk:  # V alone is dequantized; two e4m3 query tiles
             tile //= 2
             fixed += 2 * MOSAIC_ROWS * head_dim
+        if self.swap_ab:  # 16-row tiles: query terms, output, P; and the
+            # softmax's cross-warp reduction scratch
+            fixed = 16 * (2 * head_dim + (head_dim + self.tokens_per_step)
+                          * itemsize) + 8 * 1024
         staging = self.staging_stages if self.producer_warpgroup else 1
         while staging > 1 and fixed + staging * tile + 2 * step > self.smem_budget:
             staging -= 1

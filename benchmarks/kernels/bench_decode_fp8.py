@@ -80,12 +80,30 @@ VARIANTS = {
     "qk2_t128_nab_st1": {"fp8_qk": True, "fp8_producers": 2,
                          "tokens_per_step": 128, "no_auto_barriers": True,
                          "staging_stages": 1},
+    # v12b: and the tokens on the wgmmas' M side ("sw": swap_ab).
+    "sw2_t128_nab": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
+                     "tokens_per_step": 128, "no_auto_barriers": True},
+    "sw1_t128_nab": {"fp8_qk": True, "swap_ab": True,
+                     "tokens_per_step": 128, "no_auto_barriers": True},
+    "sw1_nab": {"fp8_qk": True, "swap_ab": True, "no_auto_barriers": True},
+    "sw2_t128": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
+                 "tokens_per_step": 128},
+    "sw2_t128_nab_st1": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
+                         "tokens_per_step": 128, "no_auto_barriers": True,
+                         "staging_stages": 1},
+    "sw2_t128_nab_b224": {"fp8_qk": True, "swap_ab": True,
+                          "fp8_producers": 2, "tokens_per_step": 128,
+                          "no_auto_barriers": True,
+                          "smem_budget": 224 * 1024},
 }
 # The probe's tunings (own process each group: a hang stops only its own).
 PROBES = {"base": ({}, {"fp8_producers": 2}, {"producer_warpgroup": False}),
           "qk": ({"fp8_qk": True},
                  {"fp8_qk": True, "fp8_producers": 2, "tokens_per_step": 128,
-                  "no_auto_barriers": True})}
+                  "no_auto_barriers": True}),
+          "sw": ({"fp8_qk": True, "swap_ab": True},
+                 {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
+                  "tokens_per_step": 128, "no_auto_barriers": True})}
 
 
 def probe(group):
@@ -138,7 +156,7 @@ def main():
         return
     chosen = a.variants.split(",")
     for group in PROBES:
-        if group == "qk" and not any(v.startswith("qk") for v in chosen):
+        if group != "base" and not any(v.startswith(group) for v in chosen):
             continue
         try:
             r = subprocess.run([sys.executable, __file__, "--probe", group,
@@ -264,7 +282,8 @@ def main():
     run("api_triton", "fp8", fn, args, check)
     write()
     for label in chosen:
-        if label == "ws" or (SMOKE and label not in ("1wg", "qk1_nab")):
+        if label == "ws" or (SMOKE and label not in ("1wg", "qk1_nab",
+                                                      "sw1_nab")):
             continue
         fp8_variant(label)
         write()

@@ -159,21 +159,24 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("producers,extra,scales", [
     (1, dict(tokens_per_step=64), "page"),
     (2, dict(tokens_per_step=128, no_auto_barriers=True), "tensor")])
-def test_mosaic_decode_fp8_qk(producers, extra, scales):
+def test_mosaic_decode_fp8_qk(producers, extra, scales, swap):
     """fp8_qk: QK^T of the query's two e4m3 terms straight against the fp8
     K ring, each page's K scale on its logits' columns, V dequantized by
     one or two producers (each its 64-row chunks); with window and soft
-    cap, and with per-tensor scales (folded into the query)."""
+    cap, and with per-tensor scales (folded into the query). ``swap``:
+    the tokens on the wgmmas' M side (swap_ab)."""
     case, ks, vs = fp8_case([(1, 330), (1, 7), (1, 129)], num_q_heads=8,
                             num_kv_heads=2, head_dim=64 * producers,
                             seed=15 + producers)
     if scales == "tensor":
         ks, vs = jnp.float32(0.004), jnp.float32(0.03)
     tuning = _mosaic(num_stages=2, kv_splits=2, producer_warpgroup=True,
-                     fp8_producers=producers, fp8_qk=True, **extra)
+                     fp8_producers=producers, fp8_qk=True, swap_ab=swap,
+                     **extra)
     out = _check(case, tuning, k_scale=ks, v_scale=vs, decode_only=True,
                  sliding_window=200, logit_soft_cap=20.0)
     # Against the same kernel without fp8_qk (K dequantized to bf16): the
@@ -220,6 +223,8 @@ def test_e4m3_codes_decode_from_their_bits():
 def test_fp8_qk_refuses_what_it_cannot_split():
     with pytest.raises(TuningError, match="producer_warpgroup"):
         MosaicDecodeTuning(fp8_qk=True, producer_warpgroup=False)
+    with pytest.raises(TuningError, match="swap_ab needs fp8_qk"):
+        MosaicDecodeTuning(swap_ab=True)
     with pytest.raises(TuningError, match="multiple of 128"):
         MosaicDecodeTuning(fp8_qk=True, fp8_producers=2, tokens_per_step=64)
     # Its smem plan: no K staging, a ring deep enough for the K refills.
@@ -284,13 +289,16 @@ def test_mosaic_decode_fp8_on_gpu(group, head_dim, window, cap):
 
 
 @gpu
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("group,head_dim,producers", [
-    (1, 64, 1), (4, 128, 1), (4, 128, 2), (8, 128, 2), (4, 256, 1)])
+    (1, 64, 1), (4, 128, 1), (4, 128, 2), (8, 128, 2), (4, 256, 1),
+    (16, 128, 2)])
 @pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
-def test_mosaic_decode_fp8_qk_on_gpu(group, head_dim, producers, window, cap):
-    """fp8_qk compiled: decodes and a prefill chunk (Triton) in one call,
-    then decode-only steps, per-page scales."""
-    tuning = _mosaic(producer_warpgroup=True, fp8_qk=True,
+def test_mosaic_decode_fp8_qk_on_gpu(group, head_dim, producers, window, cap,
+                                     swap):
+    """fp8_qk compiled (and swap_ab): decodes and a prefill chunk (Triton)
+    in one call, then decode-only steps, per-page scales."""
+    tuning = _mosaic(producer_warpgroup=True, fp8_qk=True, swap_ab=swap,
                      fp8_producers=producers,
                      tokens_per_step=64 * producers,
                      no_auto_barriers=producers == 2)
