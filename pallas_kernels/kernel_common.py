@@ -98,30 +98,21 @@ def mosaic_matmul_helpers(interpret: bool):
     takes no transposed or register wgmma operand):
 
     * ``qk(q_ref, k_ref, shape, then)``: f32 logits ``q @ k^T`` of two smem
-      tiles, ``shape`` = (rows, tokens); ``q_ref`` may be a tuple of tiles,
-      whose products are summed in one accumulator (fp8 tiles: an exact
-      f32 upcast in interpret mode); ``then()`` runs after the wgmmas are
-      issued, before their result is read (a schedule barrier, say);
+      tiles, ``shape`` = (rows, tokens); ``then()`` runs after the wgmma is
+      issued, before its result is read (a schedule barrier, say);
     * ``pv(acc, p, v_ref)``: ``acc + p @ v`` with p in registers."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def qk(q_ref, k_ref, shape, then=lambda: None):
-        q_refs = q_ref if isinstance(q_ref, tuple) else (q_ref,)
         if interpret:
-            def load(ref):
-                x = ref[...]
-                return x.astype(jnp.float32) if x.dtype.itemsize == 1 else x
-            k = load(k_ref)
-            s = sum(lax.dot_general(load(q), k, (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
-                    for q in q_refs)
+            s = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
             then()
             return s
 
         def body(acc_ref):
-            for q in q_refs:
-                plgpu.wgmma(acc_ref, q, k_ref.transpose((1, 0)))
+            plgpu.wgmma(acc_ref, q_ref, k_ref.transpose((1, 0)))
             then()
             return acc_ref[...]
         return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))

@@ -62,9 +62,6 @@ from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
-# swap_ab: per-row f32 vectors (query scales, lse) padded to 128 bytes, the
-# smallest copy Mosaic issues from one warpgroup.
-_VEC = 32
 # Rows of one K/V TMA copy (a page of 16 is one copy).
 _COPY_ROWS = 16
 # Page sizes verified on GPU. Page 32 faulted with an illegal instruction on
@@ -93,12 +90,6 @@ class _Buffers(NamedTuple):
     kb: Any = None  # [staging, bk, H] dequantized K tiles (query dtype)
     vb: Any = None  # [staging, bk, H] dequantized V tiles
     scales: Any = None  # [2, table_chunk] f32 per-page (k, v) scales
-    # fp8 QK^T (``fp8_qk``) only: ``q`` is then [2, 64, H] e4m3 (the query
-    # rows' two terms) and these hold the rest:
-    out: Any = None  # [64, H] the output rows
-    q_scale: Any = None  # [64] f32 each query row's scale
-    # swap_ab only (then q is [2, R, H], out [H, R], q_scale and lse [R]):
-    p: Any = None  # [R, bk] a step's probabilities, PV's B operand
 
 
 class _Barriers(NamedTuple):
@@ -146,12 +137,10 @@ def _decode_kernel(
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
     num_splits, table_chunk, producer, staging, per_page, interpret,
-    producers=1, fp8_qk=False, swap_ab=False):
+    producers=1):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
-    #       [q_scale_ref,  # [S, K, 64] f32 each query row's scale; fp8_qk]
-    #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded
-    #       in); fp8_qk: [S, K, 2, R, H] e4m3, their two terms
+    #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
     #       k_pages_ref,  # [K, num_pages, B, H]
     #       v_pages_ref,  # [K, num_pages, B, H]
     #       o_ref,  # [S, K, J, R, H] normalized partial output of each split
@@ -160,19 +149,17 @@ def _decode_kernel(
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     page_scales_ref = refs[0] if per_page else None
-    refs = refs[per_page:]
-    q_scale_ref = refs[0] if fp8_qk else None
-    q_ref, k_pages_ref, v_pages_ref, o_ref, lse_ref = refs[fp8_qk:]
+    q_ref, k_pages_ref, v_pages_ref, o_ref, lse_ref = refs[per_page:]
     cast, iota = mosaic_register_helpers(interpret)
     qk, pv = mosaic_matmul_helpers(interpret)
 
     seq = lax.axis_index("seq")
     kv_head = lax.axis_index("kv_head")
     split = lax.axis_index("split")
-    rows_out, head_dim = q_ref.shape[-2:]
+    rows_out, head_dim = q_ref.shape[2:]
     page_size = k_pages_ref.shape[2]
     bk = pages_per_step * page_size
-    dtype = o_ref.dtype  # of the 16-bit tiles, the PV wgmma and the output
+    dtype = q_ref.dtype
     fp8 = staging > 0  # pages to dequantize into `staging` 16-bit tiles
 
     # This program's steps: [start, start + n) of the sequence's bk blocks.
@@ -217,36 +204,21 @@ def _decode_kernel(
                             buffers.scales.at[kind, pl.ds(c * piece, piece)],
                             tbl_bar.at[0])
 
-        def issue(i, slot, kinds=(0, 1), part=None):
+        def issue(i, slot, kinds=(0, 1)):
             """Step i's pages -> ring slot `slot`, one TMA copy per page, of
-            K (kind 0) and V (1); ``part`` (fp8_qk): only V's pages in that
-            producer's 64-row chunks, onto its own barriers."""
-            pages = range(pages_per_step)
-            bars = (k_bar.at[slot], v_bar.at[slot])
-            if part is not None:
-                per_chunk = _ROWS // page_size
-                pages = [c * per_chunk + j for c in _chunks(part)
-                         for j in range(per_chunk)]
-                bars = (None, v_bar.at[part * num_stages + slot])
-            rings = ((k_pages_ref, k_smem), (v_pages_ref, v_smem))
-            for kind in kinds:
-                pages_ref, smem = rings[kind]
-                for j in pages:
-                    page = tbl_smem[tbl_shift + i * pages_per_step + j]
+            K (kind 0) and V (1)."""
+            pages = [tbl_smem[tbl_shift + i * pages_per_step + j]
+                     for j in range(pages_per_step)]
+            rings = ((k_pages_ref, k_smem, k_bar), (v_pages_ref, v_smem, v_bar))
+            for pages_ref, smem, bar in (rings[kind] for kind in kinds):
+                for j, page in enumerate(pages):
                     for r in range(0, page_size, _COPY_ROWS):
                         plgpu.copy_gmem_to_smem(
                             pages_ref.at[kv_head, page,
                                          pl.ds(r, _COPY_ROWS)],
                             smem.at[slot, pl.ds(j * page_size + r,
                                                 _COPY_ROWS)],
-                            bars[kind])
-
-        def _chunks(part):
-            """The 64-row chunks of a step that producer ``part`` copies
-            and dequantizes (fp8_qk; all of them otherwise)."""
-            if part is None:
-                return range(bk // _ROWS)
-            return range(part, bk // _ROWS, producers)
+                            bar.at[slot])
 
         def fill_ring(kinds=(0, 1)):
             @pl.when(n > 0)
@@ -255,12 +227,11 @@ def _decode_kernel(
                 for i in range(num_stages):
                     pl.when(i < n)(functools.partial(issue, i, i, kinds))
 
-        def dequant(kind, i, src, dst, part=None):
+        def dequant(kind, i, src, dst):
             """Step i's fp8 tile ``src`` [bk, H] -> ``dst`` [bk, H] in the
-            16-bit dtype, each page's rows times its scale (kind 0: K, 1: V;
-            ``part``: that producer's chunks only); then made visible to
-            wgmma."""
-            for c in _chunks(part):
+            query dtype, each page's rows times its scale (kind 0: K, 1: V);
+            then made visible to wgmma."""
+            for c in range(bk // _ROWS):
                 rows = pl.ds(c * _ROWS, _ROWS)
                 x = cast(src.at[rows][...], plgpu.Layout.WGMMA_8BIT)
                 # e4m3 -> f16 is one exact convert per pair; bf16 goes
@@ -284,41 +255,12 @@ def _decode_kernel(
             its QK^T wgmma does and ``after_qk(i, slot)`` once it is done,
             its V tile is ``v_tile(i, slot)``, and ``done(i, slot)`` runs
             once both are consumed."""
-            row_factor = None
-            if not fp8_qk:
-                q_smem[...] = cast(jnp.zeros((_ROWS, head_dim), dtype),
-                                   plgpu.Layout.WGMMA)
-                plgpu.commit_smem()
-                plgpu.copy_gmem_to_smem(q_ref.at[seq, kv_head],
-                                        q_smem.at[pl.ds(0, rows_out)],
-                                        q_bar.at[0])
-                plgpu.barrier_wait(q_bar.at[0])
-            else:
-                for t in range(2):  # hi and lo terms, padding rows zero
-                    q_smem.at[t][...] = cast(
-                        jnp.zeros((_ROWS, head_dim), q_smem.dtype),
-                        plgpu.Layout.WGMMA_8BIT)
-                plgpu.commit_smem()
-                for t in range(2):
-                    plgpu.copy_gmem_to_smem(
-                        q_ref.at[seq, kv_head, t],
-                        q_smem.at[t, pl.ds(0, rows_out)], q_bar.at[0])
-                plgpu.copy_gmem_to_smem(q_scale_ref.at[seq, kv_head],
-                                        buffers.q_scale, q_bar.at[0])
-                plgpu.barrier_wait(q_bar.at[0])
-                # The logits' row factor: query scale x softmax scale.
-                row_factor = (buffers.q_scale[...] if interpret else
-                              plgpu.load(buffers.q_scale, (),
-                                         layout=plgpu.Layout.WGMMA.reduce(1),
-                                         optimized=False))
-                row_factor = row_factor * (
-                    sm_scale / logit_soft_cap if logit_soft_cap is not None
-                    else sm_scale * LOG2E)
-                if per_page:  # the consumer reads the pages' K scales
-
-                    @pl.when(n > 0)
-                    def _():
-                        plgpu.barrier_wait(tbl_bar.at[0])
+            q_smem[...] = cast(jnp.zeros((_ROWS, head_dim), dtype),
+                               plgpu.Layout.WGMMA)
+            plgpu.commit_smem()
+            plgpu.copy_gmem_to_smem(q_ref.at[seq, kv_head],
+                                    q_smem.at[pl.ds(0, rows_out)], q_bar.at[0])
+            plgpu.barrier_wait(q_bar.at[0])
             acc = cast(jnp.zeros((_ROWS, head_dim), jnp.float32),
                        plgpu.Layout.WGMMA)
             m = cast(jnp.full((_ROWS,), MASK_VALUE, jnp.float32),
@@ -328,8 +270,7 @@ def _decode_kernel(
             body = functools.partial(_attend_step, k_tile=k_tile,
                                      during_qk=during_qk, v_tile=v_tile,
                                      done=done,
-                                     after_qk=after_qk or nothing,
-                                     row_factor=row_factor)
+                                     after_qk=after_qk or nothing)
             # Only the last block (and, with a window, every block) needs a
             # mask.
             n_full = jnp.int32(0)
@@ -345,34 +286,23 @@ def _decode_kernel(
             # l == 0 only for an empty split, whose output is zeros.
             l = jnp.maximum(l, 1.0)
             acc = acc / lax.broadcast_in_dim(l, acc.shape, [0])
-            out_smem = buffers.out if fp8_qk else q_smem
-            out_smem[...] = acc.astype(dtype)
+            q_smem[...] = acc.astype(dtype)
             lse_smem[...] = m + jnp.log2(l)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[pl.ds(0, rows_out)],
+            plgpu.copy_smem_to_gmem(q_smem.at[pl.ds(0, rows_out)],
                                     o_ref.at[seq, kv_head, split])
             plgpu.copy_smem_to_gmem(lse_smem,
                                     lse_ref.at[seq, kv_head, split])
             plgpu.wait_smem_to_gmem(0)
 
         def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
-                         after_qk, row_factor):
+                         after_qk):
             acc, m, l = carry
             k_ref, slot = k_tile(i)
-            q_tiles = (q_smem.at[0], q_smem.at[1]) if fp8_qk else q_smem
-            s = qk(q_tiles, k_ref, (_ROWS, bk),
+            s = qk(q_smem, k_ref, (_ROWS, bk),
                    functools.partial(during_qk, i, slot))
             after_qk(i, slot)
-            if fp8_qk:  # codes x codes: the rows' and the pages' scales
-                s = s * lax.broadcast_in_dim(row_factor, s.shape, [0])
-                if per_page:
-                    first = tbl_shift + i * pages_per_step
-                    s = s * _col_scales(
-                        [buffers.scales[0, first + j]
-                         for j in range(pages_per_step)], page_size, iota)
-                if logit_soft_cap is not None:
-                    s = jnp.tanh(s) * (logit_soft_cap * LOG2E)
-            elif logit_soft_cap is not None:
+            if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
             else:
@@ -394,113 +324,6 @@ def _decode_kernel(
             acc = pv(acc, p, v_tile(i, slot))
             done(i, slot)  # both tiles of this step are consumed
             return acc, m_next, l
-
-        def consume_swapped(k_tile, v_tile, done, after_qk):
-            """``swap_ab``: the tokens on the wgmmas' M side and the query
-            rows on N (S^T = K Q^T from the fp8 ring, O^T = V^T P^T), so the
-            online softmax runs over a [bk, R] tile, not a 64-row padded
-            one; P^T goes through a small smem tile as PV's B operand."""
-            for t in range(2):
-                plgpu.copy_gmem_to_smem(q_ref.at[seq, kv_head, t],
-                                        q_smem.at[t], q_bar.at[0])
-            plgpu.copy_gmem_to_smem(q_scale_ref.at[seq, kv_head],
-                                    buffers.q_scale, q_bar.at[0])
-            plgpu.barrier_wait(q_bar.at[0])
-            cols = plgpu.Layout.WGMMA.reduce(0)
-            q_scale = buffers.q_scale.at[pl.ds(0, rows_out)]
-            factor = (q_scale[...] if interpret else
-                      plgpu.load(q_scale, (), layout=cols, optimized=False))
-            factor = factor * (sm_scale / logit_soft_cap
-                               if logit_soft_cap is not None
-                               else sm_scale * LOG2E)
-            if per_page:
-                @pl.when(n > 0)
-                def _():
-                    plgpu.barrier_wait(tbl_bar.at[0])
-            acc = cast(jnp.zeros((head_dim, rows_out), jnp.float32),
-                       plgpu.Layout.WGMMA)
-            m = cast(jnp.full((rows_out,), MASK_VALUE, jnp.float32), cols)
-            l = cast(jnp.zeros((rows_out,), jnp.float32), cols)
-
-            def step(i, carry, masked):
-                acc, m, l = carry
-                k_ref, slot = k_tile(i)
-                if interpret:
-                    k = k_ref[...].astype(jnp.float32)
-                    st = sum(lax.dot_general(
-                        k, q_smem.at[t][...].astype(jnp.float32),
-                        (((1,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32)
-                        for t in range(2))
-                else:
-                    def body(acc_ref):
-                        for t in range(2):
-                            plgpu.wgmma(acc_ref, k_ref,
-                                        q_smem.at[t].transpose((1, 0)))
-                        return acc_ref[...]
-                    st = pl.run_scoped(body, plgpu.ACC((bk, rows_out),
-                                                       jnp.float32))
-                after_qk(i, slot)
-                st = st * lax.broadcast_in_dim(factor, st.shape, [1])
-                if per_page:
-                    first = tbl_shift + i * pages_per_step
-                    st = st * _token_scales(
-                        [buffers.scales[0, first + j]
-                         for j in range(pages_per_step)], page_size,
-                        rows_out, iota)
-                if logit_soft_cap is not None:
-                    st = jnp.tanh(st) * (logit_soft_cap * LOG2E)
-                if masked:
-                    pos = (start + i) * bk + iota((bk, rows_out), 0)
-                    valid = pos < kv_len
-                    if sliding_window is not None:
-                        valid = valid & (pos >= kv_len - sliding_window)
-                    st = jnp.where(valid, st, MASK_VALUE)
-                m_next = jnp.maximum(m, st.max(axis=0))
-                alpha = jnp.exp2(m - m_next)
-                p = jnp.exp2(st - lax.broadcast_in_dim(m_next, st.shape, [1]))
-                l = l * alpha + p.sum(axis=0)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                # P^T [bk, R] stored as P [R, bk]: K-major for PV's B
-                # operand, whose swizzle must match V^T's.
-                if interpret:
-                    buffers.p[...] = p.astype(dtype).T
-                else:
-                    buffers.p.transpose((1, 0))[...] = plgpu.layout_cast(
-                        p.astype(dtype), plgpu.Layout.WGMMA_TRANSPOSED)
-                plgpu.commit_smem()
-                v_ref = v_tile(i, slot)
-                if interpret:
-                    acc = acc + lax.dot_general(
-                        v_ref[...], buffers.p[...], (((0,), (1,)), ((), ())),
-                        preferred_element_type=jnp.float32)
-                else:
-                    def pv_body(acc_ref):
-                        plgpu.wgmma(acc_ref, v_ref.transpose((1, 0)),
-                                    buffers.p.transpose((1, 0)))
-                    acc = pl.run_state(pv_body)(plgpu.ACC.init(acc))
-                done(i, slot)
-                return acc, m_next, l
-
-            n_full = jnp.int32(0)
-            if sliding_window is None:
-                n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
-            carry = lax.fori_loop(0, n_full,
-                                  functools.partial(step, masked=False),
-                                  (acc, m, l))
-            acc, m, l = lax.fori_loop(n_full, n,
-                                      functools.partial(step, masked=True),
-                                      carry)
-            l = jnp.maximum(l, 1.0)
-            acc = acc / lax.broadcast_in_dim(l, acc.shape, [1])
-            buffers.out[...] = acc.astype(dtype)
-            lse_smem.at[pl.ds(0, rows_out)][...] = m + jnp.log2(l)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buffers.out,
-                                    o_ref.at[seq, kv_head, split])
-            plgpu.copy_smem_to_gmem(lse_smem,
-                                    lse_ref.at[seq, kv_head, split])
-            plgpu.wait_smem_to_gmem(0)
 
         def ring_k(i):
             slot = lax.rem(i, num_stages)
@@ -564,30 +387,6 @@ def _decode_kernel(
                 consume(ring_k, nothing, ring_v, release)
                 return
 
-            if fp8_qk:  # K straight from the ring, V dequantized
-                def staged_v_qk(i, slot):
-                    plgpu.barrier_wait(barriers.vb_ready.at[
-                        lax.rem(i, staging)])
-                    return buffers.vb.at[lax.rem(i, staging)]
-
-                def release_v(i, slot):
-                    @pl.when(i + staging < n)
-                    def _():
-                        plgpu.barrier_arrive(barriers.vb_free.at[
-                            lax.rem(i, staging)])
-
-                def release_k(i, slot):
-                    @pl.when(i + num_stages < n)
-                    def _():
-                        plgpu.barrier_arrive(free_bar.at[slot])
-                if swap_ab:
-                    consume_swapped(ring_k, staged_v_qk, release_v,
-                                    release_k)
-                else:
-                    consume(ring_k, nothing, staged_v_qk, release_v,
-                            after_qk=release_k)
-                return
-
             def staged_k(i):
                 sb = lax.rem(i, staging)
                 plgpu.barrier_wait(barriers.kb_ready.at[sb])
@@ -623,58 +422,6 @@ def _decode_kernel(
                     slot = lax.rem(i, num_stages)
                     plgpu.barrier_wait(free_bar.at[slot])
                     issue(i + num_stages, slot)
-            return
-
-        if fp8_qk:
-            # Producer `part` copies and dequantizes its 64-row chunks of
-            # each V tile; the first also loads the table and copies K,
-            # refilling a K slot once the consumer's QK^T has read it.
-            def produce_qk(part):
-                if not interpret:
-                    plgpu.set_max_registers(_PRODUCER_REGS_FP8[producers],
-                                            action="decrease")
-                if part == 0:
-                    load_table()
-
-                @pl.when(n > 0)
-                def _():
-                    plgpu.barrier_wait(tbl_bar.at[0])
-                    for i in range(num_stages):
-                        @pl.when(i < n)
-                        def _():
-                            issue(i, i, (1,), part)
-                            if part == 0:
-                                issue(i, i, (0,))
-
-                @pl.loop(0, n)
-                def _(i):
-                    slot = lax.rem(i, num_stages)
-                    sb = lax.rem(i, staging)
-
-                    @pl.when(i >= staging)
-                    def _():
-                        plgpu.barrier_wait(barriers.vb_free.at[sb])
-                    plgpu.barrier_wait(v_bar.at[part * num_stages + slot])
-                    dequant(1, i, v_smem.at[slot], buffers.vb.at[sb], part)
-                    plgpu.barrier_arrive(barriers.vb_ready.at[sb])
-
-                    @pl.when(i + num_stages < n)
-                    def _():
-                        issue(i + num_stages, slot, (1,), part)
-                    if part == 0:
-                        # Step j's QK^T is done (its PV was: the wait
-                        # above); staging <= num_stages leaves no K refill
-                        # for the loop's last `staging` steps.
-                        j = i - staging
-
-                        @pl.when((j >= 0) & (j + num_stages < n))
-                        def _():
-                            k_slot = lax.rem(jnp.maximum(j, 0), num_stages)
-                            plgpu.barrier_wait(free_bar.at[k_slot])
-                            issue(j + num_stages, k_slot, (0,))
-
-            for part in range(producers):
-                pl.when(wg == 1 + part)(functools.partial(produce_qk, part))
             return
 
         # fp8: each producer warpgroup copies and dequantizes its kinds of
@@ -723,40 +470,13 @@ def _decode_kernel(
     ring = (num_stages, bk, head_dim)
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
     fp8_buffers, fp8_barriers = {}, {}
-    q_buffer = plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms)
-    v_ready = plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages)
     if fp8:
         tiles = (staging, bk, head_dim)
         fp8_buffers = dict(kb=plgpu.SMEM(tiles, dtype, transforms=transforms),
                            vb=plgpu.SMEM(tiles, dtype, transforms=transforms))
         if per_page:
             fp8_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
-        if fp8_qk:
-            del fp8_buffers["kb"]  # K is read as it lands
-            q_buffer = plgpu.SMEM((2, _ROWS, head_dim), page_dtype,
-                                  transforms=ring_transforms)
-            fp8_buffers.update(out=plgpu.SMEM((_ROWS, head_dim), dtype,
-                                              transforms=transforms),
-                               q_scale=plgpu.SMEM((_ROWS,), jnp.float32))
-            if swap_ab:  # the query rows on N: R-wide tiles
-                narrow = swizzled_smem_transforms(
-                    dtype, rows_out * jnp.dtype(dtype).itemsize)
-                q_buffer = plgpu.SMEM((2, rows_out, head_dim), page_dtype,
-                                      transforms=ring_transforms)
-                fp8_buffers.update(
-                    out=plgpu.SMEM((head_dim, rows_out), dtype,
-                                   transforms=narrow),
-                    q_scale=plgpu.SMEM((_VEC,), jnp.float32),
-                    p=plgpu.SMEM((rows_out, bk), dtype,
-                                 transforms=transforms))
-            # One V barrier per (producer, slot): each copies its chunks.
-            v_ready = plgpu.Barrier(num_arrivals=copies // producers,
-                                    num_barriers=producers * num_stages)
-            fp8_barriers = dict(
-                vb_ready=plgpu.Barrier(num_arrivals=producers,
-                                       num_barriers=staging),
-                vb_free=plgpu.Barrier(num_barriers=staging))
-        elif producer:
+        if producer:
             fp8_barriers = dict(
                 kb_ready=plgpu.Barrier(num_barriers=staging),
                 vb_ready=plgpu.Barrier(num_barriers=staging),
@@ -765,19 +485,19 @@ def _decode_kernel(
     pl.run_scoped(
         scoped,
         _Buffers(
-            q=q_buffer,
+            q=plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
             k=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             v=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             table=plgpu.SMEM((table_chunk,), jnp.int32),
-            lse=plgpu.SMEM((_VEC if swap_ab else _ROWS,), jnp.float32),
+            lse=plgpu.SMEM((_ROWS,), jnp.float32),
             **fp8_buffers),
         _Barriers(
-            q=plgpu.Barrier(num_arrivals=3 if fp8_qk else 1, num_barriers=1),
+            q=plgpu.Barrier(num_barriers=1),
             table=plgpu.Barrier(num_arrivals=num_pieces * (3 if per_page
                                                            else 1),
                                 num_barriers=1),
             k_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
-            v_ready=v_ready,
+            v_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
             free=plgpu.Barrier(num_barriers=num_stages),
             **fp8_barriers),
         **({"collective_axes": "wg"} if producer else {}),
@@ -802,59 +522,6 @@ def _row_scales(scales, page_size, head_dim, dtype, interpret):
     out = lax.broadcast_in_dim(rows.astype(dtype), (_ROWS, head_dim), [0])
     return out if interpret else plgpu.layout_cast(out,
                                                    plgpu.Layout.WGMMA_8BIT)
-
-
-def _col_scales(scales, page_size, iota):
-    """[64, bk] f32: column t of a step's logits takes ``scales[t // B]``
-    (one f32 scalar per page of the step), in the logits' layout."""
-    assert len(scales) >= 2  # a step holds 64+ tokens, pages of 16
-    page = iota((_ROWS, len(scales) * page_size), 1) // page_size
-    out = jnp.where(page == 0, scales[0], scales[-1])
-    for j in range(1, len(scales) - 1):
-        out = jnp.where(page == j, scales[j], out)
-    return out
-
-
-def _token_scales(scales, page_size, rows, iota):
-    """[bk, rows] f32 (``swap_ab``): row t of a step's transposed logits
-    takes ``scales[t // B]``."""
-    page = iota((len(scales) * page_size, rows), 0) // page_size
-    out = jnp.where(page == 0, scales[0], scales[-1])
-    for j in range(1, len(scales) - 1):
-        out = jnp.where(page == j, scales[j], out)
-    return out
-
-
-def _split_e4m3(q: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Query rows [S, K, R, H] -> (their two e4m3 terms [S, K, 2, R, H],
-    each row's f32 scale [S, K, 64], zero past R). Row x = scale * (hi +
-    lo): hi is x / scale rounded to e4m3 (scale = the row's max / 448),
-    lo the rounding residual rounded again, which leaves about bf16's
-    relative error where hi alone has e4m3's 1/16."""
-    fp8 = _FP8_PAGES[0]
-    x = q.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=-1)
-    scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8).max), 1.0)
-    y = x / scale[..., None]
-    hi = y.astype(fp8)
-    lo = (y - _e4m3_value(hi)).astype(fp8)
-    scale = jnp.pad(scale, ((0, 0), (0, 0), (0, _ROWS - scale.shape[-1])))
-    return jnp.stack([hi, lo], axis=2), scale
-
-
-def _e4m3_value(codes: jax.Array) -> jax.Array:
-    """The f32 value of e4m3fn codes, decoded from their bits. Not
-    ``codes.astype(f32)``: XLA's GPU compiler may drop an f32 -> e4m3 ->
-    f32 round trip as excess precision (xla_allow_excess_precision), which
-    made every residual zero on the H200 (NOTES.md v12)."""
-    bits = lax.bitcast_convert_type(codes, jnp.uint8).astype(jnp.int32)
-    exp = (bits >> 3) & 0xF
-    man = (bits & 7).astype(jnp.float32)
-    # 2 ** (exp - 10) built from its f32 bits (exact; exp2 may not be).
-    pow2 = lax.bitcast_convert_type((jnp.maximum(exp, 1) + 117) << 23,
-                                    jnp.float32)
-    mag = jnp.where(exp == 0, man, man + 8.0) * pow2  # subnormal: m * 2**-9
-    return jnp.where(bits & 0x80, -mag, mag)
 
 
 def decode_attention(
@@ -889,12 +556,9 @@ def decode_attention(
     itemsize = jnp.dtype(q.dtype).itemsize
     staging = 0  # 16-bit pages go to wgmma as they land
     producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
-    fp8_qk = swap_ab = False
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
         num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
         producers = tuning.fp8_producers
-        fp8_qk = tuning.fp8_qk
-        swap_ab = tuning.swap_ab
     else:
         num_stages = tuning.stages(head_dim, itemsize)
     max_steps = cdiv(pages_per_seq, pages_per_step)
@@ -911,18 +575,10 @@ def decode_attention(
     width = max(round_up(max_steps * pages_per_step, 4), chunk)
     if width != pages_per_seq:
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
-    # swap_ab: the rows are wgmma's N, and their 16-bit tiles' rows must be
-    # 32+ bytes (Mosaic's smallest swizzle).
-    rows_out = round_up(group, 16 if swap_ab else 8)
+    rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
-    out_dtype = q.dtype  # of the dequantized tiles, PV and the output
     if staging and tuning.fp8_f16:
-        out_dtype = jnp.float16
         q_rows = q_rows.astype(jnp.float16)
-    q_scales = ()
-    if fp8_qk:
-        q_rows, q_scale = _split_e4m3(q_rows)
-        q_scales = (q_scale[..., :_VEC] if swap_ab else q_scale,)
     scale_rows = ()
     if per_page:  # each table entry's (k, v) scales, in the table's order
         scale_rows = (jnp.transpose(
@@ -933,8 +589,7 @@ def decode_attention(
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
-        per_page=per_page, interpret=interpret, producers=producers,
-        fp8_qk=fp8_qk, swap_ab=swap_ab)
+        per_page=per_page, interpret=interpret, producers=producers)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
@@ -947,18 +602,14 @@ def decode_attention(
         kw.update(num_threads=1 + producers, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct(
-            (*part, *((head_dim, rows_out) if swap_ab
-                      else (rows_out, head_dim))), out_dtype),
-                  jax.ShapeDtypeStruct(
-                      (*part, _VEC if swap_ab else _ROWS), jnp.float32)),
+        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),
+                                       q_rows.dtype),
+                  jax.ShapeDtypeStruct((*part, _ROWS), jnp.float32)),
         grid=(num_seqs, num_kv_heads, splits),
         grid_names=("seq", "kv_head", "split"),
         **kw,
-    )(kv_lens.astype(jnp.int32), tables, *scale_rows, *q_scales, q_rows,
-      k_pages, v_pages)
-    if swap_ab:
-        o = jnp.swapaxes(o, -1, -2)
+    )(kv_lens.astype(jnp.int32), tables, *scale_rows, q_rows, k_pages,
+      v_pages)
     o = o[:, :, :, :group].astype(jnp.float32)
     if splits == 1:
         return o[:, :, 0]

@@ -55,20 +55,6 @@ class MosaicDecodeTuning:
     # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
     # them (K in one warpgroup, V in another; three warpgroups in all).
     fp8_producers: int = 1
-    # fp8 pages with a producer warpgroup: QK^T on the fp8 tensor cores
-    # straight from the K ring (no K dequantization; NOTES.md v12). The
-    # query rows go in as two e4m3 terms with one per-row scale (hi plus
-    # the rounding residual: about bf16's precision, where one e4m3 term
-    # alone is 25x less accurate), both products summed in one
-    # accumulator; each page's K scale multiplies its logits' columns. V
-    # tiles are still dequantized for PV, split over the producers by
-    # 64-row chunk.
-    fp8_qk: bool = False
-    # fp8_qk only: the tokens on the wgmmas' M side and the query rows on N
-    # (S^T = K Q^T, O^T = V^T P^T). The consumer's softmax then covers
-    # [tokens, R] instead of a 64-row padded tile, the bound of the
-    # unswapped kernel at one group per program (NOTES.md v12).
-    swap_ab: bool = False
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -83,19 +69,6 @@ class MosaicDecodeTuning:
         if self.fp8_producers not in (1, 2):
             raise TuningError(f"fp8_producers={self.fp8_producers} must be "
                               "1 or 2")
-        if self.fp8_qk and not self.producer_warpgroup:
-            raise TuningError("fp8_qk needs producer_warpgroup=True (the "
-                              "producers dequantize V while the consumer "
-                              "reads K straight from the ring)")
-        if self.swap_ab and not self.fp8_qk:
-            raise TuningError("swap_ab needs fp8_qk=True (K is the A operand"
-                              " straight from the fp8 ring)")
-        if self.fp8_qk and (self.tokens_per_step // 64) % self.fp8_producers:
-            raise TuningError(
-                f"fp8_qk with fp8_producers={self.fp8_producers} needs "
-                f"tokens_per_step a multiple of {64 * self.fp8_producers} "
-                f"(each producer dequantizes whole 64-row chunks of V), got "
-                f"{self.tokens_per_step}")
         if self.staging_stages < 1:
             raise TuningError(f"staging_stages={self.staging_stages} must be"
                               " >= 1")
@@ -112,28 +85,15 @@ class MosaicDecodeTuning:
         the copies fill and the 16-bit (``itemsize``) tiles they are
         dequantized into for wgmma, both within ``smem_budget``."""
         step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
-        tile = step * itemsize  # a step's K and V dequantized
+        tile = step * itemsize
         fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
-        if self.fp8_qk:  # V alone is dequantized; two e4m3 query tiles
-            tile //= 2
-            fixed += 2 * MOSAIC_ROWS * head_dim
-        if self.swap_ab:  # 16-row tiles: query terms, output, P; and the
-            # softmax's cross-warp reduction scratch
-            fixed = 16 * (2 * head_dim + (head_dim + self.tokens_per_step)
-                          * itemsize) + 8 * 1024
         staging = self.staging_stages if self.producer_warpgroup else 1
         while staging > 1 and fixed + staging * tile + 2 * step > self.smem_budget:
             staging -= 1
         if self.num_stages:
-            ring = self.num_stages
-        else:
-            ring = max(2, min(8, (self.smem_budget - fixed - staging * tile)
-                              // step))
-        if self.fp8_qk:
-            # The K ring is refilled `staging` steps behind the dequant
-            # lead, so it must hold at least that many steps.
-            staging = min(staging, ring)
-        return ring, staging
+            return self.num_stages, staging
+        ring = (self.smem_budget - fixed - staging * tile) // step
+        return max(2, min(8, ring)), staging
 
     def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
         if self.kv_splits:

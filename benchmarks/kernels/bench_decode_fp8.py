@@ -65,48 +65,10 @@ VARIANTS = {
     "ws_nab": {"no_auto_barriers": True},
     "ws_f16": {"fp8_f16": True},
     "1wg": {"producer_warpgroup": False},
-    # v12: QK^T on fp8 tensor cores from the K ring ("qk"), V dequantized by
-    # one or two producers.
-    "qk2_t128_nab": {"fp8_qk": True, "fp8_producers": 2,
-                     "tokens_per_step": 128, "no_auto_barriers": True},
-    "qk1_t128_nab": {"fp8_qk": True, "tokens_per_step": 128,
-                     "no_auto_barriers": True},
-    "qk1_nab": {"fp8_qk": True, "no_auto_barriers": True},
-    "qk2_t128": {"fp8_qk": True, "fp8_producers": 2,
-                 "tokens_per_step": 128},
-    "qk2_t128_nab_f16": {"fp8_qk": True, "fp8_producers": 2,
-                         "tokens_per_step": 128, "no_auto_barriers": True,
-                         "fp8_f16": True},
-    "qk2_t128_nab_st1": {"fp8_qk": True, "fp8_producers": 2,
-                         "tokens_per_step": 128, "no_auto_barriers": True,
-                         "staging_stages": 1},
-    # v12b: and the tokens on the wgmmas' M side ("sw": swap_ab).
-    "sw2_t128_nab": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
-                     "tokens_per_step": 128, "no_auto_barriers": True},
-    "sw1_t128_nab": {"fp8_qk": True, "swap_ab": True,
-                     "tokens_per_step": 128, "no_auto_barriers": True},
-    "sw1_nab": {"fp8_qk": True, "swap_ab": True, "no_auto_barriers": True},
-    "sw2_t128": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
-                 "tokens_per_step": 128},
-    "sw2_t128_nab_st1": {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
-                         "tokens_per_step": 128, "no_auto_barriers": True,
-                         "staging_stages": 1},
-    "sw2_t128_nab_b224": {"fp8_qk": True, "swap_ab": True,
-                          "fp8_producers": 2, "tokens_per_step": 128,
-                          "no_auto_barriers": True,
-                          "smem_budget": 224 * 1024},
 }
-# The probe's tunings (own process each group: a hang stops only its own).
-PROBES = {"base": ({}, {"fp8_producers": 2}, {"producer_warpgroup": False}),
-          "qk": ({"fp8_qk": True},
-                 {"fp8_qk": True, "fp8_producers": 2, "tokens_per_step": 128,
-                  "no_auto_barriers": True}),
-          "sw": ({"fp8_qk": True, "swap_ab": True},
-                 {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
-                  "tokens_per_step": 128, "no_auto_barriers": True})}
 
 
-def probe(group):
+def probe():
     """Small fp8 cases compiled, against the reference (own process)."""
     import jax.numpy as jnp
     from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
@@ -121,7 +83,7 @@ def probe(group):
     ref = ragged_paged_attention_reference(*case, sm_scale=H ** -0.5,
                                            k_scale=ks, v_scale=vs,
                                            decode_only=True)
-    for tune in PROBES[group]:
+    for tune in ({}, {"fp8_producers": 2}, {"producer_warpgroup": False}):
         t = RaggedPagedAttentionTuning(
             decode_backend="mosaic", mosaic_decode=MosaicDecodeTuning(**tune))
         out = ragged_paged_attention(*case, sm_scale=H ** -0.5, tuning=t,
@@ -146,32 +108,17 @@ def once(fn, *args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--probe", choices=sorted(PROBES))
+    ap.add_argument("--probe", action="store_true")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated fp8 Mosaic variants to time")
     a = ap.parse_args()
     if a.probe:
-        probe(a.probe)
+        probe()
         return
-    chosen = a.variants.split(",")
-    for group in PROBES:
-        if group != "base" and not any(v.startswith(group) for v in chosen):
-            continue
-        try:
-            r = subprocess.run([sys.executable, __file__, "--probe", group,
-                                *(["--smoke"] if SMOKE else [])],
-                               timeout=600 if SMOKE else 150)
-            failed = r.returncode != 0
-        except subprocess.TimeoutExpired:
-            failed = True
-        if failed and group == "base":
-            print("probe failed: no timings", flush=True)
-            sys.exit(1)
-        if failed:  # time the rest
-            print(f"probe {group} failed: its variants are not timed",
-                  flush=True)
-            chosen = [v for v in chosen if not v.startswith(group)]
+    r = subprocess.run([sys.executable, __file__, "--probe",
+                        *(["--smoke"] if SMOKE else [])], timeout=600 if SMOKE else 150)
+    if r.returncode:
+        print("probe failed: no timings", flush=True)
+        sys.exit(1)
 
     import jax
     import jax.numpy as jnp
@@ -281,9 +228,8 @@ def main():
     fn, args, check = api("fp8", decode_backend="triton")
     run("api_triton", "fp8", fn, args, check)
     write()
-    for label in chosen:
-        if label == "ws" or (SMOKE and label not in ("1wg", "qk1_nab",
-                                                      "sw1_nab")):
+    for label in VARIANTS:
+        if label == "ws" or (SMOKE and label != "1wg"):
             continue
         fp8_variant(label)
         write()

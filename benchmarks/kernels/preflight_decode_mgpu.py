@@ -44,32 +44,6 @@ CASES = [
     (FP8, 256, 4, True, {}, {"fp8_producers": 2}),
     (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0}, {}),
     (FP8, 64, 8, True, {}, {}),
-    # fp8 QK^T (NOTES.md v12): one and two producers, per-tensor scales,
-    # window + soft cap, f16 PV, head dims 64 and 256.
-    (FP8, 128, 4, True, {}, {"fp8_qk": True}),
-    (FP8, 128, 4, True, {}, {"fp8_qk": True, "fp8_producers": 2,
-                             "tokens_per_step": 128,
-                             "no_auto_barriers": True}),
-    (FP8, 128, 4, False, {}, {"fp8_qk": True, "fp8_producers": 2,
-                              "tokens_per_step": 128}),
-    (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0},
-     {"fp8_qk": True, "fp8_producers": 2, "tokens_per_step": 128}),
-    (FP8, 128, 4, True, {}, {"fp8_qk": True, "fp8_producers": 2,
-                             "tokens_per_step": 128, "fp8_f16": True}),
-    (FP8, 64, 1, True, {}, {"fp8_qk": True}),
-    (FP8, 256, 4, True, {}, {"fp8_qk": True}),
-    # swap_ab (tokens on M): one and two producers, window + soft cap,
-    # per-tensor scales, groups 1 and 16, head dims 64 and 256.
-    (FP8, 128, 4, True, {}, {"fp8_qk": True, "swap_ab": True}),
-    (FP8, 128, 4, True, {}, {"fp8_qk": True, "swap_ab": True,
-                             "fp8_producers": 2, "tokens_per_step": 128,
-                             "no_auto_barriers": True}),
-    (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0},
-     {"fp8_qk": True, "swap_ab": True, "fp8_producers": 2,
-      "tokens_per_step": 128}),
-    (FP8, 128, 16, False, {}, {"fp8_qk": True, "swap_ab": True}),
-    (FP8, 64, 1, True, {}, {"fp8_qk": True, "swap_ab": True}),
-    (FP8, 256, 4, True, {}, {"fp8_qk": True, "swap_ab": True}),
 ]
 
 

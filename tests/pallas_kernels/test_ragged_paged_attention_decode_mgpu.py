@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import pytest
 
@@ -22,8 +21,8 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
 from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
     ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
-                                        fp8_case, gpu, make_case, rel_error)
+from tests.pallas_kernels.cases import (check_against_reference, fp8_case,
+                                        gpu, make_case, rel_error)
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -159,80 +158,6 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
-@pytest.mark.parametrize("swap", [False, True])
-@pytest.mark.parametrize("producers,extra,scales", [
-    (1, dict(tokens_per_step=64), "page"),
-    (2, dict(tokens_per_step=128, no_auto_barriers=True), "tensor")])
-def test_mosaic_decode_fp8_qk(producers, extra, scales, swap):
-    """fp8_qk: QK^T of the query's two e4m3 terms straight against the fp8
-    K ring, each page's K scale on its logits' columns, V dequantized by
-    one or two producers (each its 64-row chunks); with window and soft
-    cap, and with per-tensor scales (folded into the query). ``swap``:
-    the tokens on the wgmmas' M side (swap_ab)."""
-    case, ks, vs = fp8_case([(1, 330), (1, 7), (1, 129)], num_q_heads=8,
-                            num_kv_heads=2, head_dim=64 * producers,
-                            seed=15 + producers)
-    if scales == "tensor":
-        ks, vs = jnp.float32(0.004), jnp.float32(0.03)
-    tuning = _mosaic(num_stages=2, kv_splits=2, producer_warpgroup=True,
-                     fp8_producers=producers, fp8_qk=True, swap_ab=swap,
-                     **extra)
-    out = _check(case, tuning, k_scale=ks, v_scale=vs, decode_only=True,
-                 sliding_window=200, logit_soft_cap=20.0)
-    # Against the same kernel without fp8_qk (K dequantized to bf16): the
-    # two agree to the kernels' own precision.
-    plain = _mosaic(num_stages=2, kv_splits=2, producer_warpgroup=True,
-                    fp8_producers=producers, **extra)
-    other = ragged_paged_attention(
-        *case, sm_scale=(64 * producers) ** -0.5, tuning=plain,
-        interpret=INTERPRET, k_scale=ks, v_scale=vs, decode_only=True,
-        sliding_window=200, logit_soft_cap=20.0)
-    assert rel_error(out[:3], other[:3]) < 1e-2
-
-
-def test_fp8_qk_query_split_is_about_bf16_precise():
-    """The query's two e4m3 terms rebuild each row to about bf16's
-    relative error; one term alone is far coarser."""
-    import numpy as np
-    q = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 8, 128)),
-                    jnp.float32) * jnp.asarray([1e-3, 1.0, 40.0])[None, :,
-                                                                  None, None]
-    # jitted: on a GPU, XLA once dropped the residual's f32 -> e4m3 -> f32
-    # round trip, leaving lo all zero.
-    terms, scale = jax.jit(mg._split_e4m3)(q)
-    assert terms.dtype == jnp.float8_e4m3fn and terms.shape == (2, 3, 2, 8,
-                                                                128)
-    assert scale.shape == (2, 3, 64) and not jnp.any(scale[..., 8:])
-    t = terms.astype(jnp.float32)
-    both = (t[:, :, 0] + t[:, :, 1]) * scale[..., :8, None]
-    hi = t[:, :, 0] * scale[..., :8, None]
-    err = lambda x: float(jnp.max(jnp.abs(x - q)) / jnp.max(jnp.abs(q)))
-    assert err(both) < 2 ** -9 < 2 ** -6 < err(hi)
-
-
-def test_e4m3_codes_decode_from_their_bits():
-    import numpy as np
-    codes = jax.lax.bitcast_convert_type(jnp.arange(256, dtype=jnp.uint8),
-                                         jnp.float8_e4m3fn)
-    want = np.asarray(codes.astype(jnp.float32))
-    got = np.asarray(jax.jit(mg._e4m3_value)(codes))
-    finite = np.isfinite(want)
-    assert finite.sum() == 254 and np.array_equal(got[finite], want[finite])
-
-
-def test_fp8_qk_refuses_what_it_cannot_split():
-    with pytest.raises(TuningError, match="producer_warpgroup"):
-        MosaicDecodeTuning(fp8_qk=True, producer_warpgroup=False)
-    with pytest.raises(TuningError, match="swap_ab needs fp8_qk"):
-        MosaicDecodeTuning(swap_ab=True)
-    with pytest.raises(TuningError, match="multiple of 128"):
-        MosaicDecodeTuning(fp8_qk=True, fp8_producers=2, tokens_per_step=64)
-    # Its smem plan: no K staging, a ring deep enough for the K refills.
-    t = MosaicDecodeTuning(fp8_qk=True, tokens_per_step=128, num_stages=2,
-                           staging_stages=3)
-    assert t.fp8_stages(128, 2) == (2, 2)
-
-
 def test_fp8_pages_take_their_own_default_tuning():
     """fp8 pages at head_dim 128 get FP8_MOSAIC_DECODE from the tuned
     table; 16-bit pages and other head dims keep the table's entry."""
@@ -285,31 +210,6 @@ def test_mosaic_decode_fp8_on_gpu(group, head_dim, window, cap):
            k_scale=ks, v_scale=vs)
     case, ks, vs = fp8_case(decodes, **kw)
     _check(case, None, sliding_window=window, logit_soft_cap=cap,
-           k_scale=ks, v_scale=vs, decode_only=True)
-
-
-@gpu
-@pytest.mark.parametrize("swap", [False, True])
-@pytest.mark.parametrize("group,head_dim,producers", [
-    (1, 64, 1), (4, 128, 1), (4, 128, 2), (8, 128, 2), (4, 256, 1),
-    (16, 128, 2)])
-@pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
-def test_mosaic_decode_fp8_qk_on_gpu(group, head_dim, producers, window, cap,
-                                     swap):
-    """fp8_qk compiled (and swap_ab): decodes and a prefill chunk (Triton)
-    in one call, then decode-only steps, per-page scales."""
-    tuning = _mosaic(producer_warpgroup=True, fp8_qk=True, swap_ab=swap,
-                     fp8_producers=producers,
-                     tokens_per_step=64 * producers,
-                     no_auto_barriers=producers == 2)
-    decodes = [(1, 1), (1, 129), (1, 2048), (1, 5000)]
-    kw = dict(num_q_heads=4 * group, num_kv_heads=4, head_dim=head_dim,
-              seed=head_dim + group + 7)
-    case, ks, vs = fp8_case(decodes + [(7, 40)], **kw)
-    _check(case, tuning, sliding_window=window, logit_soft_cap=cap,
-           k_scale=ks, v_scale=vs)
-    case, ks, vs = fp8_case(decodes, **kw)
-    _check(case, tuning, sliding_window=window, logit_soft_cap=cap,
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
