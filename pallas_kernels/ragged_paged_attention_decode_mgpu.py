@@ -137,7 +137,7 @@ def _decode_kernel(
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
     num_splits, table_chunk, producer, staging, per_page, interpret,
-    producers=1):
+    producers=1, probe=""):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
     #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
@@ -231,7 +231,8 @@ def _decode_kernel(
             """Step i's fp8 tile ``src`` [bk, H] -> ``dst`` [bk, H] in the
             query dtype, each page's rows times its scale (kind 0: K, 1: V);
             then made visible to wgmma."""
-            for c in range(bk // _ROWS):
+            for c in range(0 if probe in ("no_convert", "copies_only")
+                           else bk // _ROWS):
                 rows = pl.ds(c * _ROWS, _ROWS)
                 x = cast(src.at[rows][...], plgpu.Layout.WGMMA_8BIT)
                 # e4m3 -> f16 is one exact convert per pair; bf16 goes
@@ -299,6 +300,13 @@ def _decode_kernel(
                          after_qk):
             acc, m, l = carry
             k_ref, slot = k_tile(i)
+            if probe in ("no_math", "copies_only"):
+                # Measurement only: the tiles are waited for and released
+                # as in a real step, nothing is computed from them.
+                after_qk(i, slot)
+                v_tile(i, slot)
+                done(i, slot)
+                return carry
             s = qk(q_smem, k_ref, (_ROWS, bk),
                    functools.partial(during_qk, i, slot))
             after_qk(i, slot)
@@ -589,7 +597,8 @@ def decode_attention(
         logit_soft_cap=logit_soft_cap, pages_per_step=pages_per_step,
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
-        per_page=per_page, interpret=interpret, producers=producers)
+        per_page=per_page, interpret=interpret, producers=producers,
+        probe=tuning.probe)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:

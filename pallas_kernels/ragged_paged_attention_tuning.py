@@ -55,6 +55,11 @@ class MosaicDecodeTuning:
     # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
     # them (K in one warpgroup, V in another; three warpgroups in all).
     fp8_producers: int = 1
+    # Measurement only (wrong outputs): "no_math" skips the consumer's
+    # wgmmas and softmax, "no_convert" the producers' fp8 dequantization,
+    # "copies_only" both; the copies, barriers and releases run as in a
+    # real step, so the time left is the copy pipeline's own floor.
+    probe: str = ""
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -69,6 +74,9 @@ class MosaicDecodeTuning:
         if self.fp8_producers not in (1, 2):
             raise TuningError(f"fp8_producers={self.fp8_producers} must be "
                               "1 or 2")
+        if self.probe not in ("", "no_math", "no_convert", "copies_only"):
+            raise TuningError(f"probe={self.probe!r}: '', 'no_math', "
+                              "'no_convert' or 'copies_only'")
         if self.staging_stages < 1:
             raise TuningError(f"staging_stages={self.staging_stages} must be"
                               " >= 1")

@@ -20,6 +20,10 @@ One command (GPU machine, repo root):
    variant's output checked against the reference on the same inputs.
    Bytes: K+V pages read once, in their dtype, plus the per-page scales.
 
+``--stages`` times only the fp8 default tuning and bf16 pages, whole and
+with ``MosaicDecodeTuning.probe``'s stages left out (measurement only:
+wrong outputs), for the copy pipeline's own floor (NOTES.md v13).
+
 Prints a table last; writes decode-fp8-mgpu-h200.json to --out.
 ``--smoke`` runs it all on tiny shapes in interpret mode on CPU (no copy
 bandwidth, timings meaningless), to check the script.
@@ -110,6 +114,10 @@ def main():
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--stages", action="store_true",
+                    help="time only the fp8 default and bf16 pages, whole "
+                    "and with MosaicDecodeTuning.probe's stages left out "
+                    "(NOTES.md v13)")
     a = ap.parse_args()
     if a.probe:
         probe()
@@ -221,21 +229,41 @@ def main():
                                   **VARIANTS[label]))
         run(f"api_mosaic_{label}", "fp8", fn, args, check)
 
-    fp8_variant("ws")
-    write()
-    fn, args, _ = api("bf16", decode_backend="mosaic")
-    run("api_mosaic", "bf16", fn, args)
-    fn, args, check = api("fp8", decode_backend="triton")
-    run("api_triton", "fp8", fn, args, check)
-    write()
-    for label in VARIANTS:
-        if label == "ws" or (SMOKE and label != "1wg"):
-            continue
-        fp8_variant(label)
+    def all_variants():
+        fp8_variant("ws")
         write()
-    fn, args = kernel("fp8", MosaicDecodeTuning())
-    run("kernel_mosaic_ws", "fp8", fn, args)
-    write()
+        fn, args, _ = api("bf16", decode_backend="mosaic")
+        run("api_mosaic", "bf16", fn, args)
+        fn, args, check = api("fp8", decode_backend="triton")
+        run("api_triton", "fp8", fn, args, check)
+        write()
+        for label in VARIANTS:
+            if label == "ws" or (SMOKE and label != "1wg"):
+                continue
+            fp8_variant(label)
+            write()
+        fn, args = kernel("fp8", MosaicDecodeTuning())
+        run("kernel_mosaic_ws", "fp8", fn, args)
+        write()
+
+    if a.stages:  # the default fp8 tuning, whole and stage by stage
+        fp8_default = default_tuning(H, B, kv_itemsize=1).mosaic_decode
+        for probe in ("", "no_convert", "no_math", "copies_only"):
+            tune = dataclasses.replace(fp8_default, probe=probe)
+            fn, args, check = api("fp8", decode_backend="mosaic",
+                                  mosaic_decode=tune)
+            run(f"fp8_default{'_' + probe if probe else ''}", "fp8", fn,
+                args, None if probe else check)
+            write()
+        for probe in ("", "no_math"):
+            fn, args, _ = api("bf16", decode_backend="mosaic",
+                              mosaic_decode=dataclasses.replace(
+                                  base.mosaic_decode, probe=probe))
+            run(f"bf16_default{'_' + probe if probe else ''}", "bf16", fn,
+                args)
+            write()
+    else:
+        all_variants()
     print(f"\ncopy BW {bw / 1e12:.2f} TB/s ({roof['device']}); "
           f"S={S} L={L} N={N} K={K} H={H} page {B}, decode-only, chained")
     for r in rows:

@@ -44,6 +44,16 @@ CASES = [
     (FP8, 256, 4, True, {}, {"fp8_producers": 2}),
     (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0}, {}),
     (FP8, 64, 8, True, {}, {}),
+    # Measurement-only probes (bench_decode_fp8.py --stages).
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "tokens_per_step": 128,
+                             "no_auto_barriers": True, "probe": "no_math"}),
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "tokens_per_step": 128,
+                             "no_auto_barriers": True,
+                             "probe": "copies_only"}),
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "tokens_per_step": 128,
+                             "no_auto_barriers": True,
+                             "probe": "no_convert"}),
+    (jnp.bfloat16, 128, 4, False, {}, {"probe": "no_math"}),
 ]
 
 

@@ -21,8 +21,8 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
 from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
     ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import (check_against_reference, fp8_case,
-                                        gpu, make_case, rel_error)
+from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
+                                        fp8_case, gpu, make_case, rel_error)
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -156,6 +156,21 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
     _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
                          staging_stages=2, fp8_producers=producers, **extra),
            k_scale=ks, v_scale=vs, decode_only=True)
+
+
+def test_mosaic_decode_probe_leaves_out_the_math():
+    """The measurement-only probe: with no_math the loop still waits for
+    and releases every tile (it finishes) but computes nothing (zeros);
+    an unknown probe name is refused."""
+    case = make_case([(1, 200), (1, 7)], num_q_heads=4, num_kv_heads=1,
+                     head_dim=64, dtype=jnp.bfloat16, seed=6)
+    whole = _check(case, _mosaic(num_stages=2, kv_splits=2))
+    probed = ragged_paged_attention(
+        *case, sm_scale=0.125, interpret=INTERPRET, decode_only=True,
+        tuning=_mosaic(num_stages=2, kv_splits=2, probe="no_math"))
+    assert jnp.any(whole[:2]) and not jnp.any(probed[:2])
+    with pytest.raises(TuningError, match="probe"):
+        MosaicDecodeTuning(probe="no_loads")
 
 
 def test_fp8_pages_take_their_own_default_tuning():
