@@ -248,19 +248,19 @@ def main():
 
     if a.stages:  # the default fp8 tuning, whole and stage by stage
         fp8_default = default_tuning(H, B, kv_itemsize=1).mosaic_decode
-        for probe in ("", "no_convert", "no_math", "copies_only"):
-            tune = dataclasses.replace(fp8_default, probe=probe)
+        for left_out in ("", "no_convert", "no_math", "copies_only"):
+            tune = dataclasses.replace(fp8_default, probe=left_out)
             fn, args, check = api("fp8", decode_backend="mosaic",
                                   mosaic_decode=tune)
-            run(f"fp8_default{'_' + probe if probe else ''}", "fp8", fn,
-                args, None if probe else check)
+            run(f"fp8_default{'_' + left_out if left_out else ''}", "fp8",
+                fn, args, None if left_out else check)
             write()
-        for probe in ("", "no_math"):
+        for left_out in ("", "no_math"):
             fn, args, _ = api("bf16", decode_backend="mosaic",
                               mosaic_decode=dataclasses.replace(
-                                  base.mosaic_decode, probe=probe))
-            run(f"bf16_default{'_' + probe if probe else ''}", "bf16", fn,
-                args)
+                                  base.mosaic_decode, probe=left_out))
+            run(f"bf16_default{'_' + left_out if left_out else ''}", "bf16",
+                fn, args)
             write()
     else:
         all_variants()
