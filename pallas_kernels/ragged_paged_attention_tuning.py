@@ -58,7 +58,9 @@ class MosaicDecodeTuning:
     # Measurement only (wrong outputs): "no_math" skips the consumer's
     # wgmmas and softmax, "no_convert" the producers' fp8 dequantization,
     # "copies_only" both; the copies, barriers and releases run as in a
-    # real step, so the time left is the copy pipeline's own floor.
+    # real step, so the time left is the copy pipeline's own floor. (With
+    # one warpgroup, V's dequantization runs inside the QK^T step, so
+    # "no_math" leaves it out too.)
     probe: str = ""
 
     def __post_init__(self):

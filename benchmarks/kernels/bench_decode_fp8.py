@@ -51,8 +51,12 @@ from benchmarks.kernels.bench_attention import (batch, roofline,  # noqa: E402
 
 S, L, N, K, H, B = (2, 128, 8, 2, 64, 16) if SMOKE else (64, 2048, 32, 8,
                                                            128, 16)
-COMMAND = ("export PYTHONPATH=$PWD; "
-           "python3 benchmarks/kernels/bench_decode_fp8.py --out $OUT")
+# The command as run (its flags decide the rows: --stages times other
+# variants than the default run).
+COMMAND = ("export PYTHONPATH=$PWD; python3 benchmarks/kernels/"
+           "bench_decode_fp8.py --out $OUT"
+           + "".join(f" {x}" for x in sys.argv[1:] if x in ("--stages",
+                                                           "--smoke")))
 # fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default,
 # "ws2" = two dequantizing producer warpgroups (K and V), "nab" = no
 # automatic warpgroup barriers, "f16" = wgmmas in f16, "t128" = 128-token
@@ -215,7 +219,7 @@ def main():
                                timing="time_chained: 16 calls per program, "
                                "median of 9 repeats", decode_only=True),
                    bw_bytes_per_s=bw, copy_repeats_s=roof["copy_s"],
-                   variants=VARIANTS, rows=rows)
+                   variants={} if a.stages else VARIANTS, rows=rows)
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "decode-fp8-mgpu-h200.json"),
                   "w") as f:
