@@ -99,22 +99,25 @@ def mosaic_matmul_helpers(interpret: bool):
 
     * ``qk(q_ref, k_ref, shape, then)``: f32 logits ``q @ k^T`` of two smem
       tiles, ``shape`` = (rows, tokens); ``then()`` runs after the wgmma is
-      issued, before its result is read (a schedule barrier, say);
+      issued, before its result is read (a schedule barrier, say, or other
+      register work the wgmma overlaps); ``qk(..., then, with_result=True)``
+      returns ``(logits, then())``;
     * ``pv(acc, p, v_ref)``: ``acc + p @ v`` with p in registers."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def qk(q_ref, k_ref, shape, then=lambda: None):
+    def qk(q_ref, k_ref, shape, then=lambda: None, with_result=False):
         if interpret:
             s = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-            then()
-            return s
+            r = then()
+            return (s, r) if with_result else s
 
         def body(acc_ref):
             plgpu.wgmma(acc_ref, q_ref, k_ref.transpose((1, 0)))
-            then()
-            return acc_ref[...]
+            r = then()
+            s = acc_ref[...]  # waits for the wgmma
+            return (s, r) if with_result else s
         return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
 
     def pv(acc, p, v_ref):

@@ -33,7 +33,8 @@ and dequantized in shared memory: each 64-token tile is loaded into
 registers, converted, multiplied row-wise by its page's scale and stored as
 a 16-bit tile in the swizzled layout wgmma reads; the wgmma and online
 softmax then run as for 16-bit pages. With a producer warpgroup the producer
-dequantizes (``staging_stages`` tiles ahead of the consumer), so the convert
+dequantizes (``staging_stages`` K tiles and ``v_staging_stages`` V tiles
+ahead of the consumer), so the convert
 overlaps the consumer's math; ``fp8_producers=2`` splits that work over two
 producer warpgroups, one copying and converting K, the other V (the convert,
 not the consumer's math, bounds the kernel: NOTES.md v10, v11); with one
@@ -87,8 +88,8 @@ class _Buffers(NamedTuple):
     table: Any  # [table_chunk] int32 the program's block-table slice
     lse: Any  # [64] f32 the split's base-2 log-sum-exp
     # fp8 pages only (None otherwise):
-    kb: Any = None  # [staging, bk, H] dequantized K tiles (query dtype)
-    vb: Any = None  # [staging, bk, H] dequantized V tiles
+    kb: Any = None  # [K staging, bk, H] dequantized K tiles (query dtype)
+    vb: Any = None  # [V staging, bk, H] dequantized V tiles
     scales: Any = None  # [2, table_chunk] f32 per-page (k, v) scales
 
 
@@ -100,10 +101,10 @@ class _Barriers(NamedTuple):
     v_ready: Any  # [num_stages] a ring slot's V pages landed
     free: Any  # [num_stages] the consumer released a slot (producer mode)
     # fp8 pages with a producer warpgroup only (None otherwise):
-    kb_ready: Any = None  # [staging] a dequantized K tile is stored
-    vb_ready: Any = None  # [staging] a dequantized V tile is stored
-    kb_free: Any = None  # [staging] the consumer's QK^T read a K tile
-    vb_free: Any = None  # [staging] the consumer's PV read a V tile
+    kb_ready: Any = None  # [K staging] a dequantized K tile is stored
+    vb_ready: Any = None  # [V staging] a dequantized V tile is stored
+    kb_free: Any = None  # [K staging] the consumer's QK^T read a K tile
+    vb_free: Any = None  # [V staging] the consumer's PV read a V tile
 
 
 class MosaicDecodeUnsupported(ValueError):
@@ -137,7 +138,7 @@ def _decode_kernel(
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
     num_splits, table_chunk, producer, staging, per_page, interpret,
-    producers=1, probe=""):
+    producers=1, probe="", overlap=False):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
     #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
@@ -160,7 +161,9 @@ def _decode_kernel(
     page_size = k_pages_ref.shape[2]
     bk = pages_per_step * page_size
     dtype = q_ref.dtype
-    fp8 = staging > 0  # pages to dequantize into `staging` 16-bit tiles
+    # fp8 pages are dequantized into staging = (K, V) rings of 16-bit tiles
+    # ((0, 0) for 16-bit pages).
+    fp8 = staging[0] > 0
 
     # This program's steps: [start, start + n) of the sequence's bk blocks.
     kv_len = kv_lens_ref[seq]
@@ -268,21 +271,50 @@ def _decode_kernel(
                      plgpu.Layout.WGMMA.reduce(1))
             l = cast(jnp.zeros((_ROWS,), jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
-            body = functools.partial(_attend_step, k_tile=k_tile,
-                                     during_qk=during_qk, v_tile=v_tile,
-                                     done=done,
-                                     after_qk=after_qk or nothing)
+            after_qk = after_qk or nothing
             # Only the last block (and, with a window, every block) needs a
             # mask.
             n_full = jnp.int32(0)
             if sliding_window is None:
                 n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
+            if overlap and not probe:
+                # Step i's softmax runs while step i + 1's QK^T wgmma does,
+                # so its first QK^T comes before the loop: an empty split
+                # (n == 0) must not wait for it.
+                pl.when(n == 0)(lambda: finish(acc, m, l))
+
+                @pl.when(n > 0)
+                def _():
+                    k_ref, slot = k_tile(jnp.int32(0))
+                    s = qk(q_smem, k_ref, (_ROWS, bk))
+                    after_qk(0, slot)
+                    body = functools.partial(
+                        _overlapped_step, k_tile=k_tile, v_tile=v_tile,
+                        done=done, after_qk=after_qk)
+                    last = n - 1
+                    cut = jnp.minimum(n_full, last)
+                    carry = lax.fori_loop(
+                        0, cut, functools.partial(body, masked=False),
+                        (acc, m, l, s, slot))
+                    acc_, m_, l_, s, slot = lax.fori_loop(
+                        cut, last, functools.partial(body, masked=True), carry)
+                    p, m_, l_, acc_ = _softmax(last, s, m_, l_, acc_, True)
+                    acc_ = pv(acc_, p, v_tile(last, slot))
+                    done(last, slot)
+                    finish(acc_, m_, l_)
+                return
+            body = functools.partial(_attend_step, k_tile=k_tile,
+                                     during_qk=during_qk, v_tile=v_tile,
+                                     done=done, after_qk=after_qk)
             carry = lax.fori_loop(0, n_full,
                                   functools.partial(body, masked=False),
                                   (acc, m, l))
-            acc, m, l = lax.fori_loop(n_full, n,
-                                      functools.partial(body, masked=True),
-                                      carry)
+            finish(*lax.fori_loop(n_full, n,
+                                  functools.partial(body, masked=True),
+                                  carry))
+
+        def finish(acc, m, l):
+            """The split's normalized output rows and log-sum-exp -> HBM."""
             # l >= 1 once any block was seen (its max contributes exp2(0));
             # l == 0 only for an empty split, whose output is zeros.
             l = jnp.maximum(l, 1.0)
@@ -296,20 +328,9 @@ def _decode_kernel(
                                     lse_ref.at[seq, kv_head, split])
             plgpu.wait_smem_to_gmem(0)
 
-        def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
-                         after_qk):
-            acc, m, l = carry
-            k_ref, slot = k_tile(i)
-            if probe in ("no_math", "copies_only"):
-                # Measurement only: the tiles are waited for and released
-                # as in a real step, nothing is computed from them.
-                after_qk(i, slot)
-                v_tile(i, slot)
-                done(i, slot)
-                return carry
-            s = qk(q_smem, k_ref, (_ROWS, bk),
-                   functools.partial(during_qk, i, slot))
-            after_qk(i, slot)
+        def _softmax(i, s, m, l, acc, masked):
+            """Step i's logits ``s`` -> (its probabilities in the query
+            dtype, the running max, sum and output rescaled to it)."""
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
@@ -327,11 +348,40 @@ def _decode_kernel(
             p = jnp.exp2(s - lax.broadcast_in_dim(m_next, s.shape, [0]))
             l = l * alpha + p.sum(axis=1)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-            p = p.astype(dtype)
+            return p.astype(dtype), m_next, l, acc
 
+        def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
+                         after_qk):
+            acc, m, l = carry
+            k_ref, slot = k_tile(i)
+            if probe in ("no_math", "copies_only"):
+                # Measurement only: the tiles are waited for and released
+                # as in a real step, nothing is computed from them.
+                after_qk(i, slot)
+                v_tile(i, slot)
+                done(i, slot)
+                return carry
+            s = qk(q_smem, k_ref, (_ROWS, bk),
+                   functools.partial(during_qk, i, slot))
+            after_qk(i, slot)
+            p, m, l, acc = _softmax(i, s, m, l, acc, masked)
             acc = pv(acc, p, v_tile(i, slot))
             done(i, slot)  # both tiles of this step are consumed
-            return acc, m_next, l
+            return acc, m, l
+
+        def _overlapped_step(i, carry, masked, k_tile, v_tile, done,
+                             after_qk):
+            """Step i's softmax during step i + 1's QK^T, then step i's PV
+            (``s`` holds step i's logits)."""
+            acc, m, l, s, slot = carry
+            k_ref, next_slot = k_tile(i + 1)
+            s_next, (p, m, l, acc) = qk(
+                q_smem, k_ref, (_ROWS, bk),
+                lambda: _softmax(i, s, m, l, acc, masked), with_result=True)
+            after_qk(i + 1, next_slot)
+            acc = pv(acc, p, v_tile(i, slot))
+            done(i, slot)
+            return acc, m, l, s_next, next_slot
 
         def ring_k(i):
             slot = lax.rem(i, num_stages)
@@ -361,7 +411,7 @@ def _decode_kernel(
             # staging tile is indexed by a traced 0: jax 0.11's lowering
             # rejects a literal index on a ref that a wgmma reads in a loop.)
             def staged(i):
-                return lax.rem(i, staging)
+                return lax.rem(i, staging[0])
 
             def staged_k(i):
                 k_ref, slot = ring_k(i)
@@ -396,25 +446,27 @@ def _decode_kernel(
                 return
 
             def staged_k(i):
-                sb = lax.rem(i, staging)
+                sb = lax.rem(i, staging[0])
                 plgpu.barrier_wait(barriers.kb_ready.at[sb])
                 return buffers.kb.at[sb], sb
 
-            def staged_v(i, sb):
+            def staged_v(i, _):
+                sb = lax.rem(i, staging[1])
                 plgpu.barrier_wait(barriers.vb_ready.at[sb])
                 return buffers.vb.at[sb]
 
-            def release(free):
-                def arrive(i, sb):
+            def release(free, depth):
+                def arrive(i, _):
                     # Only tiles the producer refills (its wait for step
-                    # i + staging).
-                    @pl.when(i + staging < n)
+                    # i + depth).
+                    @pl.when(i + depth < n)
                     def _():
-                        plgpu.barrier_arrive(free.at[sb])
+                        plgpu.barrier_arrive(free.at[lax.rem(i, depth)])
                 return arrive
             # K's tile is free once QK^T is done, V's once PV is.
-            consume(staged_k, nothing, staged_v, release(barriers.vb_free),
-                    after_qk=release(barriers.kb_free))
+            consume(staged_k, nothing, staged_v,
+                    release(barriers.vb_free, staging[1]),
+                    after_qk=release(barriers.kb_free, staging[0]))
 
         if not fp8:
             @pl.when(wg == 1)
@@ -448,11 +500,11 @@ def _decode_kernel(
             @pl.loop(0, n)
             def _(i):
                 slot = lax.rem(i, num_stages)
-                sb = lax.rem(i, staging)
                 for kind in kinds:
                     tiles, ready, free, landed, ring = staged[kind]
+                    sb = lax.rem(i, staging[kind])
 
-                    @pl.when(i >= staging)
+                    @pl.when(i >= staging[kind])
                     def _():
                         plgpu.barrier_wait(free.at[sb])
                     plgpu.barrier_wait(landed.at[slot])
@@ -479,17 +531,19 @@ def _decode_kernel(
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
     fp8_buffers, fp8_barriers = {}, {}
     if fp8:
-        tiles = (staging, bk, head_dim)
-        fp8_buffers = dict(kb=plgpu.SMEM(tiles, dtype, transforms=transforms),
-                           vb=plgpu.SMEM(tiles, dtype, transforms=transforms))
+        fp8_buffers = dict(
+            kb=plgpu.SMEM((staging[0], bk, head_dim), dtype,
+                          transforms=transforms),
+            vb=plgpu.SMEM((staging[1], bk, head_dim), dtype,
+                          transforms=transforms))
         if per_page:
             fp8_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
         if producer:
             fp8_barriers = dict(
-                kb_ready=plgpu.Barrier(num_barriers=staging),
-                vb_ready=plgpu.Barrier(num_barriers=staging),
-                kb_free=plgpu.Barrier(num_barriers=staging),
-                vb_free=plgpu.Barrier(num_barriers=staging))
+                kb_ready=plgpu.Barrier(num_barriers=staging[0]),
+                vb_ready=plgpu.Barrier(num_barriers=staging[1]),
+                kb_free=plgpu.Barrier(num_barriers=staging[0]),
+                vb_free=plgpu.Barrier(num_barriers=staging[1]))
     pl.run_scoped(
         scoped,
         _Buffers(
@@ -562,7 +616,7 @@ def decode_attention(
         raise MosaicDecodeUnsupported(why)
     pages_per_step = tuning.tokens_per_step // page_size
     itemsize = jnp.dtype(q.dtype).itemsize
-    staging = 0  # 16-bit pages go to wgmma as they land
+    staging = (0, 0)  # 16-bit pages go to wgmma as they land
     producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
         num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
@@ -585,7 +639,7 @@ def decode_attention(
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
     rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
-    if staging and tuning.fp8_f16:
+    if staging[0] and tuning.fp8_f16:
         q_rows = q_rows.astype(jnp.float16)
     scale_rows = ()
     if per_page:  # each table entry's (k, v) scales, in the table's order
@@ -598,7 +652,7 @@ def decode_attention(
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
         per_page=per_page, interpret=interpret, producers=producers,
-        probe=tuning.probe)
+        probe=tuning.probe, overlap=tuning.overlap_softmax)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:

@@ -46,6 +46,10 @@ class MosaicDecodeTuning:
     # producer warpgroup's lead; one warpgroup alone uses one); fewer when
     # the smem budget needs it.
     staging_stages: int = 2
+    # V's staging depth when it should differ from K's (0: staging_stages):
+    # K's tile is free once QK^T has read it, V's only after PV, so a second
+    # V tile lets V's convert of the next step run during this step's PV.
+    v_staging_stages: int = 0
     # fp8 pages under bf16 queries: run the two wgmmas in f16 instead (the
     # query rows cast to f16, pages dequantized to f16: one exact convert
     # per pair of codes and an f16 scale multiply instead of a trip through
@@ -62,6 +66,11 @@ class MosaicDecodeTuning:
     # one warpgroup, V's dequantization runs inside the QK^T step, so
     # "no_math" leaves it out too.)
     probe: str = ""
+    # With a producer warpgroup: step i's softmax runs while step i + 1's
+    # QK^T wgmma does (FlashAttention-3's in-warpgroup overlap; one more
+    # logits tile live in registers). Step i + 1's K tile is waited for
+    # first, so it wants K staged two deep for fp8 pages.
+    overlap_softmax: bool = False
 
     def __post_init__(self):
         if self.tokens_per_step % 64 or self.tokens_per_step < 64:
@@ -79,9 +88,13 @@ class MosaicDecodeTuning:
         if self.probe not in ("", "no_math", "no_convert", "copies_only"):
             raise TuningError(f"probe={self.probe!r}: '', 'no_math', "
                               "'no_convert' or 'copies_only'")
-        if self.staging_stages < 1:
+        if self.overlap_softmax and not self.producer_warpgroup:
+            raise TuningError("overlap_softmax needs producer_warpgroup=True "
+                              "(one warpgroup dequantizes V during QK^T)")
+        if self.staging_stages < 1 or self.v_staging_stages < 0:
             raise TuningError(f"staging_stages={self.staging_stages} must be"
-                              " >= 1")
+                              f" >= 1 and v_staging_stages="
+                              f"{self.v_staging_stages} >= 0 (0: the same)")
 
     def stages(self, head_dim: int, itemsize: int) -> int:
         if self.num_stages:
@@ -90,20 +103,27 @@ class MosaicDecodeTuning:
         fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
         return max(2, min(8, (self.smem_budget - fixed) // step))
 
-    def fp8_stages(self, head_dim: int, itemsize: int) -> tuple[int, int]:
-        """(ring, staging) depths for 1-byte pages: the ring of fp8 steps
-        the copies fill and the 16-bit (``itemsize``) tiles they are
-        dequantized into for wgmma, both within ``smem_budget``."""
+    def fp8_stages(self, head_dim: int, itemsize: int
+                   ) -> tuple[int, tuple[int, int]]:
+        """(ring, (K staging, V staging)) depths for 1-byte pages: the ring
+        of fp8 steps the copies fill and the 16-bit (``itemsize``) K and V
+        tiles they are dequantized into for wgmma, all within
+        ``smem_budget`` (the deeper staging gives way first)."""
         step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
-        tile = step * itemsize
+        tile = step // 2 * itemsize  # one kind's 16-bit tile
         fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
-        staging = self.staging_stages if self.producer_warpgroup else 1
-        while staging > 1 and fixed + staging * tile + 2 * step > self.smem_budget:
-            staging -= 1
+        if self.producer_warpgroup:
+            k = self.staging_stages
+            v = self.v_staging_stages or k
+        else:
+            k = v = 1
+        while max(k, v) > 1 and fixed + (k + v) * tile + 2 * step > \
+                self.smem_budget:
+            k, v = (k - (k >= v), v - (v >= k))
         if self.num_stages:
-            return self.num_stages, staging
-        ring = (self.smem_budget - fixed - staging * tile) // step
-        return max(2, min(8, ring)), staging
+            return self.num_stages, (k, v)
+        ring = (self.smem_budget - fixed - (k + v) * tile) // step
+        return max(2, min(8, ring)), (k, v)
 
     def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
         if self.kv_splits:

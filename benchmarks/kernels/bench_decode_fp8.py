@@ -56,6 +56,7 @@ S, L, N, K, H, B = (2, 128, 8, 2, 64, 16) if SMOKE else (64, 2048, 32, 8,
 COMMAND = ("export PYTHONPATH=$PWD; python3 benchmarks/kernels/"
            "bench_decode_fp8.py --out $OUT"
            + "".join(f" {x}" for x in sys.argv[1:] if x in ("--stages",
+                                                           "--pipeline",
                                                            "--smoke")))
 # fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default,
 # "ws2" = two dequantizing producer warpgroups (K and V), "nab" = no
@@ -75,6 +76,26 @@ VARIANTS = {
     "1wg": {"producer_warpgroup": False},
 }
 
+# --pipeline (NOTES.md v14): how many steps the stages keep in flight, on
+# the fp8 default (two producers, 128-token steps, no automatic barriers).
+# "b224" = a 224 KiB smem budget (the default's 200 KiB leaves one staging
+# tile per kind); "k1v2" = K staged one tile deep, V two (V's convert of
+# the next step during this step's PV); "ov" = the softmax during the next
+# step's QK^T (overlap_softmax; staging 2 + 2 in a 2-step ring).
+FP8_DEFAULT = {"fp8_producers": 2, "tokens_per_step": 128,
+               "no_auto_barriers": True}
+B224 = {**FP8_DEFAULT, "smem_budget": 224 * 1024}
+PIPELINE_VARIANTS = {
+    "default": FP8_DEFAULT,
+    "b224": B224,
+    "b224_k1v2": {**B224, "staging_stages": 1, "v_staging_stages": 2},
+    "b224_k2v1": {**B224, "v_staging_stages": 1},
+    "b224_ov": {**B224, "overlap_softmax": True},
+    "b224_ov_k2v1": {**B224, "overlap_softmax": True, "v_staging_stages": 1},
+    "b224_ov_t64": {**B224, "overlap_softmax": True, "tokens_per_step": 64},
+    "b224_ov_1p": {**B224, "overlap_softmax": True, "fp8_producers": 1},
+}
+
 
 def probe():
     """Small fp8 cases compiled, against the reference (own process)."""
@@ -91,7 +112,9 @@ def probe():
     ref = ragged_paged_attention_reference(*case, sm_scale=H ** -0.5,
                                            k_scale=ks, v_scale=vs,
                                            decode_only=True)
-    for tune in ({}, {"fp8_producers": 2}, {"producer_warpgroup": False}):
+    for tune in ({}, {"fp8_producers": 2}, {"producer_warpgroup": False},
+                 {**B224, "overlap_softmax": True},
+                 {**B224, "staging_stages": 1, "v_staging_stages": 2}):
         t = RaggedPagedAttentionTuning(
             decode_backend="mosaic", mosaic_decode=MosaicDecodeTuning(**tune))
         out = ragged_paged_attention(*case, sm_scale=H ** -0.5, tuning=t,
@@ -122,6 +145,9 @@ def main():
                     help="time only the fp8 default and bf16 pages, whole "
                     "and with MosaicDecodeTuning.probe's stages left out "
                     "(NOTES.md v13)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="time PIPELINE_VARIANTS (fp8) and bf16 pages with "
+                    "and without overlap_softmax (NOTES.md v14)")
     a = ap.parse_args()
     if a.probe:
         probe()
@@ -219,7 +245,8 @@ def main():
                                timing="time_chained: 16 calls per program, "
                                "median of 9 repeats", decode_only=True),
                    bw_bytes_per_s=bw, copy_repeats_s=roof["copy_s"],
-                   variants={} if a.stages else VARIANTS, rows=rows)
+                   variants=(PIPELINE_VARIANTS if a.pipeline else {}
+                             if a.stages else VARIANTS), rows=rows)
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "decode-fp8-mgpu-h200.json"),
                   "w") as f:
@@ -265,6 +292,20 @@ def main():
                                   base.mosaic_decode, probe=left_out))
             run(f"bf16_default{'_' + left_out if left_out else ''}", "bf16",
                 fn, args)
+            write()
+    elif a.pipeline:
+        for label, tune in PIPELINE_VARIANTS.items():
+            fn, args, check = api("fp8", decode_backend="mosaic",
+                                  mosaic_decode=MosaicDecodeTuning(**tune))
+            run(f"fp8_{label}", "fp8", fn, args, check)
+            write()
+        for overlap in (False, True):
+            fn, args, check = api("bf16", decode_backend="mosaic",
+                                  mosaic_decode=dataclasses.replace(
+                                      base.mosaic_decode,
+                                      overlap_softmax=overlap))
+            run("bf16_default" + ("_ov" if overlap else ""), "bf16", fn,
+                args, check)
             write()
     else:
         all_variants()

@@ -54,7 +54,20 @@ CASES = [
                              "no_auto_barriers": True,
                              "probe": "no_convert"}),
     (jnp.bfloat16, 128, 4, False, {}, {"probe": "no_math"}),
-]
+    # bench_decode_fp8.py --pipeline (NOTES.md v14).
+    (jnp.bfloat16, 128, 4, False, {}, {"overlap_softmax": True}),
+    (jnp.bfloat16, 128, 8, False, {"sliding_window": 300,
+                                   "logit_soft_cap": 30.0},
+     {"overlap_softmax": True}),
+] + [(FP8, 128, 4, True, kw, {"fp8_producers": 2, "tokens_per_step": 128,
+                             "no_auto_barriers": True,
+                             "smem_budget": 224 * 1024, **extra})
+     for kw in ({}, {"sliding_window": 300, "logit_soft_cap": 30.0})
+     for extra in ({}, {"staging_stages": 1, "v_staging_stages": 2},
+                   {"v_staging_stages": 1}, {"overlap_softmax": True},
+                   {"overlap_softmax": True, "v_staging_stages": 1},
+                   {"overlap_softmax": True, "tokens_per_step": 64},
+                   {"overlap_softmax": True, "fp8_producers": 1})]
 
 
 def lower(page_dtype, head_dim, group, per_page, kw, tune):

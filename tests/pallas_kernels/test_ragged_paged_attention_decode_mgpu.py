@@ -85,6 +85,23 @@ def test_mosaic_decode_producer_warpgroup():
     _check(case, _mosaic(num_stages=2, kv_splits=2, producer_warpgroup=True))
 
 
+def test_mosaic_decode_overlapped_softmax():
+    """overlap_softmax (each step's softmax during the next step's QK^T,
+    the first QK^T before the loop): one-step and many-step sequences,
+    empty splits (four splits over 7 tokens), a padding row, a window and
+    a soft cap."""
+    case = make_case([(1, 200), (1, 7), (1, 129)], num_q_heads=4,
+                     num_kv_heads=1, head_dim=64, dtype=jnp.bfloat16, seed=8,
+                     pad_seqs=1)
+    tuning = _mosaic(num_stages=2, kv_splits=4, producer_warpgroup=True,
+                     overlap_softmax=True)
+    _check(case, tuning, decode_only=True)
+    _check(case, tuning, decode_only=True, sliding_window=70,
+           logit_soft_cap=5.0)
+    with pytest.raises(TuningError, match="overlap_softmax"):
+        MosaicDecodeTuning(overlap_softmax=True, producer_warpgroup=False)
+
+
 def test_mosaic_decode_rejects_what_it_cannot_take():
     case = make_case([(1, 20)], num_q_heads=4, num_kv_heads=2, head_dim=64,
                      dtype=jnp.float32)
@@ -145,16 +162,20 @@ def test_mosaic_decode_fp8_in_f16():
 
 @pytest.mark.parametrize("producers,extra", [
     (1, {}), (2, {}),
+    # K and V staged to different depths (K 1 tile, V 3).
+    (1, dict(v_staging_stages=3, staging_stages=1)),
+    (1, dict(overlap_softmax=True)),
     # FP8_MOSAIC_DECODE's settings (the fp8 default at head_dim 128).
     (2, dict(tokens_per_step=128, no_auto_barriers=True))])
 def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
-    """Producer warpgroups dequantize into 2-tile staging rings ahead of
-    the consumer (one for K and V, or one each); the sequence is longer
-    than ring and staging."""
+    """Producer warpgroups dequantize into staging rings ahead of the
+    consumer (one for K and V, or one each); the sequence is longer than
+    ring and staging."""
     case, ks, vs = fp8_case([(1, 330), (1, 7)], num_q_heads=4,
                             num_kv_heads=1, head_dim=64, seed=13)
     _check(case, _mosaic(num_stages=2, kv_splits=1, producer_warpgroup=True,
-                         staging_stages=2, fp8_producers=producers, **extra),
+                         **{"staging_stages": 2, "fp8_producers": producers,
+                            **extra}),
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
@@ -200,12 +221,26 @@ def test_mosaic_decode_takes_fp8_pages_only_with_per_page_scales():
     # staging tiles, within the budget.
     t = MosaicDecodeTuning()
     ring, staging = t.fp8_stages(128, 2)
-    assert staging == 2 and ring > t.stages(128, 2)
-    assert 64 * 128 * 2 + staging * 2 * 64 * 128 * 2 + ring * 2 * 64 * 128 \
+    assert staging == (2, 2) and ring > t.stages(128, 2)
+    assert 64 * 128 * 2 + sum(staging) * 64 * 128 * 2 + ring * 2 * 64 * 128 \
         <= t.smem_budget
-    assert t.fp8_stages(256, 2)[1] == 1  # H=256: one staging tile fits
+    assert t.fp8_stages(256, 2)[1] == (1, 1)  # H=256: one tile each fits
+    # V's own depth; over budget the deeper one gives way first.
+    t = MosaicDecodeTuning(tokens_per_step=128, staging_stages=1,
+                           v_staging_stages=2, smem_budget=224 * 1024)
+    assert t.fp8_stages(128, 2) == (3, (1, 2))
+    assert dataclasses.replace(t, v_staging_stages=4).fp8_stages(
+        128, 2) == (2, (1, 3))
+    assert dataclasses.replace(t, smem_budget=200 * 1024).fp8_stages(
+        128, 2) == (2, (1, 2))
+    # The fp8 default: 2 + 2 tiles do not fit its 200 KiB, 1 + 1 do.
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
+        FP8_MOSAIC_DECODE
+    assert FP8_MOSAIC_DECODE.fp8_stages(128, 2) == (3, (1, 1))
     with pytest.raises(TuningError):
         MosaicDecodeTuning(staging_stages=0)
+    with pytest.raises(TuningError, match="v_staging_stages"):
+        MosaicDecodeTuning(v_staging_stages=-1)
     with pytest.raises(TuningError, match="fp8_producers"):
         MosaicDecodeTuning(fp8_producers=3)
 
@@ -240,3 +275,31 @@ def test_mosaic_decode_on_gpu(page_size, group, head_dim, window, cap):
                      head_dim=head_dim, page_size=page_size,
                      dtype=jnp.bfloat16, seed=head_dim + group)
     _check(case, None, sliding_window=window, logit_soft_cap=cap)
+
+
+@gpu
+@pytest.mark.parametrize("pages,tune", [
+    ("fp8", dict(staging_stages=1, v_staging_stages=2)),
+    ("fp8", dict(overlap_softmax=True)),
+    ("fp8", dict(overlap_softmax=True, tokens_per_step=64)),
+    ("bf16", dict(overlap_softmax=True)),
+])
+@pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
+def test_mosaic_decode_pipeline_tunings_on_gpu(pages, tune, window, cap):
+    """bench_decode_fp8.py --pipeline's tunings (on the fp8 default's two
+    producers and 128-token steps, in 224 KiB of smem), compiled at
+    head_dim 128: V staged deeper than K, the softmax overlapped with the
+    next QK^T."""
+    base = dict(fp8_producers=2, tokens_per_step=128, no_auto_barriers=True,
+                smem_budget=224 * 1024) if pages == "fp8" else {}
+    tuning = _mosaic(producer_warpgroup=True, **{**base, **tune})
+    decodes = [(1, 1), (1, 129), (1, 2048), (1, 5000)]
+    kw = dict(num_q_heads=16, num_kv_heads=4, head_dim=128, seed=21)
+    if pages == "fp8":
+        case, ks, vs = fp8_case(decodes, **kw)
+        _check(case, tuning, sliding_window=window, logit_soft_cap=cap,
+               k_scale=ks, v_scale=vs, decode_only=True)
+    else:
+        case = make_case(decodes, dtype=jnp.bfloat16, **kw)
+        _check(case, tuning, sliding_window=window, logit_soft_cap=cap,
+               decode_only=True)
