@@ -57,7 +57,8 @@ COMMAND = ("export PYTHONPATH=$PWD; python3 benchmarks/kernels/"
            "bench_decode_fp8.py --out $OUT"
            + "".join(f" {x}" for x in sys.argv[1:] if x in ("--stages",
                                                            "--pipeline",
-                                                           "--smoke")))
+                                                           "--smoke")
+                    or x.startswith("--only")))
 # fp8 Mosaic tuning variants (MosaicDecodeTuning fields); "ws" = default,
 # "ws2" = two dequantizing producer warpgroups (K and V), "nab" = no
 # automatic warpgroup barriers, "f16" = wgmmas in f16, "t128" = 128-token
@@ -94,7 +95,15 @@ PIPELINE_VARIANTS = {
     "b224_ov_k2v1": {**B224, "overlap_softmax": True, "v_staging_stages": 1},
     "b224_ov_t64": {**B224, "overlap_softmax": True, "tokens_per_step": 64},
     "b224_ov_1p": {**B224, "overlap_softmax": True, "fp8_producers": 1},
+    # v15: the f16 convert (e4m3x2 -> f16x2 and an f16x2 scale multiply, no
+    # f32 round trip): half the fp8 default's instructions are its convert.
+    "f16": {**FP8_DEFAULT, "fp8_f16": True},
+    "b224_f16": {**B224, "fp8_f16": True},
+    "b224_k1v2_f16": {**B224, "staging_stages": 1, "v_staging_stages": 2,
+                      "fp8_f16": True},
+    "b224_ov_f16": {**B224, "overlap_softmax": True, "fp8_f16": True},
 }
+# --only NAME,NAME: a subset of PIPELINE_VARIANTS (and no bf16 rows).
 
 
 def probe():
@@ -145,6 +154,8 @@ def main():
                     help="time only the fp8 default and bf16 pages, whole "
                     "and with MosaicDecodeTuning.probe's stages left out "
                     "(NOTES.md v13)")
+    ap.add_argument("--only", default="",
+                    help="with --pipeline: these PIPELINE_VARIANTS only")
     ap.add_argument("--pipeline", action="store_true",
                     help="time PIPELINE_VARIANTS (fp8) and bf16 pages with "
                     "and without overlap_softmax (NOTES.md v14)")
@@ -294,12 +305,15 @@ def main():
                 fn, args)
             write()
     elif a.pipeline:
+        only = [x for x in a.only.split(",") if x]
         for label, tune in PIPELINE_VARIANTS.items():
+            if only and label not in only:
+                continue
             fn, args, check = api("fp8", decode_backend="mosaic",
                                   mosaic_decode=MosaicDecodeTuning(**tune))
             run(f"fp8_{label}", "fp8", fn, args, check)
             write()
-        for overlap in (False, True):
+        for overlap in (False, True) if not only else ():
             fn, args, check = api("bf16", decode_backend="mosaic",
                                   mosaic_decode=dataclasses.replace(
                                       base.mosaic_decode,

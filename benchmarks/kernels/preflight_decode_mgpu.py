@@ -67,7 +67,11 @@ CASES = [
                    {"v_staging_stages": 1}, {"overlap_softmax": True},
                    {"overlap_softmax": True, "v_staging_stages": 1},
                    {"overlap_softmax": True, "tokens_per_step": 64},
-                   {"overlap_softmax": True, "fp8_producers": 1})]
+                   {"overlap_softmax": True, "fp8_producers": 1},
+                   {"fp8_f16": True},
+                   {"overlap_softmax": True, "fp8_f16": True},
+                   {"staging_stages": 1, "v_staging_stages": 2,
+                    "fp8_f16": True})]
 
 
 def lower(page_dtype, head_dim, group, per_page, kw, tune):

@@ -7,8 +7,9 @@ SASS dumps (GPU machine, repo root):
 Builds bench_decode_fp8.py's S=64 L=2048 inputs on the host (so the only
 device kernels are the call's own: the scale gather, the kernel, the
 output cast) and calls ``decode_attention`` twice with the variant's
-tuning. Variants: the fp8 default tuning whole and with
-``MosaicDecodeTuning.probe``'s stages left out, and bf16 pages.
+tuning. Variants: the fp8 default tuning whole, with
+``MosaicDecodeTuning.probe``'s stages left out and with ``fp8_f16``, and
+bf16 pages.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 SMOKE = "--smoke" in sys.argv  # tiny shapes, interpret mode: checks the script
 S, L, N, K, H, B = (2, 256, 8, 2, 128, 16) if SMOKE else (64, 2048, 32, 8,
                                                            128, 16)
-VARIANTS = ("default", "no_convert", "no_math", "copies_only", "bf16")
+VARIANTS = ("default", "no_convert", "no_math", "copies_only", "bf16", "f16")
 
 
 def main():
@@ -56,6 +57,8 @@ def main():
         if fp8 else None
     if fp8:
         tuning = FP8_MOSAIC_DECODE if a.variant == "default" else \
+            dataclasses.replace(FP8_MOSAIC_DECODE, fp8_f16=True) \
+            if a.variant == "f16" else \
             dataclasses.replace(FP8_MOSAIC_DECODE, probe=a.variant)
     else:
         tuning = default_tuning(H, B, "NVIDIA H200").mosaic_decode

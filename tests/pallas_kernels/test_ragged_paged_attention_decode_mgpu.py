@@ -282,6 +282,8 @@ def test_mosaic_decode_on_gpu(page_size, group, head_dim, window, cap):
     ("fp8", dict(staging_stages=1, v_staging_stages=2)),
     ("fp8", dict(overlap_softmax=True)),
     ("fp8", dict(overlap_softmax=True, tokens_per_step=64)),
+    ("fp8", dict(fp8_f16=True)),
+    ("fp8", dict(overlap_softmax=True, fp8_f16=True)),
     ("bf16", dict(overlap_softmax=True)),
 ])
 @pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
