@@ -107,8 +107,10 @@ def mosaic_matmul_helpers(interpret: bool):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def qk(q_ref, k_ref, shape, then=lambda: None, with_result=False):
-        if interpret:
-            s = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+        if interpret:  # in f32, as the tensor cores accumulate
+            s = lax.dot_general(q_ref[...].astype(jnp.float32),
+                                k_ref[...].astype(jnp.float32),
+                                (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
             r = then()
             return (s, r) if with_result else s
@@ -122,7 +124,9 @@ def mosaic_matmul_helpers(interpret: bool):
 
     def pv(acc, p, v_ref):
         if interpret:
-            return acc + lax.dot_general(p, v_ref[...], (((1,), (0,)), ((), ())),
+            return acc + lax.dot_general(p.astype(jnp.float32),
+                                         v_ref[...].astype(jnp.float32),
+                                         (((1,), (0,)), ((), ())),
                                          preferred_element_type=jnp.float32)
 
         def body(acc_ref):

@@ -640,7 +640,12 @@ def decode_attention(
     rows_out = round_up(group, 8)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
     if staging[0] and tuning.fp8_f16:
-        q_rows = q_rows.astype(jnp.float16)
+        # Clamped to f16's range (in f32: bf16 rounds f16's max up to
+        # 2**16): a larger |q| would turn every logit of its row into inf
+        # (and the softmax into NaN) instead of saturating.
+        f16_max = float(jnp.finfo(jnp.float16).max)
+        q_rows = jnp.clip(q_rows.astype(jnp.float32), -f16_max,
+                          f16_max).astype(jnp.float16)
     scale_rows = ()
     if per_page:  # each table entry's (k, v) scales, in the table's order
         scale_rows = (jnp.transpose(
