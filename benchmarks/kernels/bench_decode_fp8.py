@@ -102,6 +102,14 @@ PIPELINE_VARIANTS = {
     "b224_k1v2_f16": {**B224, "staging_stages": 1, "v_staging_stages": 2,
                       "fp8_f16": True},
     "b224_ov_f16": {**B224, "overlap_softmax": True, "fp8_f16": True},
+    # v16: one warpgroup per program (copies, convert and math in turn), at
+    # the default 200 KiB (one program per SM) and at 100 KiB (two: the
+    # "more programs per SM" reading of v14, with no kernel change).
+    "1wg": {"producer_warpgroup": False},
+    "1wg_f16": {"producer_warpgroup": False, "fp8_f16": True},
+    "1wg_b100": {"producer_warpgroup": False, "smem_budget": 100 * 1024},
+    "1wg_b100_f16": {"producer_warpgroup": False, "fp8_f16": True,
+                     "smem_budget": 100 * 1024},
 }
 # --only NAME,NAME: a subset of PIPELINE_VARIANTS (and no bf16 rows).
 

@@ -54,6 +54,8 @@ CASES = [
                              "no_auto_barriers": True,
                              "probe": "no_convert"}),
     (jnp.bfloat16, 128, 4, False, {}, {"probe": "no_math"}),
+    (FP8, 128, 4, True, {}, {"producer_warpgroup": False, "fp8_f16": True,
+                             "smem_budget": 100 * 1024}),
     # bench_decode_fp8.py --pipeline (NOTES.md v14).
     (jnp.bfloat16, 128, 4, False, {}, {"overlap_softmax": True}),
     (jnp.bfloat16, 128, 8, False, {"sliding_window": 300,
