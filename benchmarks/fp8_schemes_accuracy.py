@@ -12,11 +12,8 @@ Writes ``benchmarks/results/fp8-schemes-accuracy-cpu.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
-from benchmarks.run_stamp import run_stamp
-from jaxinfer import LLM, SamplingParams
+from benchmarks.quant_accuracy import float_reference, write_results
 from jaxinfer.models import resolve_model
 from jaxinfer.models.quantization.config import QuantizationConfig
 from jaxinfer.models.quantization.methods import Fp8Weights
@@ -27,13 +24,7 @@ SCHEMES = [(False, "per_tensor"), (True, "per_tensor"), (False, "per_token"),
 
 
 def main():
-    llm = LLM(T.MODEL, max_model_len=256, num_gpu_blocks_override=160)
-    outs = llm.generate(T.PROMPTS, SamplingParams(max_tokens=125, temperature=0,
-                                                  ignore_eos=True), use_tqdm=False)
-    traj = ([list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outs],
-            [len(o.prompt_token_ids) for o in outs])
-    del llm
-    ref = T._logits(resolve_model(T.MODEL), traj)
+    traj, ref = float_reference()
     files = resolve_model(T.MODEL)
     rows = []
     for per_channel, activation in SCHEMES:
@@ -46,15 +37,7 @@ def main():
         rows.append(dict(per_channel_weights=per_channel,
                          activations=activation, top1=top1, kl=kl))
         print(rows[-1], flush=True)
-    out = dict(workload="fp8-schemes-accuracy", model=T.MODEL,
-               positions=int(ref.shape[0]),
-               **run_stamp(),
-               command="PYTHONPATH=$PWD python benchmarks/fp8_schemes_accuracy.py",
-               rows=rows)
-    path = os.path.join(os.path.dirname(__file__), "results",
-                        "fp8-schemes-accuracy-cpu.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    write_results("fp8-schemes-accuracy", rows, int(ref.shape[0]))
 
 
 if __name__ == "__main__":

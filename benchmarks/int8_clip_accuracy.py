@@ -15,14 +15,10 @@ the run (the shipped loader keeps amax / 127).
 
 from __future__ import annotations
 
-import json
-import os
-
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.run_stamp import run_stamp
-from jaxinfer import LLM, SamplingParams
+from benchmarks.quant_accuracy import float_reference, write_results
 from jaxinfer.models import resolve_model
 from jaxinfer.models.quantization import hf_checkpoints, loading
 from tests.models import test_quantized_accuracy as T
@@ -64,13 +60,7 @@ def with_c_min(c_min):
 
 
 def main():
-    llm = LLM(T.MODEL, max_model_len=256, num_gpu_blocks_override=160)
-    outs = llm.generate(T.PROMPTS, SamplingParams(
-        max_tokens=125, temperature=0, ignore_eos=True), use_tqdm=False)
-    traj = ([list(o.prompt_token_ids) + list(o.outputs[0].token_ids)
-             for o in outs], [len(o.prompt_token_ids) for o in outs])
-    del llm
-    ref = T._logits(resolve_model(T.MODEL), traj)
+    traj, ref = float_reference()
     rows = []
     for c_min in C_MINS:
         loading.quantize_linear = with_c_min(c_min)
@@ -82,14 +72,7 @@ def main():
         rows.append(dict(scales="amax / 127" if c_min is None else
                          f"searched, c in [{c_min}, 1]", top1=top1, kl=kl))
         print(rows[-1], flush=True)
-    out = dict(workload="int8-clip-accuracy", model=T.MODEL,
-               positions=int(ref.shape[0]), **run_stamp(),
-               command="PYTHONPATH=$PWD python benchmarks/int8_clip_accuracy.py",
-               rows=rows)
-    path = os.path.join(os.path.dirname(__file__), "results",
-                        "int8-clip-accuracy-cpu.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    write_results("int8-clip-accuracy", rows, int(ref.shape[0]))
 
 
 if __name__ == "__main__":

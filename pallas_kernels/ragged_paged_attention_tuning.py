@@ -69,7 +69,8 @@ class MosaicDecodeTuning:
     # With a producer warpgroup: step i's softmax runs while step i + 1's
     # QK^T wgmma does (FlashAttention-3's in-warpgroup overlap; one more
     # logits tile live in registers). Step i + 1's K tile is waited for
-    # first, so it wants K staged two deep for fp8 pages.
+    # first, so it wants K staged two deep for fp8 pages. (A ``probe``
+    # computes no softmax, so it runs the plain loop.)
     overlap_softmax: bool = False
 
     def __post_init__(self):

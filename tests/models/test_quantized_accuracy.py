@@ -38,9 +38,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "To make a cup of tea, first", "The quick brown fox"]
 
 
-@pytest.fixture(scope="module")
-def trajectories():
-    """(token ids of each prompt + its 125 greedy tokens, prompt lengths)."""
+def float_trajectories():
+    """(token ids of each prompt + its 125 greedy tokens, prompt lengths):
+    the float model's own greedy continuations (also used by
+    benchmarks/quant_accuracy.py)."""
     from jaxinfer import LLM, SamplingParams
     llm = LLM(MODEL, max_model_len=256, num_gpu_blocks_override=160)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=125, temperature=0,
@@ -48,6 +49,11 @@ def trajectories():
                         use_tqdm=False)
     return ([list(o.prompt_token_ids) + list(o.outputs[0].token_ids)
              for o in outs], [len(o.prompt_token_ids) for o in outs])
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    return float_trajectories()
 
 
 def _logits(files, trajectories):
