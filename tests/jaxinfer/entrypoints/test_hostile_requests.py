@@ -151,6 +151,7 @@ def test_large_tokenize_runs_off_the_event_loop(server):
     import time
     text = "hello world, this is some text. " * 60000  # ~2 MB, seconds to encode
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.perf_counter()
         big = pool.submit(post, server, "/tokenize", {"prompt": text}, timeout=120)
         time.sleep(0.3)  # the big one is being tokenized now
         latencies = []
@@ -158,8 +159,11 @@ def test_large_tokenize_runs_off_the_event_loop(server):
             t0 = time.perf_counter()
             assert requests.get(server.base_url + "/health", timeout=30).status_code == 200
             latencies.append(time.perf_counter() - t0)
+        big_took = time.perf_counter() - started
         assert big.result().json()["count"] > 100000
-    assert latencies and max(latencies) < 0.5, latencies
+    # Relative, so a loaded machine slows both sides alike: a /health that
+    # waited for the tokenization would take about as long as it did.
+    assert len(latencies) >= 3 and max(latencies) < big_took / 4, (latencies, big_took)
 
 
 # -- case 4: lone surrogates anywhere in a body ------------------------------------
