@@ -37,8 +37,16 @@ dequantizes (``staging_stages`` K tiles and ``v_staging_stages`` V tiles
 ahead of the consumer), so the convert
 overlaps the consumer's math; ``fp8_producers=2`` splits that work over two
 producer warpgroups, one copying and converting K, the other V (the convert,
-not the consumer's math, bounds the kernel: NOTES.md v10, v11); with one
-warpgroup alone it dequantizes V while the QK^T wgmma runs. Per-page scales (``[K, num_pages]``, ``kv_cache.py``) come
+not the consumer's math, bounds the kernel: NOTES.md v10, v11), and
+``fp8_producers=4`` splits each kind again by 64-token half of every step
+(five warpgroups, more warps to hide the convert's latency: v14-v17); with
+one warpgroup alone it dequantizes V while the QK^T wgmma runs.
+
+``swap_ab`` puts the tokens on the wgmmas' M side and the group's query
+rows on N (S^T = K Q^T, O^T = V^T P^T), so the consumer's logits and output
+are [tokens, R] and [H, R] with R the group rounded up to 16, 32 or 64
+rather than 64-row padded tiles: far fewer registers, which four producers
+need (``MosaicDecodeTuning.registers``). Per-page scales (``[K, num_pages]``, ``kv_cache.py``) come
 as a ``[S, K, 2, W]`` gather beside the block table (the wrapper's one XLA
 gather) and are TMA-copied to smem with the program's table slice.
 
@@ -72,12 +80,13 @@ _COPY_ROWS = 16
 _PAGE_SIZES = (16,)
 # Page dtypes dequantized in the kernel (the KV cache writes e4m3 pages).
 _FP8_PAGES = (jnp.dtype(jnp.float8_e4m3fn),)
-# Registers per thread of a producer warpgroup: it only issues copies for
-# 16-bit pages; for fp8 pages it also holds a 64 x H tile being converted.
-# (The consumer takes 232; Mosaic counts all warpgroups' against one 512.)
+# Registers per thread of a producer warpgroup that only issues copies
+# (16-bit pages; the consumer takes 232). For fp8 pages it also holds a
+# 64 x H tile being converted: ``MosaicDecodeTuning.registers`` splits them.
 _PRODUCER_REGS = 40
-# by the number of producer warpgroups
-_PRODUCER_REGS_FP8 = {1: 160, 2: 136}
+# swap_ab: the query rows are wgmma's N, and their 16-bit tiles (the output
+# is stored [H, R]) must be 32, 64 or 128 bytes wide (Mosaic's swizzles).
+_SWAP_ROWS = (16, 32, 64)
 
 
 class _Buffers(NamedTuple):
@@ -91,6 +100,9 @@ class _Buffers(NamedTuple):
     kb: Any = None  # [K staging, bk, H] dequantized K tiles (query dtype)
     vb: Any = None  # [V staging, bk, H] dequantized V tiles
     scales: Any = None  # [2, table_chunk] f32 per-page (k, v) scales
+    # swap_ab only (then q is [R, H] and lse [round_up(R, 32)]):
+    out: Any = None  # [H, R] the output rows, transposed
+    p: Any = None  # [R, bk] a step's probabilities, PV's B operand
 
 
 class _Barriers(NamedTuple):
@@ -138,14 +150,16 @@ def _decode_kernel(
     *refs,
     sm_scale, sliding_window, logit_soft_cap, pages_per_step, num_stages,
     num_splits, table_chunk, producer, staging, per_page, interpret,
-    producers=1, probe="", overlap=False):
+    producers=1, probe="", overlap=False, swap_ab=False, registers=(232, 0)):
     # refs: [page_scales_ref  # [S, K, 2, W] f32 (k, v) scale of each table
     #        entry; per-page scales only]
     #       q_ref,  # [S, K, R, H] the group's query rows (k_scale folded in)
     #       k_pages_ref,  # [K, num_pages, B, H]
     #       v_pages_ref,  # [K, num_pages, B, H]
     #       o_ref,  # [S, K, J, R, H] normalized partial output of each split
+    #               ([S, K, J, H, R] with swap_ab)
     #       lse_ref,  # [S, K, J, 64] f32 base-2 log-sum-exp of each split
+    #                 ([S, K, J, round_up(R, 32)] with swap_ab)
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -207,14 +221,19 @@ def _decode_kernel(
                             buffers.scales.at[kind, pl.ds(c * piece, piece)],
                             tbl_bar.at[0])
 
-        def issue(i, slot, kinds=(0, 1)):
+        def issue(i, slot, kinds=(0, 1), chunks=None):
             """Step i's pages -> ring slot `slot`, one TMA copy per page, of
-            K (kind 0) and V (1)."""
-            pages = [tbl_smem[tbl_shift + i * pages_per_step + j]
-                     for j in range(pages_per_step)]
+            K (kind 0) and V (1); only those of the step's 64-token
+            ``chunks`` when given (a producer's share)."""
+            mine = range(pages_per_step)
+            if chunks is not None:
+                per = _ROWS // page_size
+                mine = [c * per + j for c in chunks for j in range(per)]
+            pages = [(j, tbl_smem[tbl_shift + i * pages_per_step + j])
+                     for j in mine]
             rings = ((k_pages_ref, k_smem, k_bar), (v_pages_ref, v_smem, v_bar))
             for pages_ref, smem, bar in (rings[kind] for kind in kinds):
-                for j, page in enumerate(pages):
+                for j, page in pages:
                     for r in range(0, page_size, _COPY_ROWS):
                         plgpu.copy_gmem_to_smem(
                             pages_ref.at[kv_head, page,
@@ -223,19 +242,22 @@ def _decode_kernel(
                                                 _COPY_ROWS)],
                             bar.at[slot])
 
-        def fill_ring(kinds=(0, 1)):
+        def fill_ring(kinds=(0, 1), chunks=None):
             @pl.when(n > 0)
             def _():
                 plgpu.barrier_wait(tbl_bar.at[0])
                 for i in range(num_stages):
-                    pl.when(i < n)(functools.partial(issue, i, i, kinds))
+                    pl.when(i < n)(functools.partial(issue, i, i, kinds,
+                                                     chunks))
 
-        def dequant(kind, i, src, dst):
+        def dequant(kind, i, src, dst, chunks=None):
             """Step i's fp8 tile ``src`` [bk, H] -> ``dst`` [bk, H] in the
-            query dtype, each page's rows times its scale (kind 0: K, 1: V);
-            then made visible to wgmma."""
-            for c in range(0 if probe in ("no_convert", "copies_only")
-                           else bk // _ROWS):
+            query dtype, each page's rows times its scale (kind 0: K, 1: V),
+            or only its 64-row ``chunks``; then made visible to wgmma."""
+            if chunks is None:
+                chunks = range(bk // _ROWS)
+            for c in (() if probe in ("no_convert", "copies_only")
+                      else chunks):
                 rows = pl.ds(c * _ROWS, _ROWS)
                 x = cast(src.at[rows][...], plgpu.Layout.WGMMA_8BIT)
                 # e4m3 -> f16 is one exact convert per pair; bf16 goes
@@ -383,6 +405,108 @@ def _decode_kernel(
             done(i, slot)
             return acc, m, l, s_next, next_slot
 
+        def consume_swapped(k_tile, during_qk, v_tile, done, after_qk=None):
+            """``consume`` with the tokens on the wgmmas' M side (swap_ab):
+            S^T = K Q^T [bk, R], O^T = V^T P^T [H, R] with P^T stored
+            K-major through ``buffers.p``, so the logits, probabilities and
+            output take 16-64 columns instead of 64 padded rows."""
+            plgpu.copy_gmem_to_smem(q_ref.at[seq, kv_head], q_smem,
+                                    q_bar.at[0])
+            plgpu.barrier_wait(q_bar.at[0])
+            cols = plgpu.Layout.WGMMA.reduce(0)
+            acc = cast(jnp.zeros((head_dim, rows_out), jnp.float32),
+                       plgpu.Layout.WGMMA)
+            m = cast(jnp.full((rows_out,), MASK_VALUE, jnp.float32), cols)
+            l = cast(jnp.zeros((rows_out,), jnp.float32), cols)
+            after_qk = after_qk or nothing
+
+            def logits(k_ref, then):
+                if interpret:
+                    st = lax.dot_general(
+                        k_ref[...].astype(jnp.float32),
+                        q_smem[...].astype(jnp.float32),
+                        (((1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+                    then()
+                    return st
+
+                def body(acc_ref):
+                    plgpu.wgmma(acc_ref, k_ref, q_smem.transpose((1, 0)))
+                    then()
+                    return acc_ref[...]
+                return pl.run_scoped(body, plgpu.ACC((bk, rows_out),
+                                                     jnp.float32))
+
+            def step(i, carry, masked):
+                acc, m, l = carry
+                k_ref, slot = k_tile(i)
+                if probe in ("no_math", "copies_only"):
+                    after_qk(i, slot)
+                    v_tile(i, slot)
+                    done(i, slot)
+                    return carry
+                st = logits(k_ref, functools.partial(during_qk, i, slot))
+                after_qk(i, slot)
+                if logit_soft_cap is not None:
+                    st = jnp.tanh(st * (sm_scale / logit_soft_cap))
+                    st = st * (logit_soft_cap * LOG2E)
+                else:
+                    st = st * (sm_scale * LOG2E)
+                if masked:
+                    pos = (start + i) * bk + iota((bk, rows_out), 0)
+                    valid = pos < kv_len
+                    if sliding_window is not None:
+                        valid = valid & (pos >= kv_len - sliding_window)
+                    st = jnp.where(valid, st, MASK_VALUE)
+                m_next = jnp.maximum(m, st.max(axis=0))
+                alpha = jnp.exp2(m - m_next)
+                p = jnp.exp2(st - lax.broadcast_in_dim(m_next, st.shape, [1]))
+                l = l * alpha + p.sum(axis=0)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                v_ref = v_tile(i, slot)
+                if interpret:
+                    acc = acc + lax.dot_general(
+                        v_ref[...].astype(jnp.float32),
+                        p.astype(dtype).astype(jnp.float32),
+                        (((0,), (0,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+                else:
+                    # P^T [bk, R] stored as P [R, bk]: K-major, PV's B
+                    # operand.
+                    buffers.p.transpose((1, 0))[...] = plgpu.layout_cast(
+                        p.astype(dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                    plgpu.commit_smem()
+
+                    def pv_body(acc_ref):
+                        plgpu.wgmma(acc_ref, v_ref.transpose((1, 0)),
+                                    buffers.p.transpose((1, 0)))
+                    acc = pl.run_state(pv_body)(plgpu.ACC.init(acc))
+                done(i, slot)
+                return acc, m_next, l
+
+            n_full = jnp.int32(0)
+            if sliding_window is None:
+                n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
+            carry = lax.fori_loop(0, n_full,
+                                  functools.partial(step, masked=False),
+                                  (acc, m, l))
+            acc, m, l = lax.fori_loop(n_full, n,
+                                      functools.partial(step, masked=True),
+                                      carry)
+            l = jnp.maximum(l, 1.0)
+            acc = acc / lax.broadcast_in_dim(l, acc.shape, [1])
+            buffers.out[...] = acc.astype(dtype)
+            lse_smem.at[pl.ds(0, rows_out)][...] = m + jnp.log2(l)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buffers.out,
+                                    o_ref.at[seq, kv_head, split])
+            plgpu.copy_smem_to_gmem(lse_smem,
+                                    lse_ref.at[seq, kv_head, split])
+            plgpu.wait_smem_to_gmem(0)
+
+        if swap_ab:
+            consume = consume_swapped  # noqa: F811 (same contract)
+
         def ring_k(i):
             slot = lax.rem(i, num_stages)
             plgpu.barrier_wait(k_bar.at[slot])
@@ -432,7 +556,7 @@ def _decode_kernel(
         @pl.when(wg == 0)
         def _():
             if not interpret:
-                plgpu.set_max_registers(232, action="increase")
+                plgpu.set_max_registers(registers[0], action="increase")
 
             if not fp8:
                 def release(i, slot):
@@ -485,13 +609,13 @@ def _decode_kernel(
             return
 
         # fp8: each producer warpgroup copies and dequantizes its kinds of
-        # tiles (one: K and V; two: K in wg 1, V in wg 2), refilling a ring
-        # slot once its bytes are converted.
-        def produce(kinds):
+        # tiles (one: K and V; two: K in wg 1, V in wg 2; four: K's 64-token
+        # halves of each step in wg 1 and 2, V's in wg 3 and 4), refilling
+        # its part of a ring slot once those bytes are converted.
+        def produce(kinds, chunks=None):
             if not interpret:
-                plgpu.set_max_registers(_PRODUCER_REGS_FP8[producers],
-                                        action="decrease")
-            fill_ring(kinds)
+                plgpu.set_max_registers(registers[1], action="decrease")
+            fill_ring(kinds, chunks)
             staged = ((buffers.kb, barriers.kb_ready, barriers.kb_free, k_bar,
                        k_smem),
                       (buffers.vb, barriers.vb_ready, barriers.vb_free, v_bar,
@@ -508,28 +632,31 @@ def _decode_kernel(
                     def _():
                         plgpu.barrier_wait(free.at[sb])
                     plgpu.barrier_wait(landed.at[slot])
-                    dequant(kind, i, ring.at[slot], tiles.at[sb])
+                    dequant(kind, i, ring.at[slot], tiles.at[sb], chunks)
                     plgpu.barrier_arrive(ready.at[sb])
 
-                # The slot's fp8 bytes are read (dequant's commit fenced
-                # them): refill it.
+                # This producer's fp8 bytes of the slot are read (dequant's
+                # commit fenced them): refill them. (A slot's barrier
+                # completes only with every producer's copies, so one
+                # running ahead cannot complete a phase alone.)
                 @pl.when(i + num_stages < n)
                 def _():
-                    issue(i + num_stages, slot, kinds)
+                    issue(i + num_stages, slot, kinds, chunks)
 
         @pl.when(wg == 1)
         def _():
             load_table()
-            produce((0, 1) if producers == 1 else (0,))
+            produce(*_producer_share(0, producers, bk))
 
-        if producers == 2:
-            @pl.when(wg == 2)
-            def _():
-                produce((1,))
+        for w in range(2, producers + 1):
+            pl.when(wg == w)(functools.partial(
+                lambda share: produce(*share),
+                _producer_share(w - 1, producers, bk)))
 
     ring = (num_stages, bk, head_dim)
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
     fp8_buffers, fp8_barriers = {}, {}
+    per_kind = max(1, producers // 2)  # producers converting each kind
     if fp8:
         fp8_buffers = dict(
             kb=plgpu.SMEM((staging[0], bk, head_dim), dtype,
@@ -540,18 +667,28 @@ def _decode_kernel(
             fp8_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
         if producer:
             fp8_barriers = dict(
-                kb_ready=plgpu.Barrier(num_barriers=staging[0]),
-                vb_ready=plgpu.Barrier(num_barriers=staging[1]),
+                kb_ready=plgpu.Barrier(num_arrivals=per_kind,
+                                       num_barriers=staging[0]),
+                vb_ready=plgpu.Barrier(num_arrivals=per_kind,
+                                       num_barriers=staging[1]),
                 kb_free=plgpu.Barrier(num_barriers=staging[0]),
                 vb_free=plgpu.Barrier(num_barriers=staging[1]))
+    q_rows, lse_rows = _ROWS, _ROWS
+    if swap_ab:  # the query rows on N: R-wide tiles
+        q_rows, lse_rows = rows_out, round_up(rows_out, 32)
+        fp8_buffers.update(
+            out=plgpu.SMEM((head_dim, rows_out), dtype,
+                           transforms=swizzled_smem_transforms(
+                               dtype, rows_out * jnp.dtype(dtype).itemsize)),
+            p=plgpu.SMEM((rows_out, bk), dtype, transforms=transforms))
     pl.run_scoped(
         scoped,
         _Buffers(
-            q=plgpu.SMEM((_ROWS, head_dim), dtype, transforms=transforms),
+            q=plgpu.SMEM((q_rows, head_dim), dtype, transforms=transforms),
             k=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             v=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             table=plgpu.SMEM((table_chunk,), jnp.int32),
-            lse=plgpu.SMEM((_ROWS,), jnp.float32),
+            lse=plgpu.SMEM((lse_rows,), jnp.float32),
             **fp8_buffers),
         _Barriers(
             q=plgpu.Barrier(num_barriers=1),
@@ -564,6 +701,17 @@ def _decode_kernel(
             **fp8_barriers),
         **({"collective_axes": "wg"} if producer else {}),
     )
+
+
+def _producer_share(p: int, producers: int, bk: int):
+    """(kinds, 64-token chunks of each step or None for all) that producer
+    warpgroup ``p`` of ``producers`` copies and dequantizes."""
+    if producers == 1:
+        return (0, 1), None
+    if producers == 2:
+        return (p,), None
+    half = p % 2  # four: two per kind, alternate chunks
+    return (p // 2,), tuple(range(half, bk // _ROWS, 2))
 
 
 def _row_scales(scales, page_size, head_dim, dtype, interpret):
@@ -618,9 +766,12 @@ def decode_attention(
     itemsize = jnp.dtype(q.dtype).itemsize
     staging = (0, 0)  # 16-bit pages go to wgmma as they land
     producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
+    # Registers per thread: the consumer's, the producers'.
+    registers = (tuning.consumer_registers or 232, _PRODUCER_REGS)
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
         num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
         producers = tuning.fp8_producers
+        registers = tuning.registers(producers)
     else:
         num_stages = tuning.stages(head_dim, itemsize)
     max_steps = cdiv(pages_per_seq, pages_per_step)
@@ -638,6 +789,8 @@ def decode_attention(
     if width != pages_per_seq:
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
     rows_out = round_up(group, 8)
+    if tuning.swap_ab:
+        rows_out = next(r for r in _SWAP_ROWS if r >= group)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
     if staging[0] and tuning.fp8_f16:
         # Clamped to f16's range (in f32: bf16 rounds f16's max up to
@@ -657,7 +810,8 @@ def decode_attention(
         num_stages=num_stages, num_splits=splits, table_chunk=chunk,
         producer=tuning.producer_warpgroup, staging=staging,
         per_page=per_page, interpret=interpret, producers=producers,
-        probe=tuning.probe, overlap=tuning.overlap_softmax)
+        probe=tuning.probe, overlap=tuning.overlap_softmax,
+        swap_ab=tuning.swap_ab, registers=registers)
     part = (num_seqs, num_kv_heads, splits)
     kw = {}
     if interpret:
@@ -670,14 +824,19 @@ def decode_attention(
         kw.update(num_threads=1 + producers, thread_name="wg")
     o, lse = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((*part, rows_out, head_dim),
-                                       q_rows.dtype),
-                  jax.ShapeDtypeStruct((*part, _ROWS), jnp.float32)),
+        out_type=(jax.ShapeDtypeStruct(
+            (*part, *((head_dim, rows_out) if tuning.swap_ab
+                      else (rows_out, head_dim))), q_rows.dtype),
+                  jax.ShapeDtypeStruct(
+                      (*part, round_up(rows_out, 32) if tuning.swap_ab
+                       else _ROWS), jnp.float32)),
         grid=(num_seqs, num_kv_heads, splits),
         grid_names=("seq", "kv_head", "split"),
         **kw,
     )(kv_lens.astype(jnp.int32), tables, *scale_rows, q_rows, k_pages,
       v_pages)
+    if tuning.swap_ab:
+        o = jnp.swapaxes(o, -1, -2)
     o = o[:, :, :, :group].astype(jnp.float32)
     if splits == 1:
         return o[:, :, 0]

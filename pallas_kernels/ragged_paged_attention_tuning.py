@@ -57,8 +57,21 @@ class MosaicDecodeTuning:
     # f16's 65504).
     fp8_f16: bool = False
     # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
-    # them (K in one warpgroup, V in another; three warpgroups in all).
+    # them (K in one warpgroup, V in another; three warpgroups in all), 4
+    # split each kind again by 64-token half of every step (five
+    # warpgroups: more warps to hide the convert's latency, NOTES.md v17;
+    # needs tokens_per_step a multiple of 128).
     fp8_producers: int = 1
+    # The tokens on the wgmmas' M side and the query rows on N (S^T = K Q^T,
+    # O^T = V^T P^T, P^T through a small smem tile): the consumer's logits
+    # and output take [tokens, R] and [H, R] with R the group rounded up to
+    # 16, 32 or 64, instead of 64-row padded tiles, so it needs far fewer
+    # registers (NOTES.md v17). Not with overlap_softmax.
+    swap_ab: bool = False
+    # Registers per thread the consumer warpgroup raises itself to (0: 232,
+    # or 160 for swap_ab with four producers); the producers take what the
+    # launch leaves (NOTES.md v17 has the arithmetic).
+    consumer_registers: int = 0
     # Measurement only (wrong outputs): "no_math" skips the consumer's
     # wgmmas and softmax, "no_convert" the producers' fp8 dequantization,
     # "copies_only" both; the copies, barriers and releases run as in a
@@ -83,9 +96,23 @@ class MosaicDecodeTuning:
                               "(automatic) or >= 2")
         if self.kv_splits < 0 or self.programs_per_sm < 1:
             raise TuningError("kv_splits must be >= 0 and programs_per_sm >= 1")
-        if self.fp8_producers not in (1, 2):
+        if self.fp8_producers not in (1, 2, 4):
             raise TuningError(f"fp8_producers={self.fp8_producers} must be "
-                              "1 or 2")
+                              "1, 2 or 4")
+        if self.fp8_producers == 4 and self.tokens_per_step % 128:
+            raise TuningError(
+                f"fp8_producers=4 needs tokens_per_step a multiple of 128 "
+                f"(two producers per kind, each whole 64-token halves), got "
+                f"{self.tokens_per_step}")
+        if self.swap_ab and self.overlap_softmax:
+            raise TuningError("swap_ab does not take overlap_softmax (its "
+                              "consumer runs the plain loop)")
+        if self.consumer_registers and not (
+                self.consumer_registers % 8 == 0
+                and 24 <= self.consumer_registers <= 256):
+            raise TuningError(f"consumer_registers={self.consumer_registers} "
+                              "must be 0 (automatic) or a multiple of 8 in "
+                              "[24, 256] (setmaxnreg's range)")
         if self.probe not in ("", "no_math", "no_convert", "copies_only"):
             raise TuningError(f"probe={self.probe!r}: '', 'no_math', "
                               "'no_convert' or 'copies_only'")
@@ -97,11 +124,20 @@ class MosaicDecodeTuning:
                               f" >= 1 and v_staging_stages="
                               f"{self.v_staging_stages} >= 0 (0: the same)")
 
+    def _fixed(self, head_dim: int, itemsize: int) -> int:
+        """Shared memory beside the rings: the query (and output) tile,
+        barriers and table, and with swap_ab the transposed output and P
+        tiles at their widest (64 rows)."""
+        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        if self.swap_ab:
+            fixed += MOSAIC_ROWS * (head_dim + self.tokens_per_step) * itemsize
+        return fixed
+
     def stages(self, head_dim: int, itemsize: int) -> int:
         if self.num_stages:
             return self.num_stages
         step = 2 * self.tokens_per_step * head_dim * itemsize
-        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        fixed = self._fixed(head_dim, itemsize)
         return max(2, min(8, (self.smem_budget - fixed) // step))
 
     def fp8_stages(self, head_dim: int, itemsize: int
@@ -112,7 +148,7 @@ class MosaicDecodeTuning:
         ``smem_budget`` (the deeper staging gives way first)."""
         step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
         tile = step // 2 * itemsize  # one kind's 16-bit tile
-        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+        fixed = self._fixed(head_dim, itemsize)
         if self.producer_warpgroup:
             k = self.staging_stages
             v = self.v_staging_stages or k
@@ -125,6 +161,23 @@ class MosaicDecodeTuning:
             return self.num_stages, (k, v)
         ring = (self.smem_budget - fixed - (k + v) * tile) // step
         return max(2, min(8, ring)), (k, v)
+
+    def registers(self, producers: int) -> tuple[int, int]:
+        """(consumer, producer) registers per thread for a program of one
+        consumer and ``producers`` producer warpgroups that dequantize fp8
+        pages. ptxas gives a setmaxnreg kernel all that its block size
+        allows (168 for 384 threads, NOTES.md v14's ncu), and a raise only
+        completes once the others' cuts freed as many, so the split must
+        fit that launch figure times the warpgroups."""
+        threads = 128 * (1 + producers)
+        launch = min(255, 65536 // threads) // 8 * 8
+        consumer = self.consumer_registers or (
+            160 if self.swap_ab and producers == 4 else 232)
+        # (At most 256 for the consumer still leaves four producers 56,
+        # over setmaxnreg's floor of 24.)
+        producer = min(160, (launch * (1 + producers) - consumer)
+                       // producers // 8 * 8)
+        return consumer, producer
 
     def splits(self, num_seqs: int, num_kv_heads: int, max_steps: int) -> int:
         if self.kv_splits:

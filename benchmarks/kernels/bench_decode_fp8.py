@@ -110,6 +110,17 @@ PIPELINE_VARIANTS = {
     "1wg_b100": {"producer_warpgroup": False, "smem_budget": 100 * 1024},
     "1wg_b100_f16": {"producer_warpgroup": False, "fp8_f16": True,
                      "smem_budget": 100 * 1024},
+    # v17: more warps per SM inside one program (four producer warpgroups,
+    # each a kind's 64-token half of every step), and swap_ab's consumer
+    # light enough in registers to leave the producers 80 each.
+    "swap_f16": {**B224, "fp8_f16": True, "swap_ab": True},
+    "p4_f16": {**B224, "fp8_f16": True, "fp8_producers": 4},
+    "p4_ov_f16": {**B224, "fp8_f16": True, "fp8_producers": 4,
+                  "overlap_softmax": True},
+    "p4_swap_f16": {**B224, "fp8_f16": True, "fp8_producers": 4,
+                    "swap_ab": True},
+    "p4_swap_f16_c200": {**B224, "fp8_f16": True, "fp8_producers": 4,
+                         "swap_ab": True, "consumer_registers": 200},
 }
 # --only NAME,NAME: a subset of PIPELINE_VARIANTS (and no bf16 rows).
 
@@ -131,7 +142,9 @@ def probe():
                                            decode_only=True)
     for tune in ({}, {"fp8_producers": 2}, {"producer_warpgroup": False},
                  {**B224, "overlap_softmax": True},
-                 {**B224, "staging_stages": 1, "v_staging_stages": 2}):
+                 {**B224, "staging_stages": 1, "v_staging_stages": 2},
+                 {**B224, "fp8_f16": True, "swap_ab": True},
+                 {**B224, "fp8_f16": True, "fp8_producers": 4}):
         t = RaggedPagedAttentionTuning(
             decode_backend="mosaic", mosaic_decode=MosaicDecodeTuning(**tune))
         out = ragged_paged_attention(*case, sm_scale=H ** -0.5, tuning=t,

@@ -61,7 +61,29 @@ CASES = [
     (jnp.bfloat16, 128, 8, False, {"sliding_window": 300,
                                    "logit_soft_cap": 30.0},
      {"overlap_softmax": True}),
-] + [(FP8, 128, 4, True, kw, {"fp8_producers": 2, "tokens_per_step": 128,
+    # v17: swap_ab on 16-bit and fp8 pages, one warpgroup or producers,
+    # groups 1-64 (R = 16, 32, 64), head dims 64-256; four producers.
+    (jnp.bfloat16, 128, 4, False, {}, {"swap_ab": True}),
+    (jnp.bfloat16, 64, 20, False, {}, {"swap_ab": True,
+                                       "producer_warpgroup": False}),
+    (FP8, 128, 4, True, {}, {"swap_ab": True, "producer_warpgroup": False}),
+    (FP8, 128, 1, True, {}, {"swap_ab": True, "fp8_f16": True}),
+    (FP8, 256, 64, True, {}, {"swap_ab": True, "fp8_producers": 2}),
+    (FP8, 128, 8, True, {"sliding_window": 300, "logit_soft_cap": 30.0},
+     {"swap_ab": True}),
+    (FP8, 64, 4, True, {}, {"fp8_producers": 4, "tokens_per_step": 128}),
+    (FP8, 64, 4, True, {}, {"fp8_producers": 4, "tokens_per_step": 256,
+                            "smem_budget": 224 * 1024}),
+] + [(FP8, 128, 4, True, kw, {"fp8_producers": 4, "tokens_per_step": 128,
+                             "no_auto_barriers": True, "fp8_f16": True,
+                             "smem_budget": 224 * 1024, **extra})
+     for kw in ({}, {"sliding_window": 300, "logit_soft_cap": 30.0})
+     for extra in ({}, {"overlap_softmax": True}, {"swap_ab": True},
+                   {"swap_ab": True, "consumer_registers": 200})] + [
+    (FP8, 128, 4, True, {}, {"fp8_producers": 2, "tokens_per_step": 128,
+                             "no_auto_barriers": True, "fp8_f16": True,
+                             "smem_budget": 224 * 1024, "swap_ab": True})] + [
+    (FP8, 128, 4, True, kw, {"fp8_producers": 2, "tokens_per_step": 128,
                              "no_auto_barriers": True,
                              "smem_budget": 224 * 1024, **extra})
      for kw in ({}, {"sliding_window": 300, "logit_soft_cap": 30.0})

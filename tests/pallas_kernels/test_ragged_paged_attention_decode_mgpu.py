@@ -197,6 +197,65 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
            k_scale=ks, v_scale=vs, decode_only=True)
 
 
+@pytest.mark.parametrize("pages,group,tune", [
+    ("bf16", 4, dict(producer_warpgroup=False)),
+    ("bf16", 20, dict(producer_warpgroup=True)),
+    ("fp8", 1, dict(producer_warpgroup=False)),
+    ("fp8", 8, dict(producer_warpgroup=True, fp8_f16=True,
+                    tokens_per_step=128, no_auto_barriers=True)),
+    ("fp8", 64, dict(producer_warpgroup=True, v_staging_stages=1))])
+def test_mosaic_decode_swap_ab(pages, group, tune):
+    """swap_ab (tokens on the wgmmas' M side, the query rows on N, rounded
+    up to 16, 32 or 64): one warpgroup and a producer, 16-bit and fp8
+    pages, one-token and many-step sequences, empty splits (four over
+    7 tokens), a padding row; a window with a soft cap."""
+    decodes = [(1, 330), (1, 7), (1, 1)]
+    kw = dict(num_q_heads=group, num_kv_heads=1, head_dim=64, seed=30 + group)
+    tuning = _mosaic(num_stages=2, kv_splits=4, swap_ab=True, **tune)
+    if pages == "fp8":
+        case, ks, vs = fp8_case(decodes, pad_seqs=1, **kw)
+        scales = dict(k_scale=ks, v_scale=vs)
+    else:
+        case = make_case(decodes, dtype=jnp.bfloat16, pad_seqs=1, **kw)
+        scales = {}
+    _check(case, tuning, decode_only=True, **scales)
+    _check(case, tuning, decode_only=True, sliding_window=100,
+           logit_soft_cap=5.0, **scales)
+
+
+def test_swap_ab_and_four_producers_plans():
+    """The register split (a raise completes only once the cuts freed as
+    many: consumer + producers within the launch's figure per thread times
+    the warpgroups) and the tunings refused."""
+    for producers, swap, want in ((1, False, (232, 160)),
+                                  (2, False, (232, 136)),
+                                  (4, False, (232, 56)), (4, True, (160, 80))):
+        got = MosaicDecodeTuning(swap_ab=swap).registers(producers)
+        assert got == want, (producers, swap, got)
+        launch = 65536 // (128 * (1 + producers)) // 8 * 8
+        assert got[0] + producers * got[1] <= min(248, launch) * (1 + producers)
+    assert MosaicDecodeTuning(consumer_registers=200).registers(4) == (200, 64)
+    # The most a consumer may ask still leaves four producers 56.
+    assert MosaicDecodeTuning(consumer_registers=256).registers(4) == (256, 56)
+    with pytest.raises(TuningError, match="consumer_registers"):
+        MosaicDecodeTuning(consumer_registers=100)
+    with pytest.raises(TuningError, match="multiple of 128"):
+        MosaicDecodeTuning(fp8_producers=4, tokens_per_step=64)
+    with pytest.raises(TuningError, match="overlap_softmax"):
+        MosaicDecodeTuning(swap_ab=True, overlap_softmax=True)
+    # The four producers' shares: every (kind, 64-token chunk) of a step
+    # exactly once.
+    shares = [mg._producer_share(p, 4, 256) for p in range(4)]
+    assert sorted((k, c) for kinds, chunks in shares for k in kinds
+                  for c in chunks) == [(k, c) for k in (0, 1)
+                                       for c in range(4)]
+    # swap_ab's smem plan counts its output and P tiles: fewer ring steps.
+    t = MosaicDecodeTuning(tokens_per_step=128, smem_budget=224 * 1024)
+    assert dataclasses.replace(t, swap_ab=True).fp8_stages(128, 2)[0] < \
+        t.fp8_stages(128, 2)[0] or dataclasses.replace(
+            t, swap_ab=True).fp8_stages(128, 2)[1] < t.fp8_stages(128, 2)[1]
+
+
 def test_mosaic_decode_probe_leaves_out_the_math():
     """The measurement-only probe: with no_math the loop still waits for
     and releases every tile (it finishes) but computes nothing (zeros);
@@ -306,6 +365,13 @@ def test_mosaic_decode_on_gpu(page_size, group, head_dim, window, cap):
     ("fp8", dict(fp8_f16=True)),
     ("fp8", dict(overlap_softmax=True, fp8_f16=True)),
     ("bf16", dict(overlap_softmax=True)),
+    # v17: swap_ab, four producers, both (and a consumer asking for more).
+    ("fp8", dict(swap_ab=True, fp8_f16=True)),
+    ("fp8", dict(fp8_producers=4, fp8_f16=True)),
+    ("fp8", dict(fp8_producers=4, fp8_f16=True, overlap_softmax=True)),
+    ("fp8", dict(fp8_producers=4, fp8_f16=True, swap_ab=True)),
+    ("fp8", dict(fp8_producers=4, swap_ab=True, consumer_registers=200)),
+    ("bf16", dict(swap_ab=True)),
 ])
 @pytest.mark.parametrize("window,cap", [(None, None), (300, 30.0)])
 def test_mosaic_decode_pipeline_tunings_on_gpu(pages, tune, window, cap):
@@ -326,3 +392,23 @@ def test_mosaic_decode_pipeline_tunings_on_gpu(pages, tune, window, cap):
         case = make_case(decodes, dtype=jnp.bfloat16, **kw)
         _check(case, tuning, sliding_window=window, logit_soft_cap=cap,
                decode_only=True)
+
+
+@gpu
+@pytest.mark.parametrize("group,head_dim,producers", [
+    (1, 64, 1), (4, 128, 2), (20, 128, 4), (64, 128, 2), (8, 256, 1)])
+def test_mosaic_decode_swap_ab_on_gpu(group, head_dim, producers):
+    """swap_ab compiled over the query-row widths it pads to (16, 32, 64)
+    and head dims 64-256, fp8 pages with one, two or four producers, and
+    16-bit pages; with a window and soft cap."""
+    decodes = [(1, 1), (1, 129), (1, 2048), (1, 5000)]
+    kw = dict(num_q_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+              seed=40 + group)
+    fp8 = _mosaic(producer_warpgroup=True, swap_ab=True,
+                  fp8_producers=producers,
+                  tokens_per_step=128 if producers == 4 else 64)
+    case, ks, vs = fp8_case(decodes, **kw)
+    _check(case, fp8, k_scale=ks, v_scale=vs, decode_only=True,
+           sliding_window=300, logit_soft_cap=30.0)
+    case = make_case(decodes, dtype=jnp.bfloat16, **kw)
+    _check(case, _mosaic(producer_warpgroup=True, swap_ab=True), decode_only=True)
