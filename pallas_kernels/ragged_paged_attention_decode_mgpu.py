@@ -328,42 +328,55 @@ def _decode_kernel(
             body = functools.partial(_attend_step, k_tile=k_tile,
                                      during_qk=during_qk, v_tile=v_tile,
                                      done=done, after_qk=after_qk)
+            run_steps(body, n_full, (acc, m, l))
+
+        def run_steps(body, n_full, carry):
+            """Steps [0, n_full) unmasked, the rest masked, then finish."""
             carry = lax.fori_loop(0, n_full,
-                                  functools.partial(body, masked=False),
-                                  (acc, m, l))
+                                  functools.partial(body, masked=False), carry)
             finish(*lax.fori_loop(n_full, n,
                                   functools.partial(body, masked=True),
                                   carry))
 
         def finish(acc, m, l):
-            """The split's normalized output rows and log-sum-exp -> HBM."""
+            """The split's normalized output rows and log-sum-exp -> HBM
+            (with swap_ab, acc is the transposed output [H, R])."""
             # l >= 1 once any block was seen (its max contributes exp2(0));
             # l == 0 only for an empty split, whose output is zeros.
             l = jnp.maximum(l, 1.0)
-            acc = acc / lax.broadcast_in_dim(l, acc.shape, [0])
-            q_smem[...] = acc.astype(dtype)
-            lse_smem[...] = m + jnp.log2(l)
+            acc = acc / lax.broadcast_in_dim(l, acc.shape, [int(swap_ab)])
+            out = buffers.out if swap_ab else q_smem
+            out[...] = acc.astype(dtype)
+            lse = lse_smem.at[pl.ds(0, rows_out)] if swap_ab else lse_smem
+            lse[...] = m + jnp.log2(l)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem.at[pl.ds(0, rows_out)],
-                                    o_ref.at[seq, kv_head, split])
+            plgpu.copy_smem_to_gmem(
+                out if swap_ab else out.at[pl.ds(0, rows_out)],
+                o_ref.at[seq, kv_head, split])
             plgpu.copy_smem_to_gmem(lse_smem,
                                     lse_ref.at[seq, kv_head, split])
             plgpu.wait_smem_to_gmem(0)
 
-        def _softmax(i, s, m, l, acc, masked):
-            """Step i's logits ``s`` -> (its probabilities in the query
-            dtype, the running max, sum and output rescaled to it)."""
+        def _scaled(i, s, masked, token_axis=1):
+            """Step i's raw logits -> base-2 logits, soft-capped, masked
+            past the sequence (and outside the window) when ``masked``."""
             if logit_soft_cap is not None:
                 s = jnp.tanh(s * (sm_scale / logit_soft_cap))
                 s = s * (logit_soft_cap * LOG2E)
             else:
                 s = s * (sm_scale * LOG2E)
             if masked:
-                pos = (start + i) * bk + iota((_ROWS, bk), 1)
+                pos = (start + i) * bk + iota(s.shape, token_axis)
                 valid = pos < kv_len
                 if sliding_window is not None:
                     valid = valid & (pos >= kv_len - sliding_window)
                 s = jnp.where(valid, s, MASK_VALUE)
+            return s
+
+        def _softmax(i, s, m, l, acc, masked):
+            """Step i's logits ``s`` -> (its probabilities in the query
+            dtype, the running max, sum and output rescaled to it)."""
+            s = _scaled(i, s, masked)
 
             m_next = jnp.maximum(m, s.max(axis=1))
             alpha = jnp.exp2(m - m_next)
@@ -372,17 +385,20 @@ def _decode_kernel(
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             return p.astype(dtype), m_next, l, acc
 
+        def _without_math(i, slot, v_tile, done, after_qk, carry):
+            """A probe's step (measurement only): the tiles are waited for
+            and released as in a real step, nothing is computed from them."""
+            after_qk(i, slot)
+            v_tile(i, slot)
+            done(i, slot)
+            return carry
+
         def _attend_step(i, carry, masked, k_tile, during_qk, v_tile, done,
                          after_qk):
             acc, m, l = carry
             k_ref, slot = k_tile(i)
             if probe in ("no_math", "copies_only"):
-                # Measurement only: the tiles are waited for and released
-                # as in a real step, nothing is computed from them.
-                after_qk(i, slot)
-                v_tile(i, slot)
-                done(i, slot)
-                return carry
+                return _without_math(i, slot, v_tile, done, after_qk, carry)
             s = qk(q_smem, k_ref, (_ROWS, bk),
                    functools.partial(during_qk, i, slot))
             after_qk(i, slot)
@@ -441,23 +457,11 @@ def _decode_kernel(
                 acc, m, l = carry
                 k_ref, slot = k_tile(i)
                 if probe in ("no_math", "copies_only"):
-                    after_qk(i, slot)
-                    v_tile(i, slot)
-                    done(i, slot)
-                    return carry
+                    return _without_math(i, slot, v_tile, done, after_qk,
+                                         carry)
                 st = logits(k_ref, functools.partial(during_qk, i, slot))
                 after_qk(i, slot)
-                if logit_soft_cap is not None:
-                    st = jnp.tanh(st * (sm_scale / logit_soft_cap))
-                    st = st * (logit_soft_cap * LOG2E)
-                else:
-                    st = st * (sm_scale * LOG2E)
-                if masked:
-                    pos = (start + i) * bk + iota((bk, rows_out), 0)
-                    valid = pos < kv_len
-                    if sliding_window is not None:
-                        valid = valid & (pos >= kv_len - sliding_window)
-                    st = jnp.where(valid, st, MASK_VALUE)
+                st = _scaled(i, st, masked, token_axis=0)
                 m_next = jnp.maximum(m, st.max(axis=0))
                 alpha = jnp.exp2(m - m_next)
                 p = jnp.exp2(st - lax.broadcast_in_dim(m_next, st.shape, [1]))
@@ -487,22 +491,7 @@ def _decode_kernel(
             n_full = jnp.int32(0)
             if sliding_window is None:
                 n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
-            carry = lax.fori_loop(0, n_full,
-                                  functools.partial(step, masked=False),
-                                  (acc, m, l))
-            acc, m, l = lax.fori_loop(n_full, n,
-                                      functools.partial(step, masked=True),
-                                      carry)
-            l = jnp.maximum(l, 1.0)
-            acc = acc / lax.broadcast_in_dim(l, acc.shape, [1])
-            buffers.out[...] = acc.astype(dtype)
-            lse_smem.at[pl.ds(0, rows_out)][...] = m + jnp.log2(l)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(buffers.out,
-                                    o_ref.at[seq, kv_head, split])
-            plgpu.copy_smem_to_gmem(lse_smem,
-                                    lse_ref.at[seq, kv_head, split])
-            plgpu.wait_smem_to_gmem(0)
+            run_steps(step, n_full, (acc, m, l))
 
         if swap_ab:
             consume = consume_swapped  # noqa: F811 (same contract)
