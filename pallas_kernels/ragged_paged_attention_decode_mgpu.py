@@ -757,12 +757,16 @@ def decode_attention(
     producers = 1  # copy-issuing (and, for fp8, dequantizing) warpgroups
     # Registers per thread: the consumer's, the producers'.
     registers = (tuning.consumer_registers or 232, _PRODUCER_REGS)
+    # swap_ab: the query rows are wgmma's N, the group rounded up to a
+    # width Mosaic swizzles.
+    rows_out = (next(r for r in _SWAP_ROWS if r >= group) if tuning.swap_ab
+                else round_up(group, 8))
     if jnp.dtype(k_pages.dtype) in _FP8_PAGES:
-        num_stages, staging = tuning.fp8_stages(head_dim, itemsize)
+        num_stages, staging = tuning.fp8_stages(head_dim, itemsize, rows_out)
         producers = tuning.fp8_producers
         registers = tuning.registers(producers)
     else:
-        num_stages = tuning.stages(head_dim, itemsize)
+        num_stages = tuning.stages(head_dim, itemsize, rows_out)
     max_steps = cdiv(pages_per_seq, pages_per_step)
     splits = tuning.splits(num_seqs, num_kv_heads, max_steps)
     # Pages one split may read: the table slice copied to smem (whole TMA
@@ -777,9 +781,6 @@ def decode_attention(
     width = max(round_up(max_steps * pages_per_step, 4), chunk)
     if width != pages_per_seq:
         tables = jnp.pad(tables, ((0, 0), (0, width - pages_per_seq)))
-    rows_out = round_up(group, 8)
-    if tuning.swap_ab:
-        rows_out = next(r for r in _SWAP_ROWS if r >= group)
     q_rows = jnp.pad(q, ((0, 0), (0, 0), (0, rows_out - group), (0, 0)))
     if staging[0] and tuning.fp8_f16:
         # Clamped to f16's range (in f32: bf16 rounds f16's max up to

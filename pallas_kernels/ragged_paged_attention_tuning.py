@@ -124,31 +124,33 @@ class MosaicDecodeTuning:
                               f" >= 1 and v_staging_stages="
                               f"{self.v_staging_stages} >= 0 (0: the same)")
 
-    def _fixed(self, head_dim: int, itemsize: int) -> int:
-        """Shared memory beside the rings: the query (and output) tile,
-        barriers and table, and with swap_ab the transposed output and P
-        tiles at their widest (64 rows)."""
-        fixed = MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
+    def _fixed(self, head_dim: int, itemsize: int, rows: int) -> int:
+        """Shared memory beside the rings: the query (and output) tile of
+        64 padded rows, barriers and table; with swap_ab the ``rows``-row
+        query tile, its transposed output and P."""
         if self.swap_ab:
-            fixed += MOSAIC_ROWS * (head_dim + self.tokens_per_step) * itemsize
-        return fixed
+            return rows * (2 * head_dim + self.tokens_per_step) * itemsize \
+                + 4 * 1024
+        return MOSAIC_ROWS * head_dim * itemsize + 4 * 1024
 
-    def stages(self, head_dim: int, itemsize: int) -> int:
+    def stages(self, head_dim: int, itemsize: int,
+               rows: int = MOSAIC_ROWS) -> int:
         if self.num_stages:
             return self.num_stages
         step = 2 * self.tokens_per_step * head_dim * itemsize
-        fixed = self._fixed(head_dim, itemsize)
+        fixed = self._fixed(head_dim, itemsize, rows)
         return max(2, min(8, (self.smem_budget - fixed) // step))
 
-    def fp8_stages(self, head_dim: int, itemsize: int
-                   ) -> tuple[int, tuple[int, int]]:
+    def fp8_stages(self, head_dim: int, itemsize: int,
+                   rows: int = MOSAIC_ROWS) -> tuple[int, tuple[int, int]]:
         """(ring, (K staging, V staging)) depths for 1-byte pages: the ring
         of fp8 steps the copies fill and the 16-bit (``itemsize``) K and V
         tiles they are dequantized into for wgmma, all within
-        ``smem_budget`` (the deeper staging gives way first)."""
+        ``smem_budget`` (the deeper staging gives way first). ``rows``:
+        swap_ab's query-row width (the group rounded up to 16, 32, 64)."""
         step = 2 * self.tokens_per_step * head_dim  # K + V, one byte each
         tile = step // 2 * itemsize  # one kind's 16-bit tile
-        fixed = self._fixed(head_dim, itemsize)
+        fixed = self._fixed(head_dim, itemsize, rows)
         if self.producer_warpgroup:
             k = self.staging_stages
             v = self.v_staging_stages or k

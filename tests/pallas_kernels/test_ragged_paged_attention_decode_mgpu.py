@@ -249,11 +249,18 @@ def test_swap_ab_and_four_producers_plans():
     assert sorted((k, c) for kinds, chunks in shares for k in kinds
                   for c in chunks) == [(k, c) for k in (0, 1)
                                        for c in range(4)]
-    # swap_ab's smem plan counts its output and P tiles: fewer ring steps.
-    t = MosaicDecodeTuning(tokens_per_step=128, smem_budget=224 * 1024)
-    assert dataclasses.replace(t, swap_ab=True).fp8_stages(128, 2)[0] < \
-        t.fp8_stages(128, 2)[0] or dataclasses.replace(
-            t, swap_ab=True).fp8_stages(128, 2)[1] < t.fp8_stages(128, 2)[1]
+    # swap_ab's smem plan counts its query, output and P tiles at the
+    # rows' width: at 16 rows (4 KiB each) the fp8 default's 2 + 2 staging
+    # still fits 224 KiB beside a 2-step ring; at 64 (48 KiB) it gives way.
+    t = MosaicDecodeTuning(tokens_per_step=128, smem_budget=224 * 1024,
+                           swap_ab=True)
+    assert t.fp8_stages(128, 2, rows=16) == (2, (2, 2))
+    assert t.fp8_stages(128, 2, rows=64) == (3, (1, 1))
+    for rows in (16, 32, 64):
+        ring, (k, v) = t.fp8_stages(128, 2, rows)
+        tiles = rows * (2 * 128 + 128) * 2 + 4096
+        assert tiles + (k + v) * 128 * 128 * 2 + ring * 2 * 128 * 128 \
+            <= t.smem_budget
 
 
 def test_mosaic_decode_probe_leaves_out_the_math():
