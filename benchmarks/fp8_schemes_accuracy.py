@@ -11,11 +11,8 @@ Writes ``benchmarks/results/fp8-schemes-accuracy-cpu.json``.
 
 from __future__ import annotations
 
-import dataclasses
-
-from benchmarks.quant_accuracy import float_reference, write_results
-from jaxinfer.models import resolve_model
-from jaxinfer.models.quantization.config import QuantizationConfig
+from benchmarks.quant_accuracy import (float_reference, with_scheme,
+                                       write_results)
 from jaxinfer.models.quantization.methods import Fp8Weights
 from tests.models import test_quantized_accuracy as T
 
@@ -25,14 +22,10 @@ SCHEMES = [(False, "per_tensor"), (True, "per_tensor"), (False, "per_token"),
 
 def main():
     traj, ref = float_reference()
-    files = resolve_model(T.MODEL)
     rows = []
     for per_channel, activation in SCHEMES:
-        # What quantization="fp8" resolves to, with this scheme's scales.
-        qc = QuantizationConfig("fp8", "float", Fp8Weights(
-            per_channel=per_channel, activation=activation))
-        quantized = dataclasses.replace(
-            files, config=dataclasses.replace(files.config, quantization=qc))
+        quantized = with_scheme("fp8", Fp8Weights(per_channel=per_channel,
+                                                  activation=activation))
         top1, kl = T._agreement(ref, T._logits(quantized, traj))
         rows.append(dict(per_channel_weights=per_channel,
                          activations=activation, top1=top1, kl=kl))

@@ -5,12 +5,23 @@ and the results file each writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 from benchmarks.run_stamp import run_stamp
 from jaxinfer.models import resolve_model
+from jaxinfer.models.quantization.config import QuantizationConfig
 from tests.models import test_quantized_accuracy as T
+
+
+def with_scheme(method: str, scheme):
+    """The embedded model quantized at load with ``method`` as
+    ``quantization=method`` resolves it, but with ``scheme``'s scales."""
+    files = resolve_model(T.MODEL)
+    return dataclasses.replace(files, config=dataclasses.replace(
+        files.config, quantization=QuantizationConfig(method, "float",
+                                                      scheme)))
 
 
 def float_reference():

@@ -20,41 +20,22 @@ Writes ``benchmarks/results/top1-margin-floor-cpu.json``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.quant_accuracy import float_reference, write_results
-from jaxinfer.models import (load_params, model_class, model_constants,
-                             resolve_model)
-from jaxinfer.models.quantization.config import QuantizationConfig
+from benchmarks.quant_accuracy import (float_reference, with_scheme,
+                                       write_results)
+from jaxinfer.models import resolve_model
 from jaxinfer.models.quantization.methods import Fp8Weights
 from tests.models import test_quantized_accuracy as T
-from tests.models.forward import packed_prefill_logits
 
 THRESHOLDS = (0.01, 0.03, 0.1, 0.3)  # margins, log-probability
 
 
-def bf16_logits(traj):
-    """The float checkpoint run in bf16 (weights and compute)."""
-    seqs, plens = traj
-    files = resolve_model(T.MODEL)
-    model = model_class(files.config.architecture)(files.config)
-    out = packed_prefill_logits(model, load_params(files, jnp.bfloat16),
-                                model_constants(model, 256), seqs, 16,
-                                jnp.bfloat16)
-    return np.concatenate([lg[n - 1:-1] for lg, n in zip(out, plens)]
-                          ).astype(np.float32)
-
-
 def quantized_logits(traj, method, scheme=None):
-    files = resolve_model(T.MODEL, quantization=method)
-    if scheme is not None:
-        files = dataclasses.replace(files, config=dataclasses.replace(
-            files.config, quantization=QuantizationConfig(method, "float",
-                                                          scheme)))
+    files = (resolve_model(T.MODEL, quantization=method) if scheme is None
+             else with_scheme(method, scheme))
     return T._logits(files, traj)
 
 
@@ -83,7 +64,8 @@ def main():
              for t in THRESHOLDS}
     print("float margins:", floor, flush=True)
     variants = [
-        ("bf16 weights and compute", lambda: bf16_logits(traj)),
+        ("bf16 weights and compute", lambda: T._logits(
+            resolve_model(T.MODEL), traj, jnp.bfloat16).astype(np.float32)),
         ("int8 at load (per channel, amax/127)",
          lambda: quantized_logits(traj, "int8")),
         ("fp8 at load (per channel, per token)",

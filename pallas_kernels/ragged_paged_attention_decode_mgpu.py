@@ -188,6 +188,11 @@ def _decode_kernel(
     per_split = lax.div(num_blocks - lo + (num_splits - 1), num_splits)
     start = lo + split * per_split
     n = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
+    # Steps [0, n_full) need no mask: only the last block does (and, with a
+    # window, every block).
+    n_full = jnp.int32(0)
+    if sliding_window is None:
+        n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
 
     # The table slice [tbl_start, + table_chunk) holds this program's pages
     # from offset tbl_shift on (the slice is kept inside the table).
@@ -294,11 +299,6 @@ def _decode_kernel(
             l = cast(jnp.zeros((_ROWS,), jnp.float32),
                      plgpu.Layout.WGMMA.reduce(1))
             after_qk = after_qk or nothing
-            # Only the last block (and, with a window, every block) needs a
-            # mask.
-            n_full = jnp.int32(0)
-            if sliding_window is None:
-                n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
             if overlap and not probe:
                 # Step i's softmax runs while step i + 1's QK^T wgmma does,
                 # so its first QK^T comes before the loop: an empty split
@@ -328,9 +328,9 @@ def _decode_kernel(
             body = functools.partial(_attend_step, k_tile=k_tile,
                                      during_qk=during_qk, v_tile=v_tile,
                                      done=done, after_qk=after_qk)
-            run_steps(body, n_full, (acc, m, l))
+            run_steps(body, (acc, m, l))
 
-        def run_steps(body, n_full, carry):
+        def run_steps(body, carry):
             """Steps [0, n_full) unmasked, the rest masked, then finish."""
             carry = lax.fori_loop(0, n_full,
                                   functools.partial(body, masked=False), carry)
@@ -488,13 +488,10 @@ def _decode_kernel(
                 done(i, slot)
                 return acc, m_next, l
 
-            n_full = jnp.int32(0)
-            if sliding_window is None:
-                n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
-            run_steps(step, n_full, (acc, m, l))
+            run_steps(step, (acc, m, l))
 
-        if swap_ab:
-            consume = consume_swapped  # noqa: F811 (same contract)
+        # Both consumers take the same tiles and hooks.
+        attend = consume_swapped if swap_ab else consume
 
         def ring_k(i):
             slot = lax.rem(i, num_stages)
@@ -517,7 +514,7 @@ def _decode_kernel(
             load_table()
             fill_ring()
             if not fp8:
-                consume(ring_k, nothing, ring_v, refill)
+                attend(ring_k, nothing, ring_v, refill)
                 return
 
             # fp8: dequantize K before its wgmma, V during it. (The one
@@ -534,8 +531,8 @@ def _decode_kernel(
             def staged_v_during_qk(i, slot):
                 dequant(1, i, ring_v(i, slot), buffers.vb.at[staged(i)])
 
-            consume(staged_k, staged_v_during_qk,
-                    lambda i, slot: buffers.vb.at[staged(i)], refill)
+            attend(staged_k, staged_v_during_qk,
+                   lambda i, slot: buffers.vb.at[staged(i)], refill)
             return
 
         # Two warpgroups: wg 1 only issues copies (a slot once wg 0 frees
@@ -555,7 +552,7 @@ def _decode_kernel(
                     @pl.when(i + num_stages < n)
                     def _():
                         plgpu.barrier_arrive(free_bar.at[slot])
-                consume(ring_k, nothing, ring_v, release)
+                attend(ring_k, nothing, ring_v, release)
                 return
 
             def staged_k(i):
@@ -577,9 +574,9 @@ def _decode_kernel(
                         plgpu.barrier_arrive(free.at[lax.rem(i, depth)])
                 return arrive
             # K's tile is free once QK^T is done, V's once PV is.
-            consume(staged_k, nothing, staged_v,
-                    release(barriers.vb_free, staging[1]),
-                    after_qk=release(barriers.kb_free, staging[0]))
+            attend(staged_k, nothing, staged_v,
+                   release(barriers.vb_free, staging[1]),
+                   after_qk=release(barriers.kb_free, staging[0]))
 
         if not fp8:
             @pl.when(wg == 1)

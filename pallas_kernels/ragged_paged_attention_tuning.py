@@ -107,6 +107,9 @@ class MosaicDecodeTuning:
         if self.swap_ab and self.overlap_softmax:
             raise TuningError("swap_ab does not take overlap_softmax (its "
                               "consumer runs the plain loop)")
+        if self.consumer_registers and not self.producer_warpgroup:
+            raise TuningError("consumer_registers needs producer_warpgroup="
+                              "True (one warpgroup alone sets no registers)")
         if self.consumer_registers and not (
                 self.consumer_registers % 8 == 0
                 and 24 <= self.consumer_registers <= 256):

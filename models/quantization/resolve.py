@@ -176,7 +176,7 @@ def at_load(method: str) -> QuantizationConfig:
     # than vLLM's per-tensor W8A8: on the H200 a W8A8 MLP pair runs 1.14x
     # faster at 256 rows (no whole-tensor amax before each GEMM; the
     # fp8-gemm-forms-h200.json run) and the embedded model agrees more
-    # (92.3% against 91.0% top-1, fp8-schemes-accuracy-cpu.json).
+    # (91.7% against 90.5% top-1, fp8-schemes-accuracy-cpu.json).
     return QuantizationConfig("fp8", "float",
                               Fp8Weights(per_channel=True,
                                          activation="per_token"))

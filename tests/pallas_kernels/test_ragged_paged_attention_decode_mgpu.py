@@ -239,6 +239,8 @@ def test_swap_ab_and_four_producers_plans():
     assert MosaicDecodeTuning(consumer_registers=256).registers(4) == (256, 56)
     with pytest.raises(TuningError, match="consumer_registers"):
         MosaicDecodeTuning(consumer_registers=100)
+    with pytest.raises(TuningError, match="producer_warpgroup"):
+        MosaicDecodeTuning(consumer_registers=200, producer_warpgroup=False)
     with pytest.raises(TuningError, match="multiple of 128"):
         MosaicDecodeTuning(fp8_producers=4, tokens_per_step=64)
     with pytest.raises(TuningError, match="overlap_softmax"):
