@@ -19,6 +19,8 @@ NUM_SMS = 132
 
 # Rows of the Mosaic decode kernel's wgmma tile (the GQA group is padded).
 MOSAIC_ROWS = 64
+# Dynamic shared memory one block may take on Hopper (227 KiB).
+SMEM_PER_BLOCK = 227 * 1024
 
 
 class TuningError(ValueError):
@@ -138,11 +140,12 @@ class MosaicDecodeTuning:
 
     def stages(self, head_dim: int, itemsize: int,
                rows: int = MOSAIC_ROWS) -> int:
-        if self.num_stages:
-            return self.num_stages
         step = 2 * self.tokens_per_step * head_dim * itemsize
         fixed = self._fixed(head_dim, itemsize, rows)
-        return max(2, min(8, (self.smem_budget - fixed) // step))
+        stages = self.num_stages or max(
+            2, min(8, (self.smem_budget - fixed) // step))
+        self._check_fits(fixed + stages * step, head_dim)
+        return stages
 
     def fp8_stages(self, head_dim: int, itemsize: int,
                    rows: int = MOSAIC_ROWS) -> tuple[int, tuple[int, int]]:
@@ -162,10 +165,29 @@ class MosaicDecodeTuning:
         while max(k, v) > 1 and fixed + (k + v) * tile + 2 * step > \
                 self.smem_budget:
             k, v = (k - (k >= v), v - (v >= k))
-        if self.num_stages:
-            return self.num_stages, (k, v)
-        ring = (self.smem_budget - fixed - (k + v) * tile) // step
-        return max(2, min(8, ring)), (k, v)
+        ring = self.num_stages or max(
+            2, min(8, (self.smem_budget - fixed - (k + v) * tile) // step))
+        self._check_fits(fixed + (k + v) * tile + ring * step, head_dim)
+        return ring, (k, v)
+
+    def _check_fits(self, planned: int, head_dim: int) -> None:
+        """A plan over the budget (the automatic depths) or over the
+        SM's shared memory (depths set by hand, which may take more than
+        the budget) is refused here, naming what to change, instead of
+        failing in Mosaic's lowering: even the least plan (2 ring steps,
+        one staging tile per kind) can overflow at 256-token steps of
+        head_dim 128."""
+        limit = SMEM_PER_BLOCK if self.num_stages else self.smem_budget
+        if planned > limit:
+            what = ("lower num_stages" if self.num_stages else
+                    f"lower tokens_per_step (or raise smem_budget, up to "
+                    f"{SMEM_PER_BLOCK // 1024} KiB)")
+            raise TuningError(
+                f"tokens_per_step={self.tokens_per_step} at head_dim="
+                f"{head_dim} needs {planned // 1024} KiB of shared memory, "
+                f"over the {limit // 1024} KiB "
+                f"{'an SM gives a block' if self.num_stages else 'smem_budget'}"
+                f"; {what}")
 
     def registers(self, producers: int) -> tuple[int, int]:
         """(consumer, producer) registers per thread for a program of one

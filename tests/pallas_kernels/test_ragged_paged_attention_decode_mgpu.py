@@ -265,6 +265,22 @@ def test_swap_ab_and_four_producers_plans():
             <= t.smem_budget
 
 
+def test_mosaic_decode_plans_that_overflow_shared_memory_are_refused():
+    """The least plan at 256-token steps of head_dim 128 (two ring steps,
+    one staging tile per kind) takes 276 KiB: refused with a TuningError
+    that names the field, for 16-bit and fp8 pages; depths set by hand are
+    held to the SM's 227 KiB rather than the automatic budget."""
+    t = MosaicDecodeTuning(tokens_per_step=256, smem_budget=224 * 1024)
+    for plan in (t.stages, t.fp8_stages):
+        with pytest.raises(TuningError, match="276 KiB.*tokens_per_step"):
+            plan(128, 2)
+    assert t.stages(64, 2) == 3 and t.fp8_stages(64, 2)[0] >= 2  # 64 KiB steps
+    by_hand = MosaicDecodeTuning(tokens_per_step=128, num_stages=3)
+    assert by_hand.stages(128, 2) == 3  # 212 KiB: over 200, under 227
+    with pytest.raises(TuningError, match="lower num_stages"):
+        dataclasses.replace(by_hand, num_stages=4).stages(128, 2)
+
+
 def test_mosaic_decode_probe_leaves_out_the_math():
     """The measurement-only probe: with no_math the loop still waits for
     and releases every tile (it finishes) but computes nothing (zeros);
