@@ -171,23 +171,19 @@ class MosaicDecodeTuning:
         return ring, (k, v)
 
     def _check_fits(self, planned: int, head_dim: int) -> None:
-        """A plan over the budget (the automatic depths) or over the
-        SM's shared memory (depths set by hand, which may take more than
-        the budget) is refused here, naming what to change, instead of
-        failing in Mosaic's lowering: even the least plan (2 ring steps,
-        one staging tile per kind) can overflow at 256-token steps of
-        head_dim 128."""
-        limit = SMEM_PER_BLOCK if self.num_stages else self.smem_budget
-        if planned > limit:
-            what = ("lower num_stages" if self.num_stages else
-                    f"lower tokens_per_step (or raise smem_budget, up to "
-                    f"{SMEM_PER_BLOCK // 1024} KiB)")
+        """A plan over the shared memory an SM gives one block is refused
+        here, naming what to change, instead of failing in Mosaic's
+        lowering: even the least plan (2 ring steps, one staging tile per
+        kind) overflows at 256-token steps of head_dim 128. (smem_budget
+        only picks the automatic depths: a least plan a little over it
+        still runs.)"""
+        if planned > SMEM_PER_BLOCK:
+            what = ("num_stages" if self.num_stages else "tokens_per_step")
             raise TuningError(
                 f"tokens_per_step={self.tokens_per_step} at head_dim="
                 f"{head_dim} needs {planned // 1024} KiB of shared memory, "
-                f"over the {limit // 1024} KiB "
-                f"{'an SM gives a block' if self.num_stages else 'smem_budget'}"
-                f"; {what}")
+                f"over the {SMEM_PER_BLOCK // 1024} KiB an SM gives a "
+                f"block; lower {what}")
 
     def registers(self, producers: int) -> tuple[int, int]:
         """(consumer, producer) registers per thread for a program of one

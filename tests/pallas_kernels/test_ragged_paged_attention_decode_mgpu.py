@@ -268,13 +268,16 @@ def test_swap_ab_and_four_producers_plans():
 def test_mosaic_decode_plans_that_overflow_shared_memory_are_refused():
     """The least plan at 256-token steps of head_dim 128 (two ring steps,
     one staging tile per kind) takes 276 KiB: refused with a TuningError
-    that names the field, for 16-bit and fp8 pages; depths set by hand are
-    held to the SM's 227 KiB rather than the automatic budget."""
+    that names the field, for 16-bit and fp8 pages. The limit is the SM's
+    227 KiB, not smem_budget (which only picks the automatic depths)."""
     t = MosaicDecodeTuning(tokens_per_step=256, smem_budget=224 * 1024)
     for plan in (t.stages, t.fp8_stages):
         with pytest.raises(TuningError, match="276 KiB.*tokens_per_step"):
             plan(128, 2)
     assert t.stages(64, 2) == 3 and t.fp8_stages(64, 2)[0] >= 2  # 64 KiB steps
+    # swap_ab's least plan for a group of 64 at head_dim 256: 205 KiB.
+    assert MosaicDecodeTuning(swap_ab=True).fp8_stages(256, 2, 64) == (
+        2, (1, 1))
     by_hand = MosaicDecodeTuning(tokens_per_step=128, num_stages=3)
     assert by_hand.stages(128, 2) == 3  # 212 KiB: over 200, under 227
     with pytest.raises(TuningError, match="lower num_stages"):
@@ -437,3 +440,53 @@ def test_mosaic_decode_swap_ab_on_gpu(group, head_dim, producers):
            sliding_window=300, logit_soft_cap=30.0)
     case = make_case(decodes, dtype=jnp.bfloat16, **kw)
     _check(case, _mosaic(producer_warpgroup=True, swap_ab=True), decode_only=True)
+
+
+def _lower_for_cuda(pages, head_dim, group, tuning, **kw) -> str:
+    """The decode kernel lowered for cuda on this machine (Mosaic GPU's
+    layout inference, transforms and barriers run in Python, so their
+    errors show without a GPU; ptxas' do not)."""
+    import functools
+
+    import jax
+    S, K, B, P = 4, 2, 16, 300
+    num_pages = S * P + 1
+    args = [jax.ShapeDtypeStruct((S, K, group, head_dim), jnp.bfloat16),
+            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), pages),
+            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), pages),
+            jax.ShapeDtypeStruct((S,), jnp.int32),
+            jax.ShapeDtypeStruct((S, P), jnp.int32)]
+    if pages != jnp.bfloat16:
+        args.append(jax.ShapeDtypeStruct((K, 2, num_pages), jnp.float32))
+    fn = jax.jit(functools.partial(mg.decode_attention,
+                                   sm_scale=head_dim ** -0.5, tuning=tuning,
+                                   **kw))
+    return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _fp8_default(**kw):
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
+        FP8_MOSAIC_DECODE
+    return dataclasses.replace(FP8_MOSAIC_DECODE, **kw)
+
+
+@pytest.mark.parametrize("pages,head_dim,group,tuning,kw", [
+    (jnp.bfloat16, 128, 4, MosaicDecodeTuning(), {}),
+    (jnp.bfloat16, 64, 20, MosaicDecodeTuning(swap_ab=True,
+                                              producer_warpgroup=False), {}),
+    (jnp.float8_e4m3fn, 128, 4, _fp8_default(), {}),
+    (jnp.float8_e4m3fn, 128, 8, _fp8_default(),
+     dict(sliding_window=300, logit_soft_cap=30.0)),
+    (jnp.float8_e4m3fn, 128, 4, _fp8_default(fp8_producers=4, swap_ab=True,
+                                             overlap_softmax=False), {}),
+], ids=["bf16", "bf16-swap-1wg", "fp8-default", "fp8-default-window",
+        "fp8-4producers-swap"])
+def test_decode_lowers_to_a_mosaic_gpu_kernel(pages, head_dim, group,
+                                              tuning, kw):
+    """The shipped defaults and the v17 variants the next GPU run times
+    lower to one Mosaic GPU call for Hopper (the GPU-only tests cannot run
+    in CI; ``benchmarks/kernels/preflight_decode_mgpu.py`` lowers all 61
+    tunings the benchmarks use)."""
+    text = _lower_for_cuda(pages, head_dim, group, tuning, **kw)
+    assert text.count("custom_call @mosaic_gpu") == 1  # the one kernel
+    assert "wgmma" in text  # its products on Hopper's tensor cores
