@@ -180,9 +180,8 @@ def test_mosaic_decode_fp8_in_f16():
     (1, dict(v_staging_stages=3, staging_stages=1)),
     (1, dict(overlap_softmax=True)),
     # FP8_MOSAIC_DECODE's settings (the fp8 default at head_dim 128) but
-    # one producer: with its two, jax's Mosaic GPU interpreter hangs on a
-    # 2-core machine (three warpgroups' threads parked in io_callbacks,
-    # NOTES.md v12, v15); the GPU tests run them compiled.
+    # one producer, in this process (its two run in
+    # test_mosaic_decode_many_warpgroups_interpreted, with a wider pool).
     (1, dict(tokens_per_step=128, no_auto_barriers=True, fp8_f16=True,
              overlap_softmax=True, smem_budget=224 * 1024))])
 def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
@@ -195,6 +194,65 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
                          **{"staging_stages": 2, "fp8_producers": producers,
                             **extra}),
            k_scale=ks, v_scale=vs, decode_only=True)
+
+
+def _fp8_default(**kw):
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
+        FP8_MOSAIC_DECODE
+    return dataclasses.replace(FP8_MOSAIC_DECODE, **kw)
+
+
+# Tunings of three to five warpgroups, interpreted. jax's interpreter runs
+# each warpgroup as its own computation, and XLA's CPU runtime executes
+# them on a pool as wide as the machine's cores: on two cores, two
+# warpgroups blocked at barriers leave none to run the one they wait for,
+# and the test hangs (NOTES.md v17). PJRT_NPROC widens that pool; it is read
+# once, when the CPU client starts, so these run in a fresh process.
+WIDE_POOL_TUNINGS = {
+    "fp8-default": {},  # FP8_MOSAIC_DECODE: two producers, overlap, f16
+    "fp8-default-window": dict(window=300, cap=30.0),
+    "4producers": dict(fp8_producers=4, overlap_softmax=False),
+    "4producers-overlap": dict(fp8_producers=4),
+    "4producers-swap": dict(fp8_producers=4, overlap_softmax=False,
+                            swap_ab=True),
+    "4producers-swap-bf16": dict(fp8_producers=4, overlap_softmax=False,
+                                 swap_ab=True, fp8_f16=False, window=300,
+                                 cap=30.0),
+}
+
+
+def run_wide_pool_tuning(name: str) -> None:
+    """One of WIDE_POOL_TUNINGS on FP8_MOSAIC_DECODE's base, checked
+    against the reference (the body of the subprocess below)."""
+    tune = dict(WIDE_POOL_TUNINGS[name])
+    window, cap = tune.pop("window", None), tune.pop("cap", None)
+    # Five 128-token steps: the 2-step ring and the staging tiles wrap.
+    case, ks, vs = fp8_case([(1, 600), (1, 7)], num_q_heads=4,
+                            num_kv_heads=1, head_dim=64, seed=17)
+    tuning = RaggedPagedAttentionTuning(
+        decode_backend="mosaic", mosaic_decode=_fp8_default(
+            num_stages=2, kv_splits=1, **tune))
+    _check(case, tuning, k_scale=ks, v_scale=vs, sliding_window=window,
+           logit_soft_cap=cap, decode_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WIDE_POOL_TUNINGS))
+def test_mosaic_decode_many_warpgroups_interpreted(name):
+    """The fp8 default (three warpgroups) and the v17 four-producer
+    tunings (five), with and without swap_ab, match the reference in the
+    interpreter once XLA's CPU pool is wider than the warpgroups."""
+    import os
+    import subprocess
+    import sys
+    code = ("from tests.pallas_kernels.test_ragged_paged_attention_decode_"
+            f"mgpu import run_wide_pool_tuning; run_wide_pool_tuning({name!r})")
+    env = dict(os.environ, PJRT_NPROC="8")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("pages,group,tune", [
@@ -462,12 +520,6 @@ def _lower_for_cuda(pages, head_dim, group, tuning, **kw) -> str:
                                    sm_scale=head_dim ** -0.5, tuning=tuning,
                                    **kw))
     return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _fp8_default(**kw):
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
-        FP8_MOSAIC_DECODE
-    return dataclasses.replace(FP8_MOSAIC_DECODE, **kw)
 
 
 @pytest.mark.parametrize("pages,head_dim,group,tuning,kw", [
