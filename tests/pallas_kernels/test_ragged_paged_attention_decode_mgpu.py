@@ -218,6 +218,11 @@ WIDE_POOL_TUNINGS = {
     "4producers-swap-bf16": dict(fp8_producers=4, overlap_softmax=False,
                                  swap_ab=True, fp8_f16=False, window=300,
                                  cap=30.0),
+    # swap_ab's wider query rows at head_dim 128 (R = 32, 64).
+    "4producers-swap-group20": dict(fp8_producers=4, overlap_softmax=False,
+                                    swap_ab=True, group=20, head_dim=128),
+    "swap-group64": dict(overlap_softmax=False, swap_ab=True, group=64,
+                         head_dim=128),
 }
 
 
@@ -226,9 +231,10 @@ def run_wide_pool_tuning(name: str) -> None:
     against the reference (the body of the subprocess below)."""
     tune = dict(WIDE_POOL_TUNINGS[name])
     window, cap = tune.pop("window", None), tune.pop("cap", None)
+    group, head_dim = tune.pop("group", 4), tune.pop("head_dim", 64)
     # Five 128-token steps: the 2-step ring and the staging tiles wrap.
-    case, ks, vs = fp8_case([(1, 600), (1, 7)], num_q_heads=4,
-                            num_kv_heads=1, head_dim=64, seed=17)
+    case, ks, vs = fp8_case([(1, 600), (1, 7)], num_q_heads=group,
+                            num_kv_heads=1, head_dim=head_dim, seed=17)
     tuning = RaggedPagedAttentionTuning(
         decode_backend="mosaic", mosaic_decode=_fp8_default(
             num_stages=2, kv_splits=1, **tune))
