@@ -117,13 +117,17 @@ def test_same_logits_as_the_dequantized_path(mixed_gguf):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
 
 
-def test_other_methods_on_a_gguf(mixed_gguf):
+def test_other_methods_on_a_gguf(mixed_gguf, caplog):
     path, _ = mixed_gguf
     with pytest.raises(QuantizationMismatchError, match="'gguf'"):
         resolve_model(path, quantization="awq")
-    # int8 / fp8 quantize the dequantized weights at load
-    files = resolve_model(path, quantization="int8")
+    # int8 / fp8 quantize the dequantized weights at load, and say so: the
+    # file's own blocks are dropped.
+    with caplog.at_level("WARNING"):
+        files = resolve_model(path, quantization="int8")
     assert files.config.quantization.method == "int8"
+    assert "re-quantizes the GGUF file's dequantized weights" in caplog.text
+    assert "quantization='gguf' keeps them" in caplog.text
     assert files.reader.tensor_type(
         "model.layers.0.self_attn.q_proj.weight") == "Q4_K"
 
