@@ -162,7 +162,9 @@ class MosaicDecodeTuning:
             v = self.v_staging_stages or k
         else:
             k = v = 1
-        while max(k, v) > 1 and fixed + (k + v) * tile + 2 * step > \
+        # The ring's least depth (or the one set by hand) comes first.
+        depth = self.num_stages or 2
+        while max(k, v) > 1 and fixed + (k + v) * tile + depth * step > \
                 self.smem_budget:
             k, v = (k - (k >= v), v - (v >= k))
         ring = self.num_stages or max(

@@ -348,6 +348,65 @@ def test_mosaic_decode_plans_that_overflow_shared_memory_are_refused():
         dataclasses.replace(by_hand, num_stages=4).stages(128, 2)
 
 
+def _tuning_or_none(**kw):
+    try:
+        return MosaicDecodeTuning(**kw)
+    except TuningError:
+        return None
+
+
+def test_every_smem_plan_fits_or_is_refused():
+    """Property over tunings, head dims and row widths: a plan either fits
+    the SM's shared memory (and an automatic one fits smem_budget whenever
+    its least plan does) or is a TuningError, exactly when even one
+    staging tile per kind would not fit; never a silent overflow. (It
+    found fp8 staging sized for a 2-step ring beside a deeper ring set by
+    hand.)"""
+    from hypothesis import given, settings, strategies as st
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
+        SMEM_PER_BLOCK
+
+    @settings(max_examples=300, deadline=None)
+    @given(tokens=st.sampled_from([64, 128, 192, 256]),
+           head_dim=st.sampled_from([64, 128, 256]),
+           rows=st.sampled_from([8, 16, 32, 64]),
+           fp8=st.booleans(), producer=st.booleans(), swap=st.booleans(),
+           k=st.integers(1, 4), v=st.integers(0, 4),
+           stages=st.sampled_from([0, 0, 2, 3, 5, 8]),
+           budget=st.integers(96, 227).map(lambda x: x * 1024))
+    def check(tokens, head_dim, rows, fp8, producer, swap, k, v, stages,
+              budget):
+        t = _tuning_or_none(tokens_per_step=tokens, producer_warpgroup=producer,
+                            swap_ab=swap, staging_stages=k,
+                            v_staging_stages=v, num_stages=stages,
+                            smem_budget=budget)
+        if t is None:
+            return
+        fixed = t._fixed(head_dim, 2, rows)
+        step = 2 * tokens * head_dim * (1 if fp8 else 2)
+        tile = tokens * head_dim * 2
+        least = fixed + 2 * step + (2 * tile if fp8 else 0)
+        try:
+            if fp8:
+                ring, (ks, vs) = t.fp8_stages(head_dim, 2, rows)
+                planned = fixed + (ks + vs) * tile + ring * step
+            else:
+                ring = t.stages(head_dim, 2, rows)
+                planned = fixed + ring * step
+        except TuningError as e:
+            assert "KiB" in str(e) and ("tokens_per_step" in str(e)
+                                        or "num_stages" in str(e))
+            assert (least if not stages else
+                    fixed + stages * step + (2 * tile if fp8 else 0)) \
+                > SMEM_PER_BLOCK
+            return
+        assert planned <= SMEM_PER_BLOCK and ring >= 2
+        if not stages and least <= budget:
+            assert planned <= budget
+
+    check()
+
+
 def test_mosaic_decode_probe_leaves_out_the_math():
     """The measurement-only probe: with no_math the loop still waits for
     and releases every tile (it finishes) but computes nothing (zeros);
