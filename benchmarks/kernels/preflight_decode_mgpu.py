@@ -9,10 +9,18 @@ lowering error showed under 0.11 only).
     PYTHONPATH=$PWD python benchmarks/kernels/preflight_decode_mgpu.py
 
 Prints one line per variant and exits non-zero if any fails to lower.
+
+A refactor that should change nothing on the GPU can be checked without
+one: ``--hashes FILE`` writes each variant's lowered module (locations
+left out) as a short sha256, one line per variant; run it before the
+change, then with ``--compare FILE`` after it, which fails on any variant
+whose kernel lowers differently.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import sys
 
 import jax
@@ -114,20 +122,41 @@ def lower(page_dtype, head_dim, group, per_page, kw, tune):
                                 sm_scale=head_dim ** -0.5,
                                 tuning=MosaicDecodeTuning(**tune), **kw)
     jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
+    # The module without source locations (the kernel's own module inside
+    # the custom call carries them unless the traceback limit is 0).
+    text = jax.jit(fn).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text(debug_info=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hashes", help="write each variant's lowering hash")
+    ap.add_argument("--compare", help="fail where a hash differs from FILE's")
+    a = ap.parse_args()
+    jax.config.update("jax_traceback_in_locations_limit", 0)
     print("jax", jax.__version__)
-    failed = 0
-    for case in CASES:
+    before = (open(a.compare).read().split() if a.compare
+              else [None] * len(CASES))
+    failed, hashes = 0, []
+    for case, old in zip(CASES, before):
         name = (f"{jnp.dtype(case[0]).name} H={case[1]} G={case[2]} "
                 f"per_page={case[3]} {case[4]} {case[5]}")
         try:
-            lower(*case)
-            print("ok  ", name, flush=True)
+            digest = lower(*case)
+            hashes.append(digest)
+            if old is not None and digest != old:
+                failed += 1
+                print("DIFF", name, old, "->", digest, flush=True)
+            else:
+                print("ok  ", name, flush=True)
         except Exception as e:  # report every variant, then fail
             failed += 1
+            hashes.append("failed")
             print("FAIL", name, repr(e)[:400], flush=True)
+    if a.hashes:
+        with open(a.hashes, "w") as f:
+            f.write("\n".join(hashes) + "\n")
     sys.exit(1 if failed else 0)
 
 
