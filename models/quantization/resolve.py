@@ -220,9 +220,8 @@ def resolve_quantization(requested: str | None, cfg, hf: dict, fmt: str,
             return _checked(gguf_quantization(cfg, gguf_reader, source), cfg,
                             source)
         if want in ("int8", "fp8"):
-            # Said once, since the file's own blocks are dropped: the codes
-            # come from its dequantized weights, so they carry its rounding
-            # as well as their own.
+            # Worth a warning: the file's own blocks are dropped, and the
+            # new codes carry the file's rounding on top of their own.
             logger.warning(
                 "%s: quantization=%r re-quantizes the GGUF file's "
                 "dequantized weights at load (its own quantized blocks are "
