@@ -75,8 +75,9 @@ _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
 _COPY_ROWS = 16
 # Page sizes verified on GPU. Page 32 faulted with an illegal instruction on
 # jax 0.11.2 at the automatic ring depth on long sequences (NOTES.md v4) but
-# ran correctly on short ones with a 2-stage ring (v9); it stays on the
-# Triton kernel until the faulting settings pass.
+# ran correctly on short ones with a 2-stage ring (v9), and the faulting
+# settings pass jax's interpreter with race and bounds checks (session 24):
+# it stays on the Triton kernel until they pass on the GPU.
 _PAGE_SIZES = (16,)
 # Page dtypes dequantized in the kernel (the KV cache writes e4m3 pages).
 _FP8_PAGES = (jnp.dtype(jnp.float8_e4m3fn),)
@@ -179,26 +180,11 @@ def _decode_kernel(
     # ((0, 0) for 16-bit pages).
     fp8 = staging[0] > 0
 
-    # This program's steps: [start, start + n) of the sequence's bk blocks.
     kv_len = kv_lens_ref[seq]
-    num_blocks = lax.div(kv_len + (bk - 1), bk)
-    lo = jnp.int32(0)
-    if sliding_window is not None:
-        lo = lax.div(jnp.maximum(kv_len - sliding_window, 0), bk)
-    per_split = lax.div(num_blocks - lo + (num_splits - 1), num_splits)
-    start = lo + split * per_split
-    n = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
-    # Steps [0, n_full) need no mask: only the last block does (and, with a
-    # window, every block).
-    n_full = jnp.int32(0)
-    if sliding_window is None:
-        n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
-
-    # The table slice [tbl_start, + table_chunk) holds this program's pages
-    # from offset tbl_shift on (the slice is kept inside the table).
-    tbl_start = jnp.minimum(start * pages_per_step,
-                            tables_ref.shape[1] - table_chunk)
-    tbl_shift = start * pages_per_step - tbl_start
+    start, n, n_full, tbl_start, tbl_shift = _program_range(
+        kv_len, split, bk=bk, num_splits=num_splits,
+        sliding_window=sliding_window, pages_per_step=pages_per_step,
+        table_width=tables_ref.shape[1], table_chunk=table_chunk)
 
     transforms = swizzled_smem_transforms(dtype)
     page_dtype = k_pages_ref.dtype
@@ -639,20 +625,63 @@ def _decode_kernel(
                 lambda share: produce(*share),
                 _producer_share(w - 1, producers, bk)))
 
+    pl.run_scoped(
+        scoped,
+        *_allocations(
+            dtype, k_pages_ref.dtype, head_dim=head_dim, bk=bk,
+            rows_out=rows_out, num_stages=num_stages, staging=staging,
+            table_chunk=table_chunk, num_pieces=num_pieces,
+            per_page=per_page, producer=producer, producers=producers,
+            swap_ab=swap_ab, transforms=transforms,
+            ring_transforms=ring_transforms),
+        **({"collective_axes": "wg"} if producer else {}),
+    )
+
+
+def _program_range(kv_len, split, *, bk, num_splits, sliding_window,
+                   pages_per_step, table_width, table_chunk):
+    """This program's steps and table slice: (start, n, n_full, tbl_start,
+    tbl_shift). It runs steps [start, start + n) of the sequence's
+    bk-token blocks (the window's first block on; an empty split has n =
+    0), the first n_full of them unmasked (every block but the last; none
+    with a window). The table slice [tbl_start, + table_chunk) holds its
+    pages from offset tbl_shift on (kept inside the table)."""
+    num_blocks = lax.div(kv_len + (bk - 1), bk)
+    lo = jnp.int32(0)
+    if sliding_window is not None:
+        lo = lax.div(jnp.maximum(kv_len - sliding_window, 0), bk)
+    per_split = lax.div(num_blocks - lo + (num_splits - 1), num_splits)
+    start = lo + split * per_split
+    n = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
+    n_full = jnp.int32(0)
+    if sliding_window is None:
+        n_full = jnp.minimum(jnp.maximum(num_blocks - 1 - start, 0), n)
+    tbl_start = jnp.minimum(start * pages_per_step, table_width - table_chunk)
+    tbl_shift = start * pages_per_step - tbl_start
+    return start, n, n_full, tbl_start, tbl_shift
+
+
+def _allocations(dtype, page_dtype, *, head_dim, bk, rows_out, num_stages,
+                 staging, table_chunk, num_pieces, per_page, producer,
+                 producers, swap_ab, transforms, ring_transforms):
+    """The program's shared memory and barriers: (_Buffers, _Barriers) of
+    allocation descriptors for ``pl.run_scoped``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    fp8 = staging[0] > 0
     ring = (num_stages, bk, head_dim)
     copies = bk // _COPY_ROWS  # TMA copies that fill one ring slot
-    fp8_buffers, fp8_barriers = {}, {}
+    optional_buffers, optional_barriers = {}, {}
     per_kind = max(1, producers // 2)  # producers converting each kind
     if fp8:
-        fp8_buffers = dict(
+        optional_buffers = dict(
             kb=plgpu.SMEM((staging[0], bk, head_dim), dtype,
                           transforms=transforms),
             vb=plgpu.SMEM((staging[1], bk, head_dim), dtype,
                           transforms=transforms))
         if per_page:
-            fp8_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
+            optional_buffers["scales"] = plgpu.SMEM((2, table_chunk), jnp.float32)
         if producer:
-            fp8_barriers = dict(
+            optional_barriers = dict(
                 kb_ready=plgpu.Barrier(num_arrivals=per_kind,
                                        num_barriers=staging[0]),
                 vb_ready=plgpu.Barrier(num_arrivals=per_kind,
@@ -662,20 +691,19 @@ def _decode_kernel(
     q_rows, lse_rows = _ROWS, _ROWS
     if swap_ab:  # the query rows on N: R-wide tiles
         q_rows, lse_rows = rows_out, round_up(rows_out, 32)
-        fp8_buffers.update(
+        optional_buffers.update(
             out=plgpu.SMEM((head_dim, rows_out), dtype,
                            transforms=swizzled_smem_transforms(
                                dtype, rows_out * jnp.dtype(dtype).itemsize)),
             p=plgpu.SMEM((rows_out, bk), dtype, transforms=transforms))
-    pl.run_scoped(
-        scoped,
+    return (
         _Buffers(
             q=plgpu.SMEM((q_rows, head_dim), dtype, transforms=transforms),
             k=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             v=plgpu.SMEM(ring, page_dtype, transforms=ring_transforms),
             table=plgpu.SMEM((table_chunk,), jnp.int32),
             lse=plgpu.SMEM((lse_rows,), jnp.float32),
-            **fp8_buffers),
+            **optional_buffers),
         _Barriers(
             q=plgpu.Barrier(num_barriers=1),
             table=plgpu.Barrier(num_arrivals=num_pieces * (3 if per_page
@@ -684,9 +712,7 @@ def _decode_kernel(
             k_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
             v_ready=plgpu.Barrier(num_arrivals=copies, num_barriers=num_stages),
             free=plgpu.Barrier(num_barriers=num_stages),
-            **fp8_barriers),
-        **({"collective_axes": "wg"} if producer else {}),
-    )
+            **optional_barriers))
 
 
 def _producer_share(p: int, producers: int, bk: int):
