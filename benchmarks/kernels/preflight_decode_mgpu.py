@@ -1,6 +1,6 @@
 """Pre-flight for the Mosaic GPU decode kernel without a GPU: lowers each
 tuning variant the benchmarks and tests compile (bf16 and fp8 pages) for
-cuda with ``jax.export`` on CPU. Pallas' Mosaic GPU lowering (layouts,
+cuda on CPU (``lower(lowering_platforms=("cuda",))``). Pallas' Mosaic GPU lowering (layouts,
 transforms, barriers) runs in Python, so its errors show here; what ptxas
 or the driver would reject does not. Run it under each jax version the GPU
 machine may have (it had 0.11.2 while this machine had 0.10.2: one
@@ -30,6 +30,7 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_decode_mgpu import (
     decode_attention)
 from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
     MosaicDecodeTuning)
+from tests.pallas_kernels.lowering import decode_lowering_args
 
 FP8 = jnp.float8_e4m3fn
 # (page dtype, head dim, GQA group, per-page scales, kernel kwargs, tuning)
@@ -107,23 +108,14 @@ CASES = [
 
 
 def lower(page_dtype, head_dim, group, per_page, kw, tune):
-    S, K, B, P = 4, 2, 16, 300
-    num_pages = S * P + 1
-    args = [jax.ShapeDtypeStruct((S, K, group, head_dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), page_dtype),
-            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), page_dtype),
-            jax.ShapeDtypeStruct((S,), jnp.int32),
-            jax.ShapeDtypeStruct((S, P), jnp.int32)]
-    if per_page:
-        args.append(jax.ShapeDtypeStruct((K, 2, num_pages), jnp.float32))
-
+    """Lowers one variant for cuda; returns a short hash of the module
+    without source locations (the kernel's own module inside the custom
+    call carries them unless the traceback limit is 0)."""
     def fn(q, k, v, lens, tables, *scales):
         return decode_attention(q, k, v, lens, tables, *scales,
                                 sm_scale=head_dim ** -0.5,
                                 tuning=MosaicDecodeTuning(**tune), **kw)
-    jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
-    # The module without source locations (the kernel's own module inside
-    # the custom call carries them unless the traceback limit is 0).
+    args = decode_lowering_args(page_dtype, head_dim, group, per_page)
     text = jax.jit(fn).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text(debug_info=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -12,17 +12,19 @@ import dataclasses
 
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
                                      RaggedPagedAttentionTuning, TuningError,
                                      ragged_paged_attention)
 from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-    MosaicDecodeTuning)
+    SMEM_PER_BLOCK, MosaicDecodeTuning)
 from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
     ragged_paged_attention_reference)
 from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
                                         fp8_case, gpu, make_case, rel_error)
+from tests.pallas_kernels.lowering import decode_lowering_args
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
 # chunk (served by the Triton prefill kernel in the same call).
@@ -355,56 +357,49 @@ def _tuning_or_none(**kw):
         return None
 
 
-def test_every_smem_plan_fits_or_is_refused():
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.sampled_from([64, 128, 192, 256]),
+       head_dim=st.sampled_from([64, 128, 256]),
+       rows=st.sampled_from([8, 16, 32, 64]),
+       fp8=st.booleans(), producer=st.booleans(), swap=st.booleans(),
+       k=st.integers(1, 4), v=st.integers(0, 4),
+       stages=st.sampled_from([0, 0, 2, 3, 5, 8]),
+       budget=st.integers(96, 227).map(lambda x: x * 1024))
+def test_every_smem_plan_fits_or_is_refused(tokens, head_dim, rows, fp8,
+                                            producer, swap, k, v, stages,
+                                            budget):
     """Property over tunings, head dims and row widths: a plan either fits
     the SM's shared memory (and an automatic one fits smem_budget whenever
     its least plan does) or is a TuningError, exactly when even one
     staging tile per kind would not fit; never a silent overflow. (It
     found fp8 staging sized for a 2-step ring beside a deeper ring set by
     hand.)"""
-    from hypothesis import given, settings, strategies as st
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
-        SMEM_PER_BLOCK
-
-    @settings(max_examples=300, deadline=None)
-    @given(tokens=st.sampled_from([64, 128, 192, 256]),
-           head_dim=st.sampled_from([64, 128, 256]),
-           rows=st.sampled_from([8, 16, 32, 64]),
-           fp8=st.booleans(), producer=st.booleans(), swap=st.booleans(),
-           k=st.integers(1, 4), v=st.integers(0, 4),
-           stages=st.sampled_from([0, 0, 2, 3, 5, 8]),
-           budget=st.integers(96, 227).map(lambda x: x * 1024))
-    def check(tokens, head_dim, rows, fp8, producer, swap, k, v, stages,
-              budget):
-        t = _tuning_or_none(tokens_per_step=tokens, producer_warpgroup=producer,
-                            swap_ab=swap, staging_stages=k,
-                            v_staging_stages=v, num_stages=stages,
-                            smem_budget=budget)
-        if t is None:
-            return
-        fixed = t._fixed(head_dim, 2, rows)
-        step = 2 * tokens * head_dim * (1 if fp8 else 2)
-        tile = tokens * head_dim * 2
-        least = fixed + 2 * step + (2 * tile if fp8 else 0)
-        try:
-            if fp8:
-                ring, (ks, vs) = t.fp8_stages(head_dim, 2, rows)
-                planned = fixed + (ks + vs) * tile + ring * step
-            else:
-                ring = t.stages(head_dim, 2, rows)
-                planned = fixed + ring * step
-        except TuningError as e:
-            assert "KiB" in str(e) and ("tokens_per_step" in str(e)
-                                        or "num_stages" in str(e))
-            assert (least if not stages else
-                    fixed + stages * step + (2 * tile if fp8 else 0)) \
-                > SMEM_PER_BLOCK
-            return
-        assert planned <= SMEM_PER_BLOCK and ring >= 2
-        if not stages and least <= budget:
-            assert planned <= budget
-
-    check()
+    t = _tuning_or_none(tokens_per_step=tokens, producer_warpgroup=producer,
+                        swap_ab=swap, staging_stages=k, v_staging_stages=v,
+                        num_stages=stages, smem_budget=budget)
+    if t is None:
+        return
+    fixed = t._fixed(head_dim, 2, rows)
+    step = 2 * tokens * head_dim * (1 if fp8 else 2)
+    tile = tokens * head_dim * 2
+    least = fixed + 2 * step + (2 * tile if fp8 else 0)
+    try:
+        if fp8:
+            ring, (ks, vs) = t.fp8_stages(head_dim, 2, rows)
+            planned = fixed + (ks + vs) * tile + ring * step
+        else:
+            ring = t.stages(head_dim, 2, rows)
+            planned = fixed + ring * step
+    except TuningError as e:
+        assert "KiB" in str(e) and ("tokens_per_step" in str(e)
+                                    or "num_stages" in str(e))
+        assert (least if not stages else
+                fixed + stages * step + (2 * tile if fp8 else 0)) \
+            > SMEM_PER_BLOCK
+        return
+    assert planned <= SMEM_PER_BLOCK and ring >= 2
+    if not stages and least <= budget:
+        assert planned <= budget
 
 
 def test_mosaic_decode_probe_leaves_out_the_math():
@@ -572,15 +567,8 @@ def _lower_for_cuda(pages, head_dim, group, tuning, **kw) -> str:
     import functools
 
     import jax
-    S, K, B, P = 4, 2, 16, 300
-    num_pages = S * P + 1
-    args = [jax.ShapeDtypeStruct((S, K, group, head_dim), jnp.bfloat16),
-            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), pages),
-            jax.ShapeDtypeStruct((K, num_pages, B, head_dim), pages),
-            jax.ShapeDtypeStruct((S,), jnp.int32),
-            jax.ShapeDtypeStruct((S, P), jnp.int32)]
-    if pages != jnp.bfloat16:
-        args.append(jax.ShapeDtypeStruct((K, 2, num_pages), jnp.float32))
+    args = decode_lowering_args(pages, head_dim, group,
+                                per_page=pages != jnp.bfloat16)
     fn = jax.jit(functools.partial(mg.decode_attention,
                                    sm_scale=head_dim ** -0.5, tuning=tuning,
                                    **kw))
