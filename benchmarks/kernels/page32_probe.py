@@ -7,6 +7,12 @@ context), then one variant under compute-sanitizer when it is there.
 
 Prints one line per variant (ok + rel err, or the exit code and the last
 error line); writes page32-probe.json.
+
+On CPU one variant runs in jax's interpreter with its race detection and
+out-of-bounds reads raising (session 24: p32_v4, v4's faulting settings,
+gave no race and rel err 2.3e-3):
+
+    PAGE32_CHECKS=1 PYTHONPATH=$PWD python benchmarks/kernels/page32_probe.py --child p32_v4
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ VARIANTS = {
     "p32_1wg": dict(page=32, producer=False),
     "p32_t128_1wg": dict(page=32, producer=False, tokens=128, stages=2),
     "p32_h64_1wg": dict(page=32, producer=False, head_dim=64),
+    # v4's faulting settings: the automatic ring depth (5 stages at H=128),
+    # automatic splits, long sequences.
+    "p32_v4": dict(page=32, stages=0, splits=0, lens=(5000, 2048, 33)),
 }
 
 
@@ -37,7 +46,15 @@ def child(name: str) -> None:
     cfg = VARIANTS[name]
     mg._PAGE_SIZES = (16, 32)  # let page 32 through for the probe
     head_dim = cfg.get("head_dim", 128)
-    case = make_case([(1, 300), (1, 70), (1, 33)], num_q_heads=8,
+    if os.environ.get("PAGE32_CHECKS"):
+        # Interpreted runs only: jax's interpreter checks the kernel's
+        # smem accesses for races and raises on out-of-bounds reads.
+        from jaxinfer.pallas_kernels import kernel_common
+        mg.mosaic_interpret_params = lambda **kw: (
+            kernel_common.mosaic_interpret_params(
+                detect_races=True, out_of_bounds_reads="raise", **kw))
+    lens = cfg.get("lens", (300, 70, 33))
+    case = make_case([(1, n) for n in lens], num_q_heads=8,
                      num_kv_heads=2, head_dim=head_dim,
                      page_size=cfg["page"], dtype=jnp.bfloat16, pad_tokens=0)
     q, kp, vp, kv_lens, tables, cu, num_seqs = case
@@ -47,7 +64,8 @@ def child(name: str) -> None:
     real = jnp.arange(S) < num_seqs[0]
     tuning = MosaicDecodeTuning(
         tokens_per_step=cfg.get("tokens", 64), num_stages=cfg.get("stages", 2),
-        kv_splits=2, producer_warpgroup=cfg.get("producer", True))
+        kv_splits=cfg.get("splits", 2),
+        producer_warpgroup=cfg.get("producer", True))
     import jax
     out = mg.decode_attention(q_dec, kp, vp, jnp.where(real, kv_lens, 0),
                               tables, sm_scale=head_dim ** -0.5, tuning=tuning,
@@ -55,7 +73,12 @@ def child(name: str) -> None:
     out = out.block_until_ready()
     ref = ragged_paged_attention_reference(*case, sm_scale=head_dim ** -0.5)
     err = rel_error(out.reshape(S, 8, head_dim)[:3], ref[rows][:3])
-    print(json.dumps(dict(variant=name, rel_err=err)))
+    extra = {}
+    if os.environ.get("PAGE32_CHECKS"):
+        from jax._src.pallas.mosaic_gpu.interpret import (
+            interpret_pallas_call as ipc)
+        extra["races_found"] = bool(ipc.get_races().races_found)
+    print(json.dumps(dict(variant=name, rel_err=err, **extra)))
 
 
 def run(cmd, timeout):
