@@ -1,4 +1,4 @@
-"""A first request's programs on CPU (issue 20): the README's first
+"""A first request's programs on CPU: the README's first
 command's phases in-process, with one change on and off, in alternating
 fresh processes (warm weight and compilation caches).
 
@@ -15,7 +15,7 @@ Each child process times: importing the CLI and building its parser,
 and second streamed tokens and the 32nd of a greedy ``generate`` of the
 README's prompt, from the child's first line. "off" changes only the compared
 thing (with build-first off the decode program still builds ahead once the
-prefill is dispatched: section 18 of docs/performance.md).
+prefill is dispatched: docs/performance.md, "CPU").
 Prints the medians and writes every run and the medians as JSON.
 """
 

@@ -14,8 +14,8 @@ caches the cold run left (warm):
   tokens in one batch, twice (the first compiles the batch's buckets).
 Then HF transformers (torch, float32) on the same GGUF file and prompts:
 load, the same two 32-token generations and the batched 8 x 64 twice (left
-padding, one ``generate`` call). Rates compare the second runs. Every generation runs to its full length
-(EOS ignored), so both sides produce the same number of tokens.
+padding, one ``generate`` call). Rates compare the second runs. Every
+generation runs to its full length (EOS ignored), so both sides produce the same number of tokens.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_stamp import run_stamp  # noqa: E402
+from run_stamp import run_stamp
 
 PROMPT = "The capital of France is"
 BATCH_PROMPTS = [

@@ -5,10 +5,10 @@ the process ended up importing.
 
     python benchmarks/cpu_start_phases.py
 
-A before/after comparison runs it alternately against two trees, e.g. the
-commit before the import cuts of session 10 (ml_dtypes 0.7.0 installed into
-/tmp/mld_0.7.0 with ``pip install --no-deps --target``, the old package
-unpacked into /tmp/oldtree with ``git archive cf9bcc0 jaxinfer``)::
+To compare two trees, run it alternately against each, e.g. commit cf9bcc0
+with ml_dtypes 0.7.0 (installed into /tmp/mld_0.7.0 with ``pip install
+--no-deps --target``, the old package unpacked into /tmp/oldtree with ``git
+archive cf9bcc0 jaxinfer``)::
 
     for i in 1 2 3; do python benchmarks/cpu_start_phases.py
       PYTHONPATH=/tmp/mld_0.7.0:/tmp/oldtree python benchmarks/cpu_start_phases.py; done
@@ -17,7 +17,7 @@ unpacked into /tmp/oldtree with ``git archive cf9bcc0 jaxinfer``)::
 import time
 
 t0 = time.perf_counter()
-from jaxinfer import LLM, SamplingParams  # noqa: E402
+from jaxinfer import LLM, SamplingParams
 
 t1 = time.perf_counter()
 llm = LLM()
@@ -26,11 +26,12 @@ llm.generate(["The capital of France is"],
              SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
 t3 = time.perf_counter()
 
-import json  # noqa: E402
-import sys  # noqa: E402
+import json
+import sys
 
-import jaxinfer  # noqa: E402
-import ml_dtypes  # noqa: E402
+import ml_dtypes
+
+import jaxinfer
 
 print(json.dumps({
     "jaxinfer": jaxinfer.__file__, "ml_dtypes": ml_dtypes.__version__,

@@ -1,4 +1,4 @@
-"""`decode-step` workload (BENCHMARKS.md): one decode step of a real model
+"""`decode-step` workload (docs/benchmarking.md): one decode step of a real model
 shape with random weights, against the roofline measured in the same run.
 
 One command (GPU machine, repo root):
@@ -27,15 +27,15 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
-from jaxinfer.models import AttentionMetadata, ModelConfig, model_class  # noqa: E402
-from jaxinfer.models.dummy import random_params  # noqa: E402
-from jaxinfer.models.runtime import model_constants, run_model  # noqa: E402
+from benchmarks.kernels.bench_attention import roofline, time_fn
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.models import AttentionMetadata, ModelConfig, model_class
+from jaxinfer.models.dummy import random_params
+from jaxinfer.models.runtime import model_constants, run_model
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 BLOCK = 16

@@ -11,7 +11,8 @@ Environment: GMU=0.5 (gpu_memory_utilization), RUNS (weights:kv:route,
 ... instead of all five engines), SMOKE=1 (tiny shapes: a CPU
 check of the script), BISECT=default,v10,ws2,triton (bf16 weights with fp8
 pages only, once per fp8 decode route; prints RESULT lines, writes no file).
-Results of session 15: benchmarks/results/engine-quant-smoke-h200.json.
+Results: benchmarks/results/engine-quant-smoke-h200.json (and its -capped
+and -warm siblings).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def folder(cfg):
     return d
 
 
-from jaxinfer import LLM, SamplingParams  # noqa: E402
+from jaxinfer import LLM, SamplingParams
 
 rng = np.random.default_rng(0)
 prompts = [{"prompt_token_ids": rng.integers(3, 49152, int(n)).tolist()}
@@ -91,8 +92,8 @@ def fp8_variant(name):
     """Patches the fp8 decode route: "default" (FP8_MOSAIC_DECODE),
     "v10" (the 16-bit pages' Mosaic tuning), "ws2" (two producers, 64-token
     steps), "triton" (fp8 pages on the Triton kernel)."""
-    from jaxinfer.pallas_kernels import ragged_paged_attention_tuning as t
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_tuning as t
     if name == "v10":
         t.FP8_MOSAIC_DECODE = t.MosaicDecodeTuning()
     elif name == "ws2":
@@ -122,8 +123,9 @@ if os.environ.get("BISECT"):
         print("RESULT", v, "rc", p.returncode,
               str(res)[-300:].replace("\n", " "), flush=True)
     sys.exit(0)
-import subprocess  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
+import subprocess
+
+from benchmarks.run_stamp import run_stamp
 
 rows, tokens = [], {}
 # (weights, kv_cache_dtype, fp8 decode route): the default route for fp8
@@ -158,7 +160,8 @@ for wname, kv, route in RUNS:
                          same / sum(map(len, base)), first_token_agreement=
                          first / len(base)))
         print(rows[-1], flush=True)
-import jax  # noqa: E402
+import jax
+
 with open(os.path.join(OUT, "engine-quant-smoke.json"), "w") as f:
     json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__,
                    **run_stamp(), gpu_memory_utilization=os.environ.get(

@@ -1,11 +1,11 @@
-"""Issue 12's engine-speed workloads on one H200 in one command (llama3-8b
+"""The engine-speed workloads on one H200 in one command (llama3-8b
 shape, dummy bf16 weights): time to ready (weights loaded, every bucket
 compiled) cold and warm, then throughput 1000 x 1000/1000, 256 x 1000/1000
 and 256 x 512/256 and latency at batch 1 (128/128, 1024/256) on one engine,
 each with its step timeline, plus the copy bandwidth and matmul rate the
 timelines' rooflines use; with ``--peers``, the decode step alone and HF
-transformers' continuous batching on the same prompts. GPU machine, repo root, the embedded tokenizer
-saved in .tok (carried):
+transformers' continuous batching on the same prompts. GPU machine, repo
+root, the embedded tokenizer saved in .tok (carried):
 
     export PYTHONPATH=$PWD
     python3 benchmarks/engine_speed.py --out $OUT --peers [--only tp256-512,lat128] \
@@ -73,7 +73,7 @@ def run_peers(out_dir: str) -> dict:
 
 
 def measure_roofline() -> dict:
-    """BENCHMARKS.md's ceilings: torch copy_ of 2 GiB (bytes read + written)
+    """The roofline's ceilings (docs/benchmarking.md): torch copy_ of 2 GiB (bytes read + written)
     and an 8192^3 bf16 matmul, medians of events-timed repeats."""
     import statistics
 
@@ -132,7 +132,7 @@ def ready(tokenizer: str, cache_dir: str) -> None:
     # Greedy tokens from random weights: cold (compiled) and warm (loaded)
     # engines must agree.
     from jaxinfer import SamplingParams
-    from jaxinfer.worker.executable_cache import runner_fingerprint
+    from jaxinfer.worker.executable_cache import programs_fingerprint
     out = llm.generate([{"prompt_token_ids": list(range(100, 164))}],
                        SamplingParams(temperature=0.0, max_tokens=16,
                                       ignore_eos=True), use_tqdm=False)
@@ -140,10 +140,11 @@ def ready(tokenizer: str, cache_dir: str) -> None:
                       "greedy_tokens": out[0].outputs[0].token_ids,
                       "warmup_s": e.warmup_seconds,
                       "programs": e.warmup_programs,
-                      "programs_loaded": getattr(e.runner, "programs_loaded", 0),
+                      "programs_loaded": e.runner.programs.num_loaded,
                       # What a warm start must match to load the saved programs.
                       "num_blocks": e.runner.num_blocks,
-                      "fingerprint": runner_fingerprint(e.runner)}))
+                      "fingerprint": programs_fingerprint(e.runner.programs,
+                                                         e.runner.device_state())}))
 
 
 def run_workload(llm, name: str, out_dir: str) -> dict:
@@ -257,7 +258,7 @@ def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timeline_report import report_dir
     try:  # the timeline PNGs too, where matplotlib is there (the GPU machine)
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - only whether it imports
         png = True
     except ImportError:
         png = False

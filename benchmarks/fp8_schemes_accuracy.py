@@ -11,8 +11,7 @@ Writes ``benchmarks/results/fp8-schemes-accuracy-cpu.json``.
 
 from __future__ import annotations
 
-from benchmarks.quant_accuracy import (float_reference, with_scheme,
-                                       write_results)
+from benchmarks.quant_accuracy import float_reference, with_scheme, write_results
 from jaxinfer.models.quantization.methods import Fp8Weights
 from tests.models import test_quantized_accuracy as T
 

@@ -26,7 +26,7 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from benchmarks.run_stamp import run_stamp  # noqa: E402
+from benchmarks.run_stamp import run_stamp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128,

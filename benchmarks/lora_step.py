@@ -1,4 +1,4 @@
-"""`lora-step` workload (issue 16's targets): the engine's decode step with
+"""`lora-step` workload: the engine's decode step with
 LoRA adapters against the same step without, and how long putting an
 adapter into a device slot stalls the step loop.
 
@@ -52,22 +52,21 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from jaxinfer.config import CacheConfig, SchedulerConfig  # noqa: E402
-from jaxinfer.core.scheduler_output import (NewRequestData,  # noqa: E402
-                                            ScheduledRequest, SchedulerOutput)
-from jaxinfer.lora.config import LoRAConfig  # noqa: E402
-from jaxinfer.lora.peft_format import LoRAAdapter  # noqa: E402
-from jaxinfer.lora.request import LoRARequest  # noqa: E402
-from jaxinfer.models import resolve_model  # noqa: E402
-from jaxinfer.models import lora as model_lora  # noqa: E402
-from jaxinfer.sampling_params import SamplingParams  # noqa: E402
-from jaxinfer.worker import model_runner as runner_module  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from jaxinfer.worker import step_programs  # noqa: E402
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.config import CacheConfig, SchedulerConfig
+from jaxinfer.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
+from jaxinfer.lora.config import LoRAConfig
+from jaxinfer.lora.peft_format import LoRAAdapter
+from jaxinfer.lora.request import LoRARequest
+from jaxinfer.models import lora as model_lora
+from jaxinfer.models import resolve_model
+from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.worker import model_runner as runner_module
+from jaxinfer.worker import step_functions
 
 BLOCK = 16
 LLAMA3_8B = os.path.join(os.path.dirname(__file__), "models", "llama3-8b")
@@ -189,7 +188,7 @@ def profile_loop(runner, make_outs, steps: int = 4) -> dict:
         return summarize_trace(d, steps)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forced(method: str):
     def product(x, a, b, slots, _method=None):
         return _ORIGINAL_PRODUCT(x, a, b, slots, method)
@@ -205,12 +204,12 @@ def force_product(runner, method: str | None, compiler_options=None) -> None:
     ``compiler_options``."""
     model_lora.lora_product = (_ORIGINAL_PRODUCT if method is None
                                else _forced(method))
-    runner._forward = jax.jit(
-        functools.partial(step_programs.forward, runner.model,
+    runner.programs._forward = jax.jit(
+        functools.partial(step_functions.forward, runner.model,
                           logits_sharding=runner.placement.replicated),
         static_argnums=(0,), donate_argnums=(2,),
         compiler_options=compiler_options)
-    runner.programs.clear()
+    runner.programs.built.clear()
 
 
 # -- 1. correctness ----------------------------------------------------------

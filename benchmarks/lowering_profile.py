@@ -37,7 +37,7 @@ def main() -> None:
               dtype="bfloat16", max_model_len=2048, warmup=False,
               compilation_cache_dir="")
     runner = llm.llm_engine.runner
-    todo = wanted_programs(runner)
+    todo = wanted_programs(runner.programs, runner.device_state())
     keys = list(todo)[:args.programs]
     rows = []
     prof = cProfile.Profile()

@@ -11,7 +11,7 @@ One command (GPU machine, repo root):
     python3 benchmarks/multi_step.py --out $OUT
 
 ``--smoke`` runs the tiny model on CPU; ``--loops while,scan,unroll`` times
-each way of looping a window (`step_programs.WINDOW_LOOPS`). Writes
+each way of looping a window (`step_functions.WINDOW_LOOPS`). Writes
 ``multi-step.json`` (ms per token for k = 1 and each k and loop, medians of
 repeats, and the ratios).
 """
@@ -25,14 +25,13 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from benchmarks.lora_step import (LLAMA3_8B, DecodeBatch, make_runner,  # noqa: E402
-                                  run_loop, tiny_model_dir)
-from jaxinfer.core.scheduler_output import SchedulerOutput  # noqa: E402
-from jaxinfer.models import resolve_model  # noqa: E402
+from benchmarks.lora_step import LLAMA3_8B, DecodeBatch, make_runner, run_loop, tiny_model_dir
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.core.scheduler_output import SchedulerOutput
+from jaxinfer.models import resolve_model
 
 
 def windows(batch: DecodeBatch, k: int, n: int) -> list[SchedulerOutput]:
@@ -57,7 +56,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="tokens per repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--loops", default="while",
-                    help="window loops to time (step_programs.WINDOW_LOOPS)")
+                    help="window loops to time (step_functions.WINDOW_LOOPS)")
     args = ap.parse_args()
     model_dir = tiny_model_dir() if args.smoke else LLAMA3_8B
     dtype = jnp.float32 if args.smoke else jnp.bfloat16
@@ -75,7 +74,7 @@ def main():
                                        for k in ks]
         for name, k, loop in variants:
             if loop is not None:
-                runner.use_window_loop(loop)
+                runner.programs.use_window_loop(loop)
 
             def outs():
                 if k == 1:

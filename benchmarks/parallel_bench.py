@@ -1,4 +1,4 @@
-"""Parallel layouts against one device (issue 19's measurements), in one
+"""Parallel layouts against one device, in one
 command.
 
     export PYTHONPATH=$PWD
@@ -61,8 +61,9 @@ def _decode_ms(records, batch: int) -> float | None:
 
 def measure(ns, name: str) -> dict:
     """One layout, in this process (run by the parent as a child)."""
-    import numpy as np
     import jax
+    import numpy as np
+
     from jaxinfer import LLM, SamplingParams
     llm = LLM(ns.model, load_format=ns.load_format, tokenizer=ns.tokenizer,
               max_model_len=ns.max_model_len, dtype=ns.dtype,

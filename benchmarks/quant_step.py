@@ -1,5 +1,5 @@
 """`quant-step` workload: quantized weights and fp8 KV pages on the
-llama3-8b shape against bf16, ratios from one run (issue 15's targets).
+llama3-8b shape against bf16, ratios from one run.
 
 One command (GPU machine, repo root; about four minutes on one H200):
 
@@ -33,8 +33,8 @@ Sections, correctness first:
   over the measured copy bandwidth (target >= 0.75), bf16 beside it.
 - bytes: llama3-8b int4 (AWQ, g128) params on the device (target <= 6 GB).
 
-Writes ``quant-step-<device>.json`` (BENCHMARKS.md fields: commit, date,
-device, jax, params, raw repeats, medians, copy BW, matmul rate, ratios)
+Writes ``quant-step-<device>.json`` (docs/benchmarking.md's fields: commit,
+date, device, jax, params, raw repeats, medians, copy BW, matmul rate, ratios)
 and prints a table last.
 """
 
@@ -53,20 +53,19 @@ SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["BENCH_SMOKE"] = "1"  # bench_attention's tiny-shape switch
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.decode_step import LLAMA3_8B, TINY, decode_batch, make_step  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from benchmarks.kernels.bench_attention import (batch, roofline,  # noqa: E402
-                                                time_chained, time_fn)
-from jaxinfer.models import AttentionMetadata, model_class  # noqa: E402
-from jaxinfer.models.dummy import random_params  # noqa: E402
-from jaxinfer.models.quantization import methods as qm  # noqa: E402
-from jaxinfer.models.quantization.config import QuantizationConfig  # noqa: E402
-from jaxinfer.models.runtime import model_constants, run_model  # noqa: E402
-from jaxinfer.pallas_kernels import kv_cache  # noqa: E402
+from benchmarks.decode_step import LLAMA3_8B, TINY, decode_batch, make_step
+from benchmarks.kernels.bench_attention import batch, roofline, time_chained, time_fn
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.models import AttentionMetadata, model_class
+from jaxinfer.models.dummy import random_params
+from jaxinfer.models.quantization import methods as qm
+from jaxinfer.models.quantization.config import QuantizationConfig
+from jaxinfer.models.runtime import model_constants, run_model
+from jaxinfer.pallas_kernels import kv_cache
 
 VARIANTS = {
     "bf16": None,
@@ -319,8 +318,8 @@ def decode(cfg, sizes, variants, backend, roof, profile=False):
             if profile:  # where the step's time goes
                 from benchmarks.step_breakdown import profile_steps
                 rows[-1]["profile"] = profile_steps(run, 3)
-            del kv, state
-        del params
+            kv = state = None
+        params = None  # frees the weights before the next variant
     _ratios(rows, ("S", "L"))
     return rows
 
@@ -367,7 +366,7 @@ def prefill(cfg, num_seqs, seq_len, variants, backend, roof,
         if profile:  # where the time goes: kernel groups, top kernels
             from benchmarks.step_breakdown import profile_steps
             rows[-1]["profile"] = profile_steps(lambda: fwd(params, kv), 2)
-        del params, kv
+        params = kv = None
     _ratios(rows, ("tokens",))
     return rows
 

@@ -16,19 +16,23 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.kernels.bench_attention import time_fn  # noqa: E402
-from benchmarks.sampler_bench import metadata  # noqa: E402
-from jaxinfer.worker.logprob_ops import gather_logprobs, top_k_in_rounds  # noqa: E402
-from jaxinfer.worker.penalties import PenaltyState  # noqa: E402
-from jaxinfer.worker.sampler import (_draw, _filter_by_bisection,  # noqa: E402
-                                     _filter_by_sorting_rows,
-                                     _temperature_and_min_p, filter_logits,
-                                     process_logits)
-from jaxinfer.worker.top_candidates import top_candidates  # noqa: E402
+from benchmarks.kernels.bench_attention import time_fn
+from benchmarks.sampler_bench import metadata
+from jaxinfer.worker.logprob_ops import gather_logprobs, top_k_in_rounds
+from jaxinfer.worker.penalties import PenaltyState
+from jaxinfer.worker.sampler import (
+    _draw,
+    _filter_by_bisection,
+    _filter_by_sorting_rows,
+    _temperature_and_min_p,
+    filter_logits,
+    process_logits,
+)
+from jaxinfer.worker.top_candidates import top_candidates
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 

@@ -3,7 +3,7 @@ inlined (a layer applied through one jitted function counts once per
 call), for a 2-layer model of the llama3-8b shape: a 256-row decode step at
 1,000 tokens, sampling at temperature 1, reference attention. CPU, about a
 minute; the same count on two commits says whether the step program itself
-gained work (docs/performance.md section 7):
+gained work:
 
     PYTHONPATH=$PWD python benchmarks/step_primitives.py
 
@@ -59,12 +59,14 @@ def main():
     runner = mr.ModelRunner(resolve_model(path, "dummy"), jnp.bfloat16, sc, cc,
                             attention_backend="reference", load_format="dummy")
     seen = {}
-    run_step = runner.run_step
+    owner = runner.programs if hasattr(runner, "device_state") else runner
+    name = "run" if owner is not runner else "run_step"
+    run_step = getattr(owner, name)
 
     def spy(*args):
         seen["args"] = args
         return run_step(*args)
-    runner.run_step = spy
+    setattr(owner, name, spy)
     sp = SamplingParams(temperature=1.0)
     tables = [list(range(1 + s * PAGES, 1 + (s + 1) * PAGES)) for s in range(S)]
     rows = [ScheduledRequest(f"r{s}", [5], L, tables[s], True) for s in range(S)]
@@ -78,7 +80,19 @@ def main():
         blanks = [[]] * (len(inspect.signature(SchedulerOutput).parameters) - 2)
         runner.dispatch(SchedulerOutput(rows, S, *blanks[:5]), reqs)
     args = seen["args"]
-    if hasattr(runner, "forward_args"):  # the step as two programs: both
+    if owner is not runner:  # StepPrograms.run(state, inputs, penalties)
+        import functools
+
+        from jaxinfer.worker import step_functions
+        state, inputs, penalties = (list(args) + [None])[:3]
+        dyn = (state.params, state.kv_pages, penalties, state.constants,
+               state.prev_tokens, inputs.packed, inputs.logits_indices,
+               inputs.sampling, inputs.prompt_lp_targets, inputs.encoder,
+               inputs.lora_pool)
+        whole = functools.partial(step_functions.step, runner.model)
+        jaxpr = jax.make_jaxpr(whole, static_argnums=(0, 1))(
+            inputs.num_logprobs, inputs.bucket, *dyn)
+    elif hasattr(runner, "forward_args"):  # the step as two programs: both
         import functools
 
         from jaxinfer.worker import step_programs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The same `jaxinfer bench throughput` command on an older commit and on this
 # checkout, one after the other on one GPU, so a refactor's effect on speed
-# is read from one run (issue 11, done-when 4). GPU machine, repo root:
+# is read from one run. GPU machine, repo root:
 #
 #   git archive <old commit> | tar -x -C .before      # here, before the call
 #   bash benchmarks/throughput_before_after.sh .before .tok $OUT [bench flags]

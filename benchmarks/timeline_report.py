@@ -4,7 +4,7 @@ roofline of each of its steps, as a table and a PNG.
     python benchmarks/timeline_report.py DIR           # after engine_speed.py
     python benchmarks/timeline_report.py DIR --png     # also DIR/<run>.png (matplotlib)
 
-Roofline of one step (BENCHMARKS.md, per step):
+Roofline of one step (docs/benchmarking.md, per step):
 ``t_min = max((W + kv_tokens * kv_bytes) / BW, (2 * P * tokens + 4 * N * H * L * pairs) / FLOPS)``
 with W the streamed weight bytes (all but the embedding table), P the
 parameters a token passes through, ``kv_tokens`` the KV entries the step

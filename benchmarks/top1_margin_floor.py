@@ -1,4 +1,4 @@
-"""Why 98% greedy top-1 agreement (issue 15, Done-when 1) sits at the
+"""Why 98% greedy top-1 agreement sits at the
 embedded SmolLM2-135M's noise floor: the float model's top-1 margins at
 the 1,000 teacher-forced positions of tests/models/test_quantized_accuracy.py
 against how far each weight format moves them. CPU, a few minutes:
@@ -24,8 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.quant_accuracy import (float_reference, with_scheme,
-                                       write_results)
+from benchmarks.quant_accuracy import float_reference, with_scheme, write_results
 from jaxinfer.models import resolve_model
 from jaxinfer.models.quantization.methods import Fp8Weights
 from tests.models import test_quantized_accuracy as T

@@ -7,9 +7,13 @@ tensor_parallel_size 1 and 2, reference and Pallas attention, must agree.
 (MODEL_DIR: a tiny HF folder made here by tests/tiny_models.py and carried.)
 """
 
-import json, sys
+import json
+import sys
+
 import jax
+
 from jaxinfer import LLM, SamplingParams
+
 print(jax.devices())
 path = sys.argv[1]
 prompts = ["Hello there, how are you doing today? " * 4, "x", "The capital of France is"]
@@ -26,5 +30,6 @@ for tp, backend in ((1, "reference"), (1, "pallas"), (2, "pallas"), (2, "referen
     del llm
 base = res["tp1-reference"]["tokens"]
 for k, v in res.items():
-    print(k, "devices", v["kv_devices"], v["kv_spec"], "equal to tp1-reference:", v["tokens"] == base)
+    print(k, "devices", v["kv_devices"], v["kv_spec"], "equal to tp1-reference:",
+          v["tokens"] == base)
 print("RESULT" + json.dumps(res))

@@ -4,16 +4,23 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import TYPE_CHECKING, Any
 
-from .errors import (InvalidConfigError, UnsupportedFeatureError,
-                     UnsupportedQuantizationError)
+from .errors import InvalidConfigError, UnsupportedFeatureError, UnsupportedQuantizationError
+
+if TYPE_CHECKING:
+    from .distributed.parallel_config import ParallelConfig
+    from .lora.config import LoRAConfig
+    from .models.config import ModelConfig
+    from .spec_decode.config import SpeculativeConfig
 
 # vLLM's kv_cache_dtype values served (worker/kv_dtype.py has the dtypes).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
-def _check(cond: bool, field: str, allowed: str, value) -> None:
+def _check(cond: bool, field: str, allowed: str, value: Any) -> None:
     if not cond:
         raise InvalidConfigError(f"{field} must be {allowed}, got {value!r}")
 
@@ -32,7 +39,7 @@ class CacheConfig:
     # "fp8_e4m3", "fp8_e5m2" (worker/kv_dtype.py)
     cache_dtype: str = "auto"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(self.block_size in (8, 16, 32, 64, 128), "block_size",
                "one of 8, 16, 32, 64, 128", self.block_size)
         _check(self.gpu_memory_utilization is None
@@ -90,6 +97,29 @@ def cpu_num_blocks(cache: CacheConfig, max_model_len: int, max_num_seqs: int,
     return min(max_num_seqs * per_seq, by_memory) + 1
 
 
+# vLLM's batch capacity on a GPU of at least 70 GiB: 1024 sequences, and
+# batched tokens by usage context (offline `LLM` or the OpenAI server).
+# Smaller GPUs keep 256 sequences and 8192 tokens. The KV pages bound the
+# sequences that actually run: each holds at least one page.
+LARGE_GPU_BYTES = 70 * 2**30
+LARGE_GPU_MAX_NUM_SEQS = 1024
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = {"llm": 16384, "server": 8192}
+USAGE_CONTEXTS = tuple(LARGE_GPU_MAX_NUM_BATCHED_TOKENS)
+
+
+def gpu_memory_bytes() -> int:
+    """The first device's memory: XLA's allocator limit over the share of
+    memory it was given (XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unless set;
+    the platform allocator has no such share)."""
+    import jax
+    stats = jax.local_devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit", 0)
+    if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR") == "platform":
+        return limit
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
+    return int(limit / fraction) if fraction > 0 else limit
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
     max_model_len: int  # longest prompt + output, in tokens
@@ -102,7 +132,7 @@ class SchedulerConfig:
     # decodes (vLLM's multi-step scheduling); 1 = one step per program.
     num_scheduler_steps: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(self.max_model_len >= 1, "max_model_len", ">= 1",
                self.max_model_len)
         _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
@@ -123,7 +153,7 @@ class SchedulerConfig:
                self.num_scheduler_steps)
 
 
-def _arg(default, help: str, **cli):
+def _arg(default: Any, help: str, **cli: Any) -> Any:
     """An EngineArgs field with what its CLI flag needs (``cli.py`` builds
     every engine flag from these): ``help``, and optionally ``choices`` and
     ``aliases`` (extra flag spellings such as ``-tp``)."""
@@ -180,9 +210,16 @@ class EngineArgs:
         "turns on swap preemption (default: 4 with --preemption-mode swap, "
         "else no host pool)")
     max_num_seqs: int | None = _arg(
-        None, "sequences in one step (default: 256 on GPU, 8 on CPU)")
+        None, "sequences in one step (default: 1024 on a GPU of 70 GiB or "
+        "more, else 256 on GPU, 8 on CPU)")
     max_num_batched_tokens: int | None = _arg(
-        None, "tokens in one step (default: 8192 on GPU, 256 on CPU)")
+        None, "tokens in one step (default: on a GPU of 70 GiB or more "
+        "16384 offline and 8192 for the server, else 8192 on GPU, 256 on "
+        "CPU)")
+    usage_context: str = _arg(
+        "llm", "which of vLLM's large-GPU defaults of max_num_batched_tokens "
+        "apply: llm (offline) or server (`serve` sets it)",
+        choices=USAGE_CONTEXTS)
     enable_chunked_prefill: bool = _arg(True, "split long prompts over steps")
     scheduling_policy: str = _arg(
         "fcfs", "fcfs: arrival order; priority: lower `priority` first "
@@ -235,8 +272,10 @@ class EngineArgs:
     compilation_cache_dir: str | None = _arg(
         None, "persistent XLA compilation cache ('' = off; default: "
         "$JAXINFER_COMPILATION_CACHE_DIR, else ~/.cache/jaxinfer/xla)")
-    warmup: bool = _arg(False, "compile every shape bucket at start, before "
-                        "the first request (`serve` turns it on)")
+    warmup: bool | None = _arg(
+        None, "compile every step program at start, before the first "
+        "request (default: on for GPUs, off on CPU, where a first command "
+        "starts faster compiling lazily; `serve` turns it on)")
     profile_steps: str | None = _arg(
         None, "write the step timeline to this file (one JSON line per step: "
         "jaxinfer/engine/step_timeline.py; benchmarks/timeline_report.py "
@@ -251,6 +290,11 @@ class EngineArgs:
         "penalties or bad words, min_tokens reached; vLLM's multi-step "
         "scheduling): the host reads k tokens per round trip, streams get "
         "them k at a time")
+    speculative_config: str | dict | None = _arg(
+        None, "speculative decoding as JSON with vLLM's keys, e.g. "
+        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (ngram "
+        "only; docs/speculative-decoding.md)")
     limit_mm_per_prompt: str | dict[str, int] | None = _arg(
         None, "most images one prompt may carry, as JSON such as "
         "'{\"image\": 2}' (default 999, as vLLM)")
@@ -265,8 +309,27 @@ class EngineArgs:
     max_cpu_loras: int | None = _arg(
         None, "LoRA adapters kept in host memory (default: max_loras); "
         "adapters of running requests are always kept")
+    # Structured outputs (jaxinfer/structured/): llguidance is the one
+    # grammar library; vLLM's names for choosing it are taken.
+    guided_decoding_backend: str = _arg(
+        "auto", "structured outputs' grammar library: auto, guidance or "
+        "llguidance (all name llguidance, the one served)")
+    structured_outputs_config: str | None = _arg(
+        None, "structured outputs' settings as JSON, e.g. "
+        "'{\"backend\": \"guidance\"}' (backend only)")
+    # Pooling (jaxinfer/pooling/): vLLM's runner, and its older names.
+    runner: str = _arg(
+        "auto", "generate: text generation; pooling: embeddings (LLM.embed, "
+        "/v1/embeddings, /pooling, /score); auto: generate",
+        choices=("auto", "generate", "pooling"))
+    task: str | None = _arg(
+        None, "vLLM's older name for the runner: embed (also embedding, "
+        "score, encode) is runner pooling; generate is runner generate")
+    convert: str = _arg(
+        "auto", "embed: serve a generative model as an embedder (the same "
+        "as --runner pooling)", choices=("auto", "none", "embed"))
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check(isinstance(self.seed, int), "seed", "an integer", self.seed)
         _check(self.load_format in ("auto", "dummy"), "load_format",
                "'auto' or 'dummy'", self.load_format)
@@ -280,6 +343,8 @@ class EngineArgs:
             value = getattr(self, field)
             _check(value is None or (isinstance(value, int) and value >= 1),
                    field, "a positive integer or None", value)
+        _check(self.usage_context in USAGE_CONTEXTS, "usage_context",
+               f"one of {', '.join(USAGE_CONTEXTS)}", self.usage_context)
         _check(self.max_logprobs >= -1, "max_logprobs",
                ">= 0, or -1 for the whole vocabulary", self.max_logprobs)
         _check(isinstance(self.tensor_parallel_size, int)
@@ -306,11 +371,65 @@ class EngineArgs:
                self.allowed_local_media_path)
         self.lora_config()  # validates the LoRA fields
         self.parallel_config()  # typed errors for the parallel flags
+        self._check_structured_outputs()
+        self.runner_kind()  # typed errors for runner / task / convert
+        if self.speculative() is not None and self.num_scheduler_steps > 1:
+            raise InvalidConfigError(
+                f"num_scheduler_steps={self.num_scheduler_steps} with "
+                "speculative_config: a speculative step already emits "
+                "several tokens; use num_scheduler_steps=1")
 
-    def parallel_config(self):
+    def speculative(self) -> SpeculativeConfig | None:
+        """The validated speculative config (None: off)."""
+        from .spec_decode.config import parse_speculative_config
+        return parse_speculative_config(self.speculative_config)
+
+    def runner_kind(self) -> str:
+        """"generate" or "pooling" (jaxinfer/pooling/runner_choice.py)."""
+        from .pooling.runner_choice import resolve_runner
+        return resolve_runner(self)
+
+    def _check_structured_outputs(self) -> None:
+        from .structured.params import check_backend
+        try:
+            check_backend("guided_decoding_backend",
+                          self.guided_decoding_backend)
+        except UnsupportedFeatureError:
+            raise
+        except ValueError as e:
+            raise InvalidConfigError(str(e)) from None
+        cfg = self.structured_outputs_config
+        if cfg is None:
+            return
+        if isinstance(cfg, str):
+            try:
+                cfg = json.loads(cfg)
+            except ValueError:
+                cfg = None
+        if not isinstance(cfg, dict) or set(cfg) - {"backend"}:
+            raise InvalidConfigError(
+                "structured_outputs_config must be a JSON object with at most "
+                f"a 'backend' key, got {self.structured_outputs_config!r}")
+        try:
+            check_backend("structured_outputs_config.backend",
+                          cfg.get("backend"))
+        except UnsupportedFeatureError:
+            raise
+        except ValueError as e:
+            raise InvalidConfigError(str(e)) from None
+
+    def parallel_config(self) -> ParallelConfig:
         """The validated ParallelConfig (raises InvalidConfigError)."""
         from .distributed.parallel_config import parallel_config_from
         return parallel_config_from(self)
+
+    def resolved_warmup(self, platform: str, pooling: bool = False) -> bool:
+        """Whether to build every step program at start: as asked, else on
+        GPUs (a user's first request compiles nothing) and not on CPU, nor
+        for a pooling engine (which builds its programs on first use)."""
+        if self.warmup is not None:
+            return self.warmup
+        return platform != "cpu" and not pooling
 
     def resolved_preemption(self) -> tuple[str, float]:
         """(preemption_mode, swap GiB): giving swap_space alone turns swap
@@ -322,7 +441,7 @@ class EngineArgs:
             return mode, 0.0
         return mode, float(4.0 if self.swap_space is None else self.swap_space)
 
-    def lora_config(self):
+    def lora_config(self) -> LoRAConfig | None:
         """The LoRAConfig, or None without enable_lora (then the LoRA
         limits must keep vLLM's defaults: nothing would use them)."""
         from .lora.config import LoRAConfig
@@ -362,15 +481,24 @@ class EngineArgs:
                 "the RoPE scaling factor, if any): lower max_model_len")
         # Fewer seats on CPU: the KV pool is sized for every seat at full
         # length and zeroed at start, which a first run waits for.
-        max_seqs = self.max_num_seqs or (8 if on_cpu else 256)
+        large = (not on_cpu and (self.max_num_seqs is None
+                                 or self.max_num_batched_tokens is None)
+                 and gpu_memory_bytes() >= LARGE_GPU_BYTES)
+        max_seqs = self.max_num_seqs or (
+            8 if on_cpu else LARGE_GPU_MAX_NUM_SEQS if large else 256)
         if self.max_num_seqs is None and self.max_num_batched_tokens:
             # The default seat count yields to an explicit token budget.
             max_seqs = min(max_seqs, self.max_num_batched_tokens)
-        # GPU: vLLM's 8192 on a large GPU. Against 2048 on the H200 it ran
-        # 256 x 512/256 5% faster and the longer workloads 0-2% faster
-        # (docs/performance.md section 12).
-        max_tokens = self.max_num_batched_tokens or max(
-            256 if on_cpu else 8192, max_seqs)
+        # GPU: vLLM's defaults for the usage context on a large GPU, 8192 on
+        # others: wider mixed steps run the weights' matmuls closer to the
+        # matmul rate (docs/performance.md, "Tokens per step"). CPU: 256, as
+        # wider buckets cost compile time and memory.
+        default_tokens = (
+            256 if on_cpu else
+            LARGE_GPU_MAX_NUM_BATCHED_TOKENS[self.usage_context] if large
+            else 8192)
+        max_tokens = self.max_num_batched_tokens or max(default_tokens,
+                                                        max_seqs)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens is None:
             max_tokens = max(max_tokens, max_len)
         return SchedulerConfig(
@@ -395,8 +523,7 @@ def check_quantization(name: str, value: str) -> str:
     """vLLM's ``quantization`` value -> the method served; one jaxinfer
     lacks is an UnsupportedQuantizationError naming ``name`` (the flag or
     argument as the user spelled it)."""
-    from jaxinfer.models.quantization import (UnknownQuantizationError,
-                                              normalize_method)
+    from jaxinfer.models.quantization import UnknownQuantizationError, normalize_method
     from jaxinfer.models.quantization.config import ALIASES, METHODS
     try:
         return normalize_method(value)
@@ -413,7 +540,7 @@ def check_quantization(name: str, value: str) -> str:
 _STRETCHING_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 
 
-def derived_max_model_len(model_config) -> int:
+def derived_max_model_len(model_config: ModelConfig) -> int:
     """The longest context the model serves: ``max_position_embeddings``
     times the RoPE scaling factor (yarn: ``original_max_position_embeddings``
     times it), as vLLM derives it."""

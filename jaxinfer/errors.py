@@ -29,6 +29,12 @@ class UnsupportedQuantizationError(UnsupportedFeatureError):
     """``quantization`` names a method this engine does not implement."""
 
 
+class ModelNotServedError(InvalidRequestError):
+    """A request names a model or LoRA adapter the engine does not serve
+    (or no longer does: another front end unloaded it). HTTP 404."""
+    status = 404
+
+
 class ServingError(RuntimeError):
     """A valid request the server cannot serve now (HTTP ``status``)."""
     status = 500
@@ -60,7 +66,7 @@ class RequestFailedError(ServingError):
 
 def http_status(exc: BaseException) -> int:
     """The HTTP status a server answers ``exc`` with."""
-    if isinstance(exc, ServingError):
+    if isinstance(exc, (ServingError, ModelNotServedError)):
         return exc.status
     if isinstance(exc, ValueError):
         return 400

@@ -1,9 +1,9 @@
 """A saved fast tokenizer served by `tokenizers` alone on the hot paths.
 
-Importing transformers takes 1.1-1.6 s on a 2-core machine (its hub client
-pulls in httpx and trio), longer than the rest of a warm `jaxinfer generate`
-start. What a request needs from a tokenizer (encode, decode, the EOS id,
-the backend that incremental detokenization steps) is the `tokenizers`
+Importing transformers is slow (its hub client pulls in httpx and trio),
+slower than the rest of a warm `jaxinfer generate` start on a small CPU.
+What a request needs from a tokenizer (encode, decode, the EOS id, the
+backend that incremental detokenization steps) is the `tokenizers`
 object itself, so `LazyFastTokenizer` answers those directly and builds
 transformers' `PreTrainedTokenizerFast` from the same folder only when
 something else is asked for (a chat template, ``save_pretrained``,
@@ -24,13 +24,15 @@ import copy
 import json
 import os
 import threading
+from collections.abc import Iterable
+from typing import Any
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 PLAIN_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
-def _token_text(value) -> str | None:
+def _token_text(value: str | dict | None) -> str | None:
     """A special token as tokenizer_config.json spells it: a string or an
     AddedToken's dict."""
     if isinstance(value, dict):
@@ -60,7 +62,7 @@ def serves_fast(directory: str, clean_up_checked: bool = False) -> bool:
 CLEAN_UP_PROBE = "Yes , it is . Is it ? No ! I ' m sure : do n't 's 've 're ."
 
 
-def decodes_as_backend(tok) -> bool:
+def decodes_as_backend(tok: Any) -> bool:
     """Whether transformers' ``tok.decode`` gives what its backend
     tokenizer's decode gives, on text holding every pattern the clean-up of
     spaces rewrites. Llama 3's folders ask for clean-up, but transformers 5
@@ -104,7 +106,7 @@ class LazyFastTokenizer:
         return None if text is None else self._backend.token_to_id(text)
 
     @property
-    def full(self):
+    def full(self) -> Any:
         """The `PreTrainedTokenizerFast` of the same folder (made once)."""
         with self._lock:
             if self._full is None:
@@ -115,14 +117,16 @@ class LazyFastTokenizer:
 
     # -- the hot paths ------------------------------------------------------
 
-    def encode(self, text, add_special_tokens: bool = True, **kwargs):
+    def encode(self, text: Any, add_special_tokens: bool = True,
+               **kwargs: Any) -> list[int]:
         if self._full is not None or kwargs or not isinstance(text, str):
             return self.full.encode(text, add_special_tokens=add_special_tokens,
                                     **kwargs)
         return self._backend.encode(
             text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs):
+    def decode(self, token_ids: int | Iterable[int],
+               skip_special_tokens: bool = False, **kwargs: Any) -> str:
         if self._full is not None or kwargs:
             return self.full.decode(token_ids,
                                     skip_special_tokens=skip_special_tokens,
@@ -133,7 +137,7 @@ class LazyFastTokenizer:
                                     skip_special_tokens=skip_special_tokens)
 
     @property
-    def backend_tokenizer(self):
+    def backend_tokenizer(self) -> Any:
         return self._backend if self._full is None else self._full.backend_tokenizer
 
     @property
@@ -158,14 +162,14 @@ class LazyFastTokenizer:
 
     # -- everything else: transformers' own object --------------------------
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         # Only reached for names not defined above; private names (pickle's
         # and copy's probes among them) are not forwarded.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.full, name)
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
         else:
@@ -174,22 +178,22 @@ class LazyFastTokenizer:
     def __len__(self) -> int:
         return len(self.full)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.full(*args, **kwargs)
 
-    def __copy__(self):
+    def __copy__(self) -> Any:
         return copy.copy(self.full)
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict) -> Any:
         return copy.deepcopy(self.full, memo)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str]]:
         return (LazyFastTokenizer, (self._directory,))
 
     def __repr__(self) -> str:
         return f"LazyFastTokenizer({self._directory!r})"
 
 
-def hf_tokenizer(tokenizer):
+def hf_tokenizer(tokenizer: Any) -> Any:
     """transformers' object behind ``tokenizer`` (itself when it is one)."""
     return tokenizer.full if isinstance(tokenizer, LazyFastTokenizer) else tokenizer

@@ -10,6 +10,8 @@ transformers.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jaxinfer.models.gguf_loader import open_gguf
 
 # Pre-tokenizer splits by llama.cpp's `tokenizer.ggml.pre`; anything else gets
@@ -39,12 +41,12 @@ def _byte_alphabet() -> set[str]:
     return {chr(c) for c in chars}
 
 
-def _field(reader, key, default=None):
+def _field(reader: Any, key: str, default: Any = None) -> Any:
     f = reader.fields.get(key)
     return default if f is None else f.contents()
 
 
-def byte_level_bpe_tokenizer(gguf_path: str):
+def byte_level_bpe_tokenizer(gguf_path: str) -> Any:
     """A `PreTrainedTokenizerFast` for a byte-level BPE GGUF vocabulary, or
     None when the file holds another kind of vocabulary."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -81,7 +83,7 @@ def byte_level_bpe_tokenizer(gguf_path: str):
     tok.add_tokens([AddedToken(t, normalized=False, special=False)
                     for t, ty in zip(tokens, types) if int(ty) == _USER_DEFINED])
 
-    def special(key):
+    def special(key: str) -> str | None:
         idx = _field(reader, f"tokenizer.ggml.{key}")
         return tokens[int(idx)] if idx is not None else None
 

@@ -10,6 +10,8 @@ the request asked for.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -38,11 +40,13 @@ class LogprobRows:
     def __len__(self) -> int:
         return self.token_ids.shape[0]
 
-    def slice(self, start: int, stop: int) -> "LogprobRows":
+    def slice(self, start: int, stop: int) -> LogprobRows:
         return LogprobRows(self.token_ids[start:stop],
                            self.logprobs[start:stop], self.ranks[start:stop])
 
-    def to_dict(self, row: int, k: int, decode=None) -> dict[int, Logprob]:
+    def to_dict(self, row: int, k: int,
+                decode: Callable[[int], str] | None = None
+                ) -> dict[int, Logprob]:
         """Row ``row`` as vLLM's dict: the chosen token first, then the top
         ``k`` (a chosen token inside the top k appears once)."""
         ids = self.token_ids[row, :1 + k].tolist()
@@ -56,7 +60,16 @@ class LogprobRows:
         return out
 
 
-def make_decoder(tokenizer):
+def decode_entry(entry: dict[int, Logprob],
+                 decode: Callable[[int], str]) -> dict[int, Logprob]:
+    """Fills each token's ``decoded_token`` (in place) and returns the entry:
+    an engine core sends logprobs without text, its front end decodes them."""
+    for tid, lp in entry.items():
+        lp.decoded_token = decode(tid)
+    return entry
+
+
+def make_decoder(tokenizer: Any) -> Callable[[int], str]:
     """Token id -> text as vLLM shows it in ``decoded_token``."""
     cache: dict[int, str] = {}
 

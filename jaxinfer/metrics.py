@@ -11,9 +11,18 @@ which sees every step's outputs; prometheus_client is thread-safe, so the
 
 from __future__ import annotations
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               generate_latest)
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import Metric
+
+if TYPE_CHECKING:
+    from .config import CacheConfig
+    from .engine.llm_engine import EngineStats
+    from .outputs import RequestOutput
+    from .sampling_params import SamplingParams
+    from .spec_decode.stats import SpecDecodeStats
 
 PREFIX = "jaxinfer:"
 VLLM_PREFIX = "vllm:"
@@ -25,7 +34,8 @@ PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
 
 def buckets_1_2_5(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
-    out, scale = [], 1
+    out: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > max_value:
@@ -56,13 +66,14 @@ class EngineMetrics:
         self.vllm_registry.register(VllmNames(self.registry))
         r, lab = self.registry, ["model_name"]
 
-        def gauge(name, doc):
+        def gauge(name: str, doc: str) -> Gauge:
             return Gauge(PREFIX + name, doc, lab, registry=r).labels(model_name)
 
-        def counter(name, doc):
+        def counter(name: str, doc: str) -> Counter:
             return Counter(PREFIX + name, doc, lab, registry=r).labels(model_name)
 
-        def histogram(name, doc, buckets):
+        def histogram(name: str, doc: str, buckets: list[int] | list[float]
+                      ) -> Histogram:
             return Histogram(PREFIX + name, doc, lab, buckets=buckets,
                              registry=r).labels(model_name)
 
@@ -148,15 +159,38 @@ class EngineMetrics:
             "request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
             REQUEST_BUCKETS)
+        # The step programs: how many exist against the set known at start,
+        # and the compiles behind them (none after warm-up).
+        self.step_programs = gauge(
+            "step_programs", "Compiled step programs built or run so far.")
+        self.step_programs_known = gauge(
+            "step_programs_known",
+            "Step programs a step can run (the set enumerated at start).")
+        self.compiles = counter(
+            "compiles", "XLA compiles and compilation-cache loads since start.")
+        self.compile_seconds = counter(
+            "compile_seconds", "Seconds spent compiling since start.")
+        # Speculative decoding (vLLM's spec_decode_* counters).
+        self.spec_decode_num_drafts = counter(
+            "spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_decode_num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_decode_num_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.", ["model_name", "position"],
+            registry=r)
+        self._model_name = model_name
         self._cache_info = Gauge(
             PREFIX + "cache_config_info",
             "Information of the LLMEngine CacheConfig",
             ["block_size", "num_gpu_blocks", "gpu_memory_utilization",
              "enable_prefix_caching", "swap_space", "cache_dtype"], registry=r)
         # Engine counters arrive as running totals; these hold the last seen.
-        self._last_totals: dict[str, int] = {}
+        self._last_totals: dict[str, float] = {}
 
-    def record_cache_config(self, cache_config, num_gpu_blocks: int,
+    def record_cache_config(self, cache_config: CacheConfig, num_gpu_blocks: int,
                             cache_dtype: str) -> None:
         """vLLM's info metric: a gauge set to 1 whose labels are the cache
         configuration."""
@@ -166,7 +200,7 @@ class EngineMetrics:
             str(cache_config.enable_prefix_caching),
             str(cache_config.swap_space), cache_dtype).set(1)
 
-    def record_request_params(self, params) -> None:
+    def record_request_params(self, params: SamplingParams) -> None:
         """At admission: the request's n and max_tokens."""
         self.request_params_n.observe(params.n)
         if params.max_tokens is not None:
@@ -178,7 +212,8 @@ class EngineMetrics:
         if num_tokens:
             self.iteration_tokens.observe(num_tokens)
 
-    def record_request_done(self, out, now: float, num_generated: int) -> None:
+    def record_request_done(self, out: RequestOutput, now: float,
+                            num_generated: int) -> None:
         """A finished request (its last RequestOutput and the tokens it
         generated): token counts and its phase times (prefill: scheduled to
         first token; decode: first token to the end; inference: both)."""
@@ -196,7 +231,7 @@ class EngineMetrics:
         self.request_success.get(reason or "stop",
                                  self.request_success["stop"]).inc()
 
-    def record_engine_stats(self, stats) -> None:
+    def record_engine_stats(self, stats: EngineStats) -> None:
         """Copies an ``EngineStats`` into the gauges and advances counters by
         the growth of the engine's running totals. Fields the engine does not
         report yet are skipped."""
@@ -209,7 +244,12 @@ class EngineMetrics:
         self.num_requests_swapped.set(getattr(stats, "num_swapped", 0))
         self.kv_cache_usage_perc.set(stats.kv_cache_usage)
         self.gpu_cache_usage_perc.set(stats.kv_cache_usage)
-        for field, metric in (("num_preemptions", self.num_preemptions),
+        self.step_programs.set(getattr(stats, "num_step_programs", 0))
+        self.step_programs_known.set(
+            getattr(stats, "num_known_step_programs", 0))
+        for field, metric in (("num_compiles", self.compiles),
+                              ("compile_seconds", self.compile_seconds),
+                              ("num_preemptions", self.num_preemptions),
                               ("prefix_cache_queries", self.prefix_cache_queries),
                               ("prefix_cache_hits", self.prefix_cache_hits)):
             total = getattr(stats, field, None)
@@ -219,6 +259,25 @@ class EngineMetrics:
             if grown > 0:
                 metric.inc(grown)
             self._last_totals[field] = total
+        spec = getattr(stats, "spec_decode", None)
+        if spec is not None:
+            self._record_spec_decode(spec)
+
+    def _record_spec_decode(self, spec: SpecDecodeStats) -> None:
+        """Advances the spec_decode_* counters to a SpecDecodeStats' totals."""
+        totals = [("spec_num_drafts", spec.num_drafts, self.spec_decode_num_drafts),
+                  ("spec_num_draft_tokens", spec.num_draft_tokens,
+                   self.spec_decode_num_draft_tokens),
+                  ("spec_num_accepted", spec.num_accepted_tokens,
+                   self.spec_decode_num_accepted_tokens)]
+        for pos, n in enumerate(spec.accepted_per_pos):
+            totals.append((f"spec_pos_{pos}", n, self._accepted_per_pos.labels(
+                self._model_name, str(pos))))
+        for key, total, metric in totals:
+            grown = total - self._last_totals.get(key, 0)
+            if grown > 0:
+                metric.inc(grown)
+            self._last_totals[key] = total
 
     def render(self) -> bytes:
         """jaxinfer's families, then the same under vLLM's names."""
@@ -233,7 +292,7 @@ class VllmNames:
     def __init__(self, source: CollectorRegistry):
         self.source = source
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for family in self.source.collect():
             if not family.name.startswith(PREFIX):
                 continue
@@ -246,5 +305,5 @@ class VllmNames:
                     sample.value, sample.timestamp, sample.exemplar)
             yield alias
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # names are known only at scrape time

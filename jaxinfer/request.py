@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import enum
+import logging
 import time
+from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .lora.request import LoRARequest
+    from .pooling.params import PoolingParams
+
+logger = logging.getLogger(__name__)
 
 
 # A token id the host does not know yet: the step that samples it is still
@@ -35,7 +43,9 @@ class Request:
                  arrival_time: float | None = None, priority: int = 0,
                  prompt: str | None = None, max_model_len: int | None = None,
                  extra_keys: tuple | None = None, mm_inputs: tuple = (),
-                 lora_request=None):
+                 lora_request: LoRARequest | None = None,
+                 pooling_params: PoolingParams | None = None,
+                 skip_prefix_cache: bool = False):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -63,6 +73,16 @@ class Request:
         self.mm_inputs = tuple(mm_inputs)
         self.lora_request = lora_request  # LoRARequest, None: the base model
         self.stop_reason: int | str | None = None
+        # A pooling request: prefilled, pooled, finished; never samples.
+        self.pooling_params = pooling_params
+        # Every prompt position must be computed (prompt logprobs, pooling
+        # over all tokens): no prefix-cache hits.
+        self.skip_prefix_cache = (skip_prefix_cache or
+                                  sampling_params.prompt_logprobs is not None)
+        # Structured outputs: this sequence's own matcher (structured/
+        # grammar.py), advanced by each appended token; None: unconstrained.
+        grammar = sampling_params.compiled_grammar
+        self.grammar = None if grammar is None else grammar.matcher()
         max_tokens = sampling_params.max_tokens
         if max_model_len is not None:
             room = max_model_len - len(self.prompt_token_ids)
@@ -122,10 +142,15 @@ class Request:
     @property
     def needs_known_tokens(self) -> bool:
         """Whether the next step's inputs depend on every sampled token
-        (penalty counts, bad-word prefixes, min_tokens), so
-        the engine must not schedule it while a token is still pending."""
+        (penalty counts, bad-word prefixes, min_tokens), so the engine must
+        not schedule it while a token is still pending. A grammar's mask is
+        not among them: it is filled after the step's forward pass is
+        enqueued (Scheduler.fill_token_masks)."""
         sp = self.sampling_params
-        return bool(sp.presence_penalty or sp.frequency_penalty
+        # A pooled prompt's last chunk ends it: no later step may be
+        # scheduled before that step is read.
+        return bool(self.pooling_params is not None
+                    or sp.presence_penalty or sp.frequency_penalty
                     or sp.repetition_penalty != 1.0 or sp.bad_words
                     or len(self.output_token_ids) < sp.min_tokens)
 
@@ -138,6 +163,12 @@ class Request:
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
+        if self.grammar is not None and not self.grammar.accept(token_id):
+            # The mask allows only tokens the grammar takes, so this is a
+            # bug; the request stops (check_stop) rather than going on
+            # unconstrained.
+            logger.error("request %s: the grammar refused token %d: %s",
+                         self.request_id, token_id, self.grammar.error)
 
     def check_stop(self) -> bool:
         """Token-level stops (EOS, stop_token_ids, max_tokens); stop strings
@@ -151,11 +182,15 @@ class Request:
             if not sp.ignore_eos and last in self.eos_token_ids:
                 self.status = RequestStatus.FINISHED_STOPPED
                 return True
-            if last in sp.stop_token_ids:
+            if last in (sp.stop_token_ids or ()):
                 self.status = RequestStatus.FINISHED_STOPPED
                 self.stop_reason = last
                 return True
-        if n_out >= self.max_tokens:
+        if self.grammar is not None and self.grammar.finished:
+            # The grammar produced its whole output: only EOS could follow.
+            self.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if self.max_tokens is not None and n_out >= self.max_tokens:
             self.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
@@ -178,7 +213,7 @@ def banned_ids(req: Request) -> list[int]:
                           and out[len(out) - len(prefix):] == prefix):
             banned.append(word[-1])
     if len(out) < sp.min_tokens:
-        banned.extend(sp.stop_token_ids)
+        banned.extend(sp.stop_token_ids or ())
         if not sp.ignore_eos:
             banned.extend(req.eos_token_ids)
     return banned

@@ -14,6 +14,8 @@ import functools
 import numbers
 from typing import Any
 
+from .structured.params import GuidedDecodingParams, StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it are greedy
 # The sampler works in float32: a larger magnitude would become inf there.
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -60,6 +62,9 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0  # beam score = logprob / length ** this
     truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens
+    # Output constrained to a JSON schema, regex, choice or grammar
+    # (jaxinfer/structured/); vLLM's older guided_decoding is taken too.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -70,6 +75,9 @@ class SamplingParams:
                 self.output_kind = RequestOutputKind(self.output_kind)
             except ValueError:
                 pass  # reported by _verify
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(
+                self.structured_outputs)
         self._verify()
         self.stop = list(self.stop or [])
         self.stop_token_ids = [int(t) for t in self.stop_token_ids or []]
@@ -85,19 +93,31 @@ class SamplingParams:
             # As vLLM: greedy ignores the filters.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
         self._bad_words_token_ids: list[list[int]] | None = None
+        # The compiled grammar (structured/grammar.py), set when the engine
+        # checks the request; each sequence gets its own matcher from it.
+        self._compiled_grammar = None
 
     def _verify(self):
         def bad(field, allowed):
             raise ValueError(f"{field} must be {allowed}, got "
                              f"{getattr(self, field)!r}")
 
+        # The exact-type tests first: a bias or list over the whole
+        # vocabulary is checked entry by entry, and the numbers ABCs'
+        # isinstance is many times slower.
         def is_int(v):
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            t = type(v)
+            return t is int or (t is not bool
+                                and isinstance(v, numbers.Integral))
 
         def is_num(v):
-            return isinstance(v, numbers.Real) and not isinstance(v, bool)
+            t = type(v)
+            return t is float or t is int or (
+                t is not bool and isinstance(v, numbers.Real))
 
         def is_token_key(k):  # an int, or a string spelling one (JSON keys)
+            if type(k) is int:
+                return True
             if isinstance(k, str):
                 try:
                     int(k)
@@ -183,6 +203,13 @@ class SamplingParams:
                 or not self.allowed_token_ids
                 or any(not is_int(t) or t < 0 for t in self.allowed_token_ids)):
             bad("allowed_token_ids", "a non-empty list of token ids or None")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                bad("structured_outputs", "a StructuredOutputsParams, a dict "
+                    "of its fields, or None")
+            if self.use_beam_search:
+                bad("structured_outputs", "None with use_beam_search (beam "
+                    "search does not take constraints)")
         if not isinstance(self.output_kind, RequestOutputKind):
             bad("output_kind", "a RequestOutputKind (CUMULATIVE, DELTA, "
                 "FINAL_ONLY)")
@@ -235,6 +262,14 @@ class SamplingParams:
         self._bad_words_token_ids = words
 
     @property
+    def compiled_grammar(self):
+        """The request's compiled grammar (set by `set_compiled_grammar`)."""
+        return self._compiled_grammar
+
+    def set_compiled_grammar(self, compiled) -> None:
+        self._compiled_grammar = compiled
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 
@@ -244,16 +279,17 @@ class SamplingParams:
         return self.best_of or self.n
 
     @classmethod
-    def from_optional(cls, **kwargs: Any) -> "SamplingParams":
+    def from_optional(cls, **kwargs: Any) -> SamplingParams:
         """Builds params from a dict that may hold None for "use default"; an
         unknown field is an error naming it."""
         kwargs = _vllm_fields_handled(dict(kwargs))
         _check_known(kwargs)
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
-    def clone(self) -> "SamplingParams":
+    def clone(self) -> SamplingParams:
         new = dataclasses.replace(self)
         new._bad_words_token_ids = self._bad_words_token_ids
+        new._compiled_grammar = self._compiled_grammar
         return new
 
 
@@ -280,6 +316,8 @@ class BeamSearchParams:
 
 
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+# vLLM keyword arguments taken under another field's name.
+SAMPLING_ALIASES = {"guided_decoding": "structured_outputs"}
 
 
 def _check_known(kwargs) -> None:
@@ -293,6 +331,17 @@ def _vllm_fields_handled(kwargs: dict) -> dict:
     """vLLM fields jaxinfer lacks: refused (UnsupportedFeatureError, a
     ValueError naming the feature) or ignored with a logged reason."""
     from .compat.request_fields import SAMPLING_FIELDS
+    guided = kwargs.pop("guided_decoding", None)
+    if guided is not None:
+        if kwargs.get("structured_outputs") is not None:
+            raise ValueError("give structured_outputs or guided_decoding, "
+                             "not both")
+        if isinstance(guided, dict):
+            guided = GuidedDecodingParams(**guided)
+        if not isinstance(guided, GuidedDecodingParams):
+            raise ValueError("guided_decoding must be a GuidedDecodingParams "
+                             f"or None, got {type(guided).__name__}")
+        kwargs["structured_outputs"] = guided.structured()
     for name in [k for k in kwargs if k in SAMPLING_FIELDS]:
         SAMPLING_FIELDS[name].check(name, kwargs.pop(name))
     return kwargs
@@ -311,4 +360,6 @@ def _rejecting_unknown(init):
 
 
 # A misspelled field is a ValueError naming it (not the dataclass TypeError).
-SamplingParams.__init__ = _rejecting_unknown(SamplingParams.__init__)
+# Wrapping the generated __init__ is deliberate; mypy refuses method assignment.
+SamplingParams.__init__ = _rejecting_unknown(  # type: ignore[method-assign]
+    SamplingParams.__init__)

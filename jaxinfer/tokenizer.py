@@ -18,23 +18,32 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
-from jaxinfer.models import TokenizerSource
+from jaxinfer.models.tokenizer_source import TokenizerSource
 from jaxinfer.models.weight_cache import cache_root, file_digest
 
-from .fast_tokenizer import (CONFIG_FILE, PLAIN_CLASSES, TOKENIZER_FILE,
-                             LazyFastTokenizer, decodes_as_backend,
-                             serves_fast)
-from .gguf_tokenizer import byte_level_bpe_tokenizer
+from .fast_tokenizer import (
+    CONFIG_FILE,
+    PLAIN_CLASSES,
+    TOKENIZER_FILE,
+    LazyFastTokenizer,
+    decodes_as_backend,
+    serves_fast,
+)
 
 logger = logging.getLogger(__name__)
+
+# A transformers tokenizer, or a `LazyFastTokenizer` standing in for one.
+Tokenizer = Any
 
 # Inside a weight-cache entry; renamed into place once fully written.
 CACHED_TOKENIZER_DIR = "tokenizer"
 
 
 @functools.lru_cache(maxsize=8)
-def load_tokenizer(source: TokenizerSource):
+def load_tokenizer(source: TokenizerSource) -> Tokenizer:
     try:
         if source.gguf_file is None:
             return _from_model_folder(source.directory)
@@ -43,11 +52,11 @@ def load_tokenizer(source: TokenizerSource):
         if cached and os.path.isdir(cached):
             try:
                 return _from_cache(cached)
-            except Exception as e:  # whatever a damaged file raises
+            except Exception as e:  # noqa: BLE001 - whatever a damaged file raises
                 logger.warning("the cached tokenizer in %s is unreadable (%s); "
                                "rebuilding it from the GGUF file", cached, e)
                 shutil.rmtree(cached, ignore_errors=True)
-        tok = _quietly(_from_gguf, source)
+        tok = _quietly(_from_gguf, source.directory, source.gguf_file)
         if cached:
             _save(tok, cached)
         return tok
@@ -56,7 +65,7 @@ def load_tokenizer(source: TokenizerSource):
         raise ValueError(f"could not load a tokenizer from {where}: {e}") from e
 
 
-def _quietly(load, *args):
+def _quietly(load: Callable[..., Tokenizer], *args: Any) -> Tokenizer:
     """``load(*args)`` with transformers' logging at errors only (its GGUF
     conversion prints progress bars)."""
     from transformers.utils import logging as hf_logging
@@ -68,12 +77,12 @@ def _quietly(load, *args):
         hf_logging.set_verbosity(verbosity)
 
 
-def _from_folder(directory: str):
+def _from_folder(directory: str) -> Tokenizer:
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
-def _from_cache(directory: str):
+def _from_cache(directory: str) -> Tokenizer:
     """A tokenizer saved by ``_save``. Ours (byte-level BPE) are served by
     `tokenizers` until something needs transformers (fast_tokenizer.py):
     importing it is most of a warm start's tokenizer time, and AutoTokenizer
@@ -89,13 +98,13 @@ def _from_cache(directory: str):
 PLAIN_VERDICTS_DIR = "plain-tokenizers"
 
 
-def _from_model_folder(directory: str):
+def _from_model_folder(directory: str) -> Tokenizer:
     """A model folder's tokenizer: transformers' AutoTokenizer the first
     time, and from then on, if that gave a plain fast tokenizer, the same
-    served by `tokenizers` alone (fast_tokenizer.py). Importing transformers
-    (and torch through it) was 10-14 s of a warm llama3-8b start on the H200
-    machine (docs/performance.md section 14). Which class AutoTokenizer
-    picks depends on config.json's model type as well as the tokenizer's
+    served by `tokenizers` alone (fast_tokenizer.py): importing transformers
+    (and torch through it) would be most of a warm start's time
+    (docs/performance.md, "Building the step programs"). Which class
+    AutoTokenizer picks depends on config.json's model type as well as the tokenizer's
     own config (transformers 5 gives a Qwen2 folder Qwen2Tokenizer, whose
     pre-tokenizer is not the one in tokenizer.json), so the fast path is
     taken only where transformers itself was seen to choose the plain
@@ -139,17 +148,18 @@ def _plain_verdict_path(directory: str) -> str | None:
     return os.path.join(root, PLAIN_VERDICTS_DIR, h.hexdigest()[:32])
 
 
-def _from_gguf(source: TokenizerSource):
-    path = os.path.join(source.directory, source.gguf_file)
-    tok = byte_level_bpe_tokenizer(path)
+def _from_gguf(directory: str, gguf_file: str) -> Tokenizer:
+    # The GGUF reader pulls in the model registry: only when parsing one.
+    from .gguf_tokenizer import byte_level_bpe_tokenizer
+    tok = byte_level_bpe_tokenizer(os.path.join(directory, gguf_file))
     if tok is None:  # not byte-level BPE: transformers (needs torch)
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(
-            source.directory, gguf_file=source.gguf_file, local_files_only=True)
+            directory, gguf_file=gguf_file, local_files_only=True)
     return tok
 
 
-def _save(tok, target: str) -> None:
+def _save(tok: Tokenizer, target: str) -> None:
     """Saves into a temporary folder renamed into place, so a reader never
     sees half a tokenizer; a failure only costs the next start a rebuild."""
     parent = os.path.dirname(target)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from flax import linen as nn
 
 from jaxinfer.pallas_kernels import kv_cache
 
@@ -14,7 +15,8 @@ from .attention import AttentionMetadata
 from .config import ModelConfig
 
 
-def abstract_variables(model, cfg: ModelConfig, every_layer: bool = False):
+def abstract_variables(model: nn.Module, cfg: ModelConfig,
+                       every_layer: bool = False) -> dict[str, Any]:
     """``jax.eval_shape(model.init, ...)`` on a one-token dummy batch: every
     param as a ShapeDtypeStruct, wrapped in ``nn.LogicallyPartitioned`` with
     its logical axis names. (The ``constants`` collection it also holds is
@@ -38,15 +40,17 @@ def abstract_variables(model, cfg: ModelConfig, every_layer: bool = False):
     return _abstract_init(model, cfg)
 
 
-def _abstract_init(model, cfg: ModelConfig):
+def _abstract_init(model: nn.Module, cfg: ModelConfig) -> dict[str, Any]:
     block = 16
     pages = kv_cache.init_kv_pages  # shapes only; eval_shape allocates nothing
-    md = AttentionMetadata(
-        slot_mapping=np.zeros(1, np.int32), block_tables=np.zeros((1, 1), np.int32),
-        kv_lens=np.ones(1, np.int32), cu_q_lens=np.array([0, 1], np.int32),
-        num_seqs=np.ones(1, np.int32))
 
-    def init():
+    def init() -> Any:
+        md = AttentionMetadata(
+            slot_mapping=jnp.zeros(1, jnp.int32),
+            block_tables=jnp.zeros((1, 1), jnp.int32),
+            kv_lens=jnp.ones(1, jnp.int32),
+            cu_q_lens=jnp.array([0, 1], jnp.int32),
+            num_seqs=jnp.ones(1, jnp.int32))
         kv = pages(cfg.num_layers, 2, block, cfg.num_kv_heads, cfg.head_dim,
                    jnp.float32)
         return model.init(jax.random.key(0), jnp.zeros(1, jnp.int32),

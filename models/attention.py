@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from jaxinfer.pallas_kernels import kv_cache
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
-    ragged_paged_attention_reference)
+    ragged_paged_attention_reference,
+)
 
 # "pallas": the Pallas kernels with the backend ragged_paged_attention picks
 # (Mosaic GPU on Hopper for the cases it takes, else the Triton lowering);
@@ -23,11 +28,13 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
 # kernels interpreted (CPU tests).
 BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret")
 # The engine's GPU default: the Mosaic GPU kernels on Hopper for the cases
-# they take, Triton for the rest. They beat the Triton kernels in
-# bench_attention (pallas_kernels/NOTES.md) and ran the llama3-8b
-# throughput workload on one H200 once their operands were 256-byte aligned
-# (benchmarks/results/throughput-backends-h200.json).
+# they take, Triton for the rest (the faster of the two wherever both run;
+# benchmarks/kernels/bench_attention.py compares them).
 GPU_DEFAULT_BACKEND = "pallas"
+
+# A step's input array: NumPy where the host lays out the step, a jax array
+# inside the jitted step.
+StepArray = jax.Array | np.ndarray
 
 
 @functools.partial(jax.tree_util.register_dataclass,
@@ -38,11 +45,11 @@ GPU_DEFAULT_BACKEND = "pallas"
 class AttentionMetadata:
     """Where this step's tokens live in the page pool. All int32, padded to
     the step's buckets (T tokens, S sequences, P pages per sequence)."""
-    slot_mapping: jax.Array  # [T] slot each new token's K/V is written to; padding -> null page
-    block_tables: jax.Array  # [S, P] page ids of each sequence; padding -> null page
-    kv_lens: jax.Array  # [S] tokens in each sequence's pages after this step's write
-    cu_q_lens: jax.Array  # [S + 1] token rows of sequence s: cu_q_lens[s]:cu_q_lens[s+1]
-    num_seqs: jax.Array  # [1] real sequences; rows S beyond are padding
+    slot_mapping: StepArray  # [T] slot each new token's K/V is written to; padding -> null page
+    block_tables: StepArray  # [S, P] page ids of each sequence; padding -> null page
+    kv_lens: StepArray  # [S] tokens in each sequence's pages after this step's write
+    cu_q_lens: StepArray  # [S + 1] token rows of sequence s: cu_q_lens[s]:cu_q_lens[s+1]
+    num_seqs: StepArray  # [1] real sequences; rows S beyond are padding
     # Static: every real sequence has one new token (a decode-only step), so
     # the Pallas kernels run the decode kernel alone. Part of the step's
     # compile key, like the bucket shape.
@@ -61,13 +68,13 @@ def resolve_backend(backend: str | None) -> str:
     return backend
 
 
-def _attention_fn(backend: str):
+def _attention_fn(backend: str) -> Callable[..., jax.Array]:
     if backend == "reference":
         return ragged_paged_attention_reference
     try:
         from jaxinfer.pallas_kernels import ragged_paged_attention
     except ImportError as e:  # pragma: no cover - kernel module absent
-        raise ValueError(f"attention backend {backend!r} is unavailable: {e}")
+        raise ValueError(f"attention backend {backend!r} is unavailable: {e}") from e
     if backend == "pallas_interpret":
         return functools.partial(ragged_paged_attention, interpret=True)
     if backend == "pallas_triton":
@@ -75,10 +82,10 @@ def _attention_fn(backend: str):
     return ragged_paged_attention
 
 
-def _triton_only(kernel, q, k_pages, *args, **kw):
+def _triton_only(kernel: Callable[..., jax.Array], q: jax.Array,
+                 k_pages: jax.Array, *args: Any, **kw: Any) -> jax.Array:
     """The kernel with its tuned table, both halves on the Triton lowering."""
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        default_tuning)
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import default_tuning
     tuning = dataclasses.replace(
         default_tuning(q.shape[-1], k_pages.shape[2]),
         decode_backend="triton", prefill_backend="triton")
@@ -99,43 +106,49 @@ def paged_attention(
     sliding_window: int | None = None,
     logit_soft_cap: float | None = None,
     mesh: Mesh | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """Writes k/v at ``md.slot_mapping`` then attends; returns (out [T, N, H],
-    the updated page pair). ``mesh``: the tensor-parallel mesh, under which
-    the Pallas kernels run per shard (the reference is left to XLA's SPMD
-    partitioner). A page quadruple (fp8 pages + scales) is written with
-    per-page scales, which the kernels read beside the pages."""
+    the updated pages laid out as ``kv``). ``mesh``: the tensor-parallel
+    mesh, under which the Pallas kernels run per shard (the reference is
+    left to XLA's SPMD partitioner). A page quadruple (fp8 pages + scales)
+    is written with per-page scales, which the kernels read beside the
+    pages."""
+    slots, tables, kv_lens, cu, num_seqs = (
+        jnp.asarray(a) for a in (md.slot_mapping, md.block_tables, md.kv_lens,
+                                 md.cu_q_lens, md.num_seqs))
     if len(kv) == 4:
         bound = kv_cache.pages_touched_bound(
-            k.shape[0], md.block_tables.shape[0], kv[0].shape[2])
-        kv = kv_cache.write_kv_scaled(*kv, k, v, md.slot_mapping, bound)
+            k.shape[0], tables.shape[0], kv[0].shape[2])
+        kv = kv_cache.write_kv_scaled(*kv, k, v, slots, bound)
     else:
-        kv = kv_cache.write_kv(kv[0], kv[1], k, v, md.slot_mapping)
+        kv = kv_cache.write_kv(kv[0], kv[1], k, v, slots)
     attn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
                              sliding_window=sliding_window,
                              logit_soft_cap=logit_soft_cap,
                              decode_only=md.decode_only)
 
-    def fn(q, k_pages, v_pages, kv_lens, tables, cu, num_seqs, *scales):
+    def fn(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+           kv_lens: jax.Array, tables: jax.Array, cu: jax.Array,
+           num_seqs: jax.Array, *scales: jax.Array) -> jax.Array:
         kw = dict(zip(("k_scale", "v_scale"), scales))
         return attn(q, k_pages, v_pages, kv_lens, tables, cu, num_seqs, **kw)
 
-    if backend != "reference":
+    if backend != "reference" and mesh is not None:
         if _splits_heads(mesh, kv[0].shape[0]):
             fn = _per_shard(fn, mesh, len(kv) - 2)
-    out = fn(q, kv[0], kv[1], md.kv_lens, md.block_tables, md.cu_q_lens,
-             md.num_seqs, *kv[2:])
+    out = fn(q, kv[0], kv[1], kv_lens, tables, cu, num_seqs, *kv[2:])
     return out, kv
 
 
-def _splits_heads(mesh, num_kv_heads: int) -> bool:
+def _splits_heads(mesh: Mesh, num_kv_heads: int) -> bool:
     """True when tensor parallelism splits the kv heads (and so the pages)."""
-    if mesh is None or "model" not in mesh.shape or mesh.shape["model"] == 1:
+    if "model" not in mesh.shape or mesh.shape["model"] == 1:
         return False
     return num_kv_heads % mesh.shape["model"] == 0
 
 
-def _per_shard(fn, mesh, num_scales: int = 0):
+def _per_shard(fn: Callable[..., jax.Array], mesh: Mesh, num_scales: int = 0
+               ) -> Callable[..., jax.Array]:
     """Runs a Pallas kernel once per model-axis shard on its own heads.
 
     XLA cannot partition a custom kernel call, so under tensor parallelism
@@ -147,15 +160,17 @@ def _per_shard(fn, mesh, num_scales: int = 0):
     pages = PartitionSpec("model")
     rep = PartitionSpec()
     # Per-page scales [K, num_pages] split on kv heads like the pages.
-    specs = dict(mesh=mesh, in_specs=(heads, pages, pages, rep, rep, rep, rep)
-                 + (pages,) * num_scales, out_specs=heads)
+    in_specs = (heads, pages, pages, rep, rep, rep, rep) + (pages,) * num_scales
     if hasattr(jax, "shard_map"):  # jax >= 0.7
         context = jax.sharding.get_abstract_mesh()
         if not context.empty and context.manual_axes:
             # Inside another shard_map (pipeline stages, manual over
             # "stage"): nest on the context's mesh, manual over "model" too.
-            return jax.shard_map(fn, check_vma=False, axis_names={"model"},
-                                 **{**specs, "mesh": context})
-        return jax.shard_map(fn, check_vma=False, **specs)
+            return jax.shard_map(fn, mesh=context, in_specs=in_specs,
+                                 out_specs=heads, check_vma=False,
+                                 axis_names={"model"})
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
+                             out_specs=heads, check_vma=False)
     from jax.experimental.shard_map import shard_map  # pragma: no cover
-    return shard_map(fn, check_rep=False, **specs)
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=heads,
+                     check_rep=False)

@@ -16,7 +16,8 @@ matmul over non-overlapping p x p patches, so the kernel is one
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,7 @@ class VisionConfig:
     layer_norm_eps: float = 1e-5
     hidden_act: str = "quick_gelu"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.image_size % self.patch_size:
             raise ModelConfigError(
                 f"vision_config image_size ({self.image_size}) must be a "
@@ -115,7 +116,7 @@ class LayerNorm(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
                       nn.initializers.ones)
         bias = param(self, "bias", (self.dim,), ("norm",), self.dtype,
@@ -133,7 +134,7 @@ class VisionAttention(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):  # [B, T, Dv]
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, T, Dv]
         c = self.cfg
         D, N, H = c.hidden_size, c.num_heads, c.head_dim
         proj = {name: Linear((D,), (N, H), ("embed", "heads", "head_dim"),
@@ -152,7 +153,7 @@ class VisionMLP(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
         h = Linear((c.hidden_size,), (c.intermediate_size,), ("embed", "mlp"),
                    True, self.dtype, name="fc1")(x)
@@ -166,7 +167,7 @@ class VisionEncoderLayer(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
         h = LayerNorm(c.hidden_size, c.layer_norm_eps, self.dtype,
                       name="layer_norm1")(x)
@@ -184,7 +185,7 @@ class CLIPVisionTower(nn.Module):
     feature_layers: tuple[int, ...]
 
     @nn.compact
-    def __call__(self, pixel_values):
+    def __call__(self, pixel_values: jax.Array) -> list[jax.Array]:
         c = self.cfg
         B, C, S, _ = pixel_values.shape
         p, g = c.patch_size, c.image_size // c.patch_size

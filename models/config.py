@@ -33,10 +33,14 @@ class RopeScaling:
     # llama.cpp's per-frequency divisors (a GGUF's rope_freqs tensor, how
     # Llama 3.1+ GGUF files carry their llama3 scaling): inv_freq / factors.
     freq_factors: tuple[float, ...] | None = None
+    # longrope (Phi-3): per-frequency divisors [H/2] for models served
+    # within original_max_position_embeddings (short) and past it (long).
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
-    SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
+    SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.rope_type not in self.SUPPORTED:
             raise ModelConfigError(
                 f"rope_scaling type {self.rope_type!r} is not supported; "
@@ -44,6 +48,12 @@ class RopeScaling:
         if self.factor <= 0:
             raise ModelConfigError(
                 f"rope_scaling factor must be > 0, got {self.factor}")
+        if self.rope_type == "longrope" and (
+                self.short_factor is None or self.long_factor is None
+                or self.original_max_position_embeddings is None):
+            raise ModelConfigError(
+                "longrope scaling needs short_factor, long_factor and "
+                "original_max_position_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +95,7 @@ class ModelConfig:
     # QuantizationConfig), None for float weights; set by the loader.
     quantization: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size",
                      "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "max_position_embeddings"):
@@ -99,11 +109,12 @@ class ModelConfig:
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ModelConfigError(
                 f"sliding_window must be > 0 or None, got {self.sliding_window}")
-        factors = self.rope_scaling.freq_factors
-        if factors is not None and len(factors) != self.head_dim // 2:
-            raise ModelConfigError(
-                f"rope freq_factors has {len(factors)} entries; head_dim "
-                f"{self.head_dim} needs {self.head_dim // 2}")
+        for name in ("freq_factors", "short_factor", "long_factor"):
+            factors = getattr(self.rope_scaling, name)
+            if factors is not None and len(factors) != self.head_dim // 2:
+                raise ModelConfigError(
+                    f"rope {name} has {len(factors)} entries; head_dim "
+                    f"{self.head_dim} needs {self.head_dim // 2}")
         if self.hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise ModelConfigError(
                 f"hidden_act {self.hidden_act!r} is not supported; "
@@ -131,8 +142,10 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling]:
     merged = {**scaling, **params}
     theta = float(merged.pop("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = merged.pop("rope_type", merged.pop("type", "default"))
+    if rope_type == "su":  # Phi-3's first name for longrope
+        rope_type = "longrope"
     fields = {f.name for f in dataclasses.fields(RopeScaling)}
-    kwargs = {k: tuple(v) if isinstance(v, list) else v
+    kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
               for k, v in merged.items() if k in fields and v is not None}
     return theta, RopeScaling(rope_type=rope_type, **kwargs)
 
@@ -159,10 +172,12 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def decoder_config_from_hf(hf: dict[str, Any], architecture: str,
-                           **family_fields) -> ModelConfig:
+                           config_cls: type[ModelConfig] = ModelConfig,
+                           **family_fields: Any) -> Any:
     """The fields every HF decoder config names alike; ``family_fields``
     set the ones a family decides itself (HF classes that hard-code a
-    choice, such as Qwen3's q/k norm, write no field for it)."""
+    choice, such as Qwen3's q/k norm, write no field for it) or its own
+    ``config_cls`` (a ModelConfig subclass) adds."""
     num_heads = int(hf["num_attention_heads"])
     hidden = int(hf["hidden_size"])
     theta, rope = _rope_from_hf(hf)
@@ -193,7 +208,7 @@ def decoder_config_from_hf(hf: dict[str, Any], architecture: str,
         dtype=str(dtype),
     )
     fields.update(family_fields)
-    return ModelConfig(**fields)
+    return config_cls(**fields)
 
 
 def load_hf_config(model_dir: str) -> dict[str, Any]:

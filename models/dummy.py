@@ -7,6 +7,9 @@ nothing of model size passes through host memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -16,8 +19,9 @@ from .config import ModelConfig
 from .quantization.methods import PARAM_NAMES
 
 
-def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
-                  std: float = 0.02) -> dict:
+def random_params(model: nn.Module, cfg: ModelConfig,
+                  dtype: jax.typing.DTypeLike, shardings: Any = None,
+                  seed: int = 0, std: float = 0.02) -> dict:
     """Normal(0, std) matrices, unit norm scales, zero biases."""
     abstract = nn.unbox(abstract_variables(model, cfg)["params"])
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
@@ -47,7 +51,8 @@ def random_params(model, cfg: ModelConfig, dtype, shardings=None, seed: int = 0,
 _QUANTIZED = PARAM_NAMES
 
 
-def _quantized_value(kind, k, shape, dtype, std):
+def _quantized_value(kind: str, k: jax.Array, shape: tuple[int, ...],
+                     dtype: jax.typing.DTypeLike, std: float) -> jax.Array:
     if kind in ("q_qweight", "q_weight") and jnp.issubdtype(dtype, jnp.integer):
         return jax.random.bits(k, shape, jnp.uint8).astype(dtype)
     if kind == "q_weight":  # fp8 codes of about unit size
@@ -65,8 +70,10 @@ def _quantized_value(kind, k, shape, dtype, std):
     return (base * (1.0 + 0.1 * jnp.abs(noise))).astype(dtype)
 
 
-def _initializer(kind, shape, dtype, std, sharding):
-    def fn(k):
+def _initializer(kind: str, shape: tuple[int, ...],
+                 dtype: jax.typing.DTypeLike, std: float,
+                 sharding: Any) -> Callable[[jax.Array], jax.Array]:
+    def fn(k: jax.Array) -> jax.Array:
         if kind.startswith("q_"):
             return _quantized_value(kind, k, shape, dtype, std)
         noise = jax.random.normal(k, shape, jnp.float32)

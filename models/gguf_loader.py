@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def open_gguf(path: str):
+def open_gguf(path: str) -> Any:  # a gguf.GGUFReader
     """A parsed `gguf.GGUFReader`, shared by the weight loader and the
     tokenizer (parsing a 49k-token vocabulary takes seconds); a file
     rewritten in place is parsed again."""
@@ -51,7 +52,7 @@ def open_gguf(path: str):
 
 
 @functools.lru_cache(maxsize=4)
-def _parse_gguf(path: str, *_file_identity):
+def _parse_gguf(path: str, *_file_identity: int) -> Any:
     import gguf
     try:
         return gguf.GGUFReader(path)
@@ -81,7 +82,7 @@ class GGUFReader:
             if hf is not None:
                 self._tensors[hf] = t
 
-    def field(self, key: str, default=None):
+    def field(self, key: str, default: Any = None) -> Any:
         f = self._reader.fields.get(key)
         if f is None:
             return default
@@ -111,6 +112,13 @@ class GGUFReader:
             "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
             "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
         }
+        experts = get("expert_count")
+        if experts:  # a mixture of experts
+            cfg["num_experts"] = int(experts)
+            cfg["num_experts_per_tok"] = int(get("expert_used_count"))
+            cfg["moe_intermediate_size"] = int(get(
+                "expert_feed_forward_length", cfg["intermediate_size"]))
+        cfg.update(self._names.config_defaults)
         window = get("attention.sliding_window")
         if window:
             cfg["sliding_window"] = int(window)
@@ -122,6 +130,8 @@ class GGUFReader:
                 "original_max_position_embeddings": get(
                     "rope.scaling.original_context_length"),
             }
+        if self._names.config_fields is not None:
+            cfg.update(self._names.config_fields(get, cfg))
         # Llama 3.1+ files carry their llama3 scaling as a tensor of
         # per-frequency divisors, not as metadata.
         freqs = next((t for t in self._reader.tensors
@@ -133,13 +143,15 @@ class GGUFReader:
                 "freq_factors"] = [float(f) for f in factors]
         return cfg
 
-    def get(self, hf_name: str):
+    def get(self, hf_name: str) -> np.ndarray | None:
         t = self._tensors.get(hf_name)
         if t is None:
             return None
         w = self._gguf.quants.dequantize(t.data, t.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape(
             tuple(int(d) for d in reversed(t.shape)))
+        if self._names.from_stored is not None:
+            w = self._names.from_stored(hf_name, w)
         return self._unpermuted(hf_name, w)
 
     def tensor_type(self, hf_name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Building blocks shared by model families: RMSNorm and the linear layer.
+"""Building blocks shared by model families: the RMSNorms and the linear layer.
 
 ``Linear`` is the one place where a weight matrix is created and multiplied,
 through a ``LinearMethod`` (vLLM's seam): today the plain product; a
@@ -10,7 +10,7 @@ around whatever method a Linear has (``lora.py``), not in place of it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import jax
 import jax.numpy as jnp
@@ -18,23 +18,23 @@ from flax import linen as nn
 
 from .lora import has_lora, lora_delta
 
-
 # Rows of x for which CPU logits against a [V, D] table are a multiply and a
-# sum rather than a matmul (`rows_times_table`); measured up to 32.
+# sum rather than a matmul (`rows_times_table`): the range where it was
+# measured faster.
 CPU_REDUCTION_ROWS = (2, 32)
 
 
-def rows_times_table(x, table):
+def rows_times_table(x: jax.Array,  # [S, D]
+                     table: jax.Array,  # [V, D]
+                     ) -> jax.Array:  # [S, V]
     """``x @ table.T`` for x [S, D] and a [V, D] table (tied embeddings).
 
     On CPU, for 2-32 float32 rows (decode batches), it is computed as a
     multiply and a sum over D into [V, S], then transposed: each table row
     is read once, in order, and used for every x row. XLA CPU's matmul for
-    so few rows reads the table at about half the rate: for the embedded
-    model's 113 MB table at 8 rows, 23-40 ms against 13-20 ms, in
-    alternating runs on this 2-core machine (docs/performance.md 16). One
-    row stays a matmul (XLA's matrix-vector product; the reduction is 15x
-    slower there), and so do larger batches and other dtypes."""
+    so few rows reads the table at about half that rate. One row stays a
+    matmul (XLA's matrix-vector product, far faster there than the
+    reduction), and so do larger batches and other dtypes."""
     rows = x.shape[0]
     if not (CPU_REDUCTION_ROWS[0] <= rows <= CPU_REDUCTION_ROWS[1]
             and x.dtype == table.dtype == jnp.float32):
@@ -45,10 +45,13 @@ def rows_times_table(x, table):
         default=lambda x, t: x @ t.T)
 
 
-def param(module, name, shape, axes, dtype, init=nn.initializers.normal(0.02)):
+def param(module: nn.Module, name: str, shape: tuple[int, ...],
+          axes: tuple[str, ...], dtype: jax.typing.DTypeLike,
+          init: Any = nn.initializers.normal(0.02)) -> jax.Array:
     """A param of ``module`` carrying its logical axis names (sharding/)."""
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape,
-                        dtype)
+    # flax's stub types the boxed value; Module.param unboxes it (unbox=True).
+    return module.param(  # type: ignore[return-value]
+        name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +60,7 @@ class RMSNorm(nn.Module):
     dtype: jnp.dtype
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
                       nn.initializers.ones)
         xf = x.astype(jnp.float32)
@@ -67,15 +70,34 @@ class RMSNorm(nn.Module):
         return scale * xf.astype(x.dtype)
 
 
+class UnitOffsetRMSNorm(nn.Module):
+    """RMSNorm whose stored weight is an offset from one: ``x * (1 + w)``
+    (Gemma's convention; its checkpoints hold ``w`` initialised to zeros).
+    The product is taken in float32 before the cast back, as HF's Gemma
+    norms do (Llama's casts first)."""
+    dim: int
+    eps: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
+                      nn.initializers.zeros)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) +
+                                self.eps)
+        return (xf * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+
+
 class LinearMethod(Protocol):
     """How a ``Linear`` holds and applies its weight. Hashable (a module
     field): a frozen dataclass of its static settings."""
 
-    def create_weights(self, module: "Linear") -> Any:
+    def create_weights(self, module: Linear) -> Any:
         """Declares the weight params on ``module`` (``param``), returns
         whatever ``apply`` needs (an array, or packed data and scales)."""
 
-    def apply(self, module: "Linear", weights: Any, x: jax.Array) -> jax.Array:
+    def apply(self, module: Linear, weights: Any, x: jax.Array) -> jax.Array:
         """x [..., *in_shape] -> [..., *out_shape]."""
 
 
@@ -124,12 +146,12 @@ class PendingProduct:
     bias: Any = None  # added to the product by compute_together
 
 
-def compute_together(*ys) -> list:
+def compute_together(*ys: Any) -> list[Any]:
     """The outputs of ``Linear(..., pending=True)`` calls with each pending
     product computed: those that share one input and one ``run`` in one
     call. Anything else (an array, a ``ScaledProduct``) passes through."""
     out = list(ys)
-    groups: dict = {}
+    groups: dict[tuple[int, Any], list[int]] = {}
     for i, y in enumerate(ys):
         if isinstance(y, PendingProduct):
             groups.setdefault((id(y.x), y.run), []).append(i)
@@ -139,7 +161,7 @@ def compute_together(*ys) -> list:
     return out
 
 
-def as_array(x) -> jax.Array:
+def as_array(x: jax.Array | ScaledProduct | GatedInput) -> jax.Array:
     """A layer output as an array (a ScaledProduct's value)."""
     return x.value() if isinstance(x, (ScaledProduct, GatedInput)) else x
 
@@ -149,11 +171,12 @@ class UnquantizedLinear:
     """The weight is one ``kernel`` of shape in_shape + out_shape in the
     model's dtype; the product is a dot_general over the input axes."""
 
-    def create_weights(self, module: "Linear"):
+    def create_weights(self, module: Linear) -> jax.Array:
         return param(module, "kernel", module.in_shape + module.out_shape,
                      module.axes, module.dtype)
 
-    def apply(self, module: "Linear", weights, x):
+    def apply(self, module: Linear, weights: jax.Array, x: jax.Array
+              ) -> jax.Array:
         n_in = len(module.in_shape)
         x_axes = tuple(range(x.ndim - n_in, x.ndim))
         return jax.lax.dot_general(x, weights,
@@ -173,8 +196,20 @@ class Linear(nn.Module):
     dtype: jnp.dtype
     method: LinearMethod = UNQUANTIZED  # how the weight is held and applied
 
+    @overload
+    def __call__(self, x: jax.Array | GatedInput, *,
+                 scaled: Literal[False] = False,
+                 pending: Literal[False] = False) -> jax.Array: ...
+
+    @overload
+    def __call__(self, x: jax.Array | GatedInput, *, scaled: bool = False,
+                 pending: bool = False
+                 ) -> jax.Array | ScaledProduct | PendingProduct: ...
+
     @nn.compact
-    def __call__(self, x, *, scaled: bool = False, pending: bool = False):
+    def __call__(self, x: jax.Array | GatedInput, *, scaled: bool = False,
+                 pending: bool = False
+                 ) -> jax.Array | ScaledProduct | PendingProduct:
         """x [..., *in_shape] (or a ``GatedInput``) -> [..., *out_shape].
         ``scaled``: return a ``ScaledProduct`` when the layer's method
         offers one (fp8 with per-token and per-channel scales and a gated
@@ -211,7 +246,7 @@ class Linear(nn.Module):
             y = y + self._bias()
         return y
 
-    def _bias(self):
+    def _bias(self) -> jax.Array:
         return param(self, "bias", self.out_shape,
                      self.axes[len(self.in_shape):], self.dtype,
                      nn.initializers.zeros)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,11 @@ from flax import linen as nn
 
 from .attention import AttentionMetadata, paged_attention
 from .config import ModelConfig, decoder_config_from_hf
-from .layers import (Linear, RMSNorm, compute_together, param,
-                     rows_times_table)
+from .layers import Linear, RMSNorm, compute_together, param, rows_times_table
 from .mlp import GatedMLP
 from .quantization import linear_method
 from .rope import apply_rope, rope_cos_sin_table
-from .spec import (GGUFNames, ModelSpec, WeightSpec, keep_layout,
-                   linear_from_hf, reshape_to)
+from .spec import GGUFNames, ModelSpec, WeightSpec, keep_layout, linear_from_hf, reshape_to
 
 ROPE_TABLE = "rope_cos_sin"  # the model's constant: [max_model_len, H] f32
 
@@ -43,7 +42,8 @@ class Attention(nn.Module):
     mesh: Any = None
 
     @nn.compact
-    def __call__(self, x, cos_sin, kv, md: AttentionMetadata):
+    def __call__(self, x: jax.Array, cos_sin: jax.Array, kv: tuple[jax.Array, ...],
+                 md: AttentionMetadata) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         # q, k and v on the int4 kernel run as one call (compute_together).
@@ -78,7 +78,8 @@ class DecoderLayer(nn.Module):
     mesh: Any = None
 
     @nn.compact
-    def __call__(self, x, cos_sin, kv, md):
+    def __call__(self, x: jax.Array, cos_sin: jax.Array, kv: tuple[jax.Array, ...],
+                 md: AttentionMetadata) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         c = self.cfg
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
                     name="input_layernorm")(x)
@@ -87,20 +88,24 @@ class DecoderLayer(nn.Module):
         x = x + h
         h = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype,
                     name="post_attention_layernorm")(x)
-        return x + self.mlp_cls(c, self.dtype, name="mlp")(h), kv
+        return x + self.mlp_cls(c, self.dtype, mesh=self.mesh, name="mlp")(h), kv
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def apply_layer(layer: tuple, variables: dict, x, cos_sin, kv, md):
+def apply_layer(layer: tuple, variables: dict, x: jax.Array, cos_sin: jax.Array,
+                kv: tuple[jax.Array, ...], md: AttentionMetadata
+                ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """One decoder layer applied to its own variables (its params, and any
     other collection's entries at its scope, e.g. LoRA adapters), as a
     jitted function of the layer's settings (``layer`` = DecoderLayer's
     fields): every layer of a step has the same shapes, so the step traces
     and lowers the layer once and calls it L times (XLA inlines the calls;
-    the program is the same as an unrolled one). Tracing 32 unrolled layers
-    was most of each step program's build time, at warm-up and on every
-    cache-warm start."""
-    return DecoderLayer(*layer).apply(variables, x, cos_sin, kv, md)
+    the program is the same as an unrolled one). Tracing every layer
+    unrolled would be most of each step program's build time, at warm-up
+    and on every cache-warm start."""
+    # flax types apply's result as if mutable collections could come back.
+    return DecoderLayer(*layer).apply(  # type: ignore[return-value]
+        variables, x, cos_sin, kv, md)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -147,7 +152,7 @@ class LlamaForCausalLM(nn.Module):
         collection: the RoPE cos/sin rows of every position."""
         return {ROPE_TABLE: rope_cos_sin_table(self.cfg, max_model_len)}
 
-    def embed(self, input_ids):  # [T] int32 -> [T, D]
+    def embed(self, input_ids: jax.Array) -> jax.Array:  # [T] int32 -> [T, D]
         """The token embeddings an encoder's outputs are merged into
         (``model.apply(..., method="embed")``), then given back to
         ``__call__`` as ``inputs_embeds``."""
@@ -157,21 +162,20 @@ class LlamaForCausalLM(nn.Module):
     @nn.compact
     def __call__(
         self,
-        input_ids,  # [T] int32
-        positions,  # [T] int32
-        kv_pages,  # list of L (k_pages, v_pages)
+        input_ids: jax.Array,  # [T] int32
+        positions: jax.Array,  # [T] int32
+        kv_pages: list[tuple[jax.Array, ...]],  # L of (k_pages, v_pages)
         md: AttentionMetadata,
-        logits_indices,  # [S] int32 token row whose logits each sequence needs
-        inputs_embeds=None,  # [T, D]: replaces the lookup of input_ids
-    ):
+        logits_indices: jax.Array,  # [S] int32 token row whose logits each sequence needs
+        inputs_embeds: jax.Array | None = None,  # [T, D]: replaces the lookup of input_ids
+    ) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:
         c = self.cfg
         embedding = param(self, "embedding", (c.vocab_size, c.hidden_size),
                           ("vocab", "embed"), self.dtype)
-        x = (jnp.take(embedding, input_ids, axis=0) if inputs_embeds is None
-             else inputs_embeds)
         table = self.variable("constants", ROPE_TABLE,
                               lambda: jnp.zeros((1, c.head_dim), jnp.float32))
-        cos_sin = jnp.take(table.value, positions, axis=0)
+        x, cos_sin = _layer_inputs(embedding, table.value, input_ids,
+                                   positions, inputs_embeds)
         new_pages = []
         layer = (c, self.backend, self.dtype, self.mlp_cls, self.mesh)
         for i in range(c.num_layers):
@@ -188,26 +192,25 @@ class LlamaForCausalLM(nn.Module):
                 x, kv = apply_layer(own_layer, own, x, cos_sin, kv_pages[i],
                                     md)
             new_pages.append(kv)
-        x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")(x)
-        x = jnp.take(x, logits_indices, axis=0)
-        if c.tie_word_embeddings:
-            logits = rows_times_table(x, embedding)
-        else:
-            lm_head = param(self, "lm_head", (c.hidden_size, c.vocab_size),
-                            ("embed", "vocab"), self.dtype)
-            logits = x @ lm_head
-        return logits.astype(jnp.float32), new_pages
+        norm = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, name="norm")
+        lm_head = None if c.tie_word_embeddings else param(
+            self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
+            self.dtype)
+        return _head(norm, x, logits_indices, embedding, lm_head), new_pages
 
     # -- pipeline stages --------------------------------------------------
     # Pipeline parallelism (jaxinfer.sharding.pipeline) runs __call__ as its
     # three parts on different devices: the layer inputs, every decoder
-    # layer (one module, applied with params["layers_{i}"]), the head.
+    # layer (one module, applied with params["layers_{i}"]), the head. Each
+    # part runs the functions __call__ runs, over the bound variables.
 
-    def layer_inputs(self, input_ids, positions, inputs_embeds=None):
+    def layer_inputs(self, input_ids: jax.Array, positions: jax.Array,
+                     inputs_embeds: jax.Array | None = None
+                     ) -> tuple[jax.Array, jax.Array]:
         """-> (x [T, D], the per-layer inputs every layer gets: cos_sin)."""
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        table = self.get_variable("constants", ROPE_TABLE)
-        return x, jnp.take(table, positions, axis=0)
+        return _layer_inputs(self.get_variable("params", "embedding"),
+                             self.get_variable("constants", ROPE_TABLE),
+                             input_ids, positions, inputs_embeds)
 
     @nn.nowrap
     def decoder_layer(self) -> nn.Module:
@@ -215,17 +218,38 @@ class LlamaForCausalLM(nn.Module):
         return DecoderLayer(self.cfg, self.backend, self.dtype, self.mlp_cls,
                             self.mesh)
 
-    def head(self, x, logits_indices):
+    def head(self, x: jax.Array, logits_indices: jax.Array) -> jax.Array:
         """Final norm and lm_head at ``logits_indices`` -> [S, V] float32."""
         c = self.cfg
-        x = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, parent=None).apply(
-            {"params": self.get_variable("params", "norm")}, x)
-        x = jnp.take(x, logits_indices, axis=0)
-        if c.tie_word_embeddings:
-            logits = rows_times_table(x, self.get_variable("params", "embedding"))
-        else:
-            logits = x @ self.get_variable("params", "lm_head")
-        return logits.astype(jnp.float32)
+        norm = RMSNorm(c.hidden_size, c.rms_norm_eps, self.dtype, parent=None)
+        norm_with_params = functools.partial(
+            norm.apply, {"params": self.get_variable("params", "norm")})
+        lm_head = (None if c.tie_word_embeddings
+                   else self.get_variable("params", "lm_head"))
+        return _head(norm_with_params, x, logits_indices,
+                     self.get_variable("params", "embedding"), lm_head)
+
+
+def _layer_inputs(embedding: jax.Array, rope_table: jax.Array,
+                  input_ids: jax.Array, positions: jax.Array,
+                  inputs_embeds: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
+    """The decoder's input rows and each token's RoPE cos/sin row: ([T,
+    D], [T, H]); ``inputs_embeds`` [T, D] stands in for the lookup."""
+    x = (jnp.take(embedding, input_ids, axis=0) if inputs_embeds is None
+         else inputs_embeds)
+    return x, jnp.take(rope_table, positions, axis=0)
+
+
+def _head(norm: Callable[[jax.Array], Any], x: jax.Array,
+          logits_indices: jax.Array, embedding: jax.Array,
+          lm_head: jax.Array | None = None) -> jax.Array:
+    """The final ``norm`` of the rows at ``logits_indices`` [S], then their
+    [S, V] float32 logits through lm_head [D, V], or through the embedding
+    table [V, D] when the two are tied (``lm_head`` None)."""
+    x = jnp.take(norm(x), logits_indices, axis=0)
+    logits = rows_times_table(x, embedding) if lm_head is None else x @ lm_head
+    return logits.astype(jnp.float32)
 
 
 # -- checkpoint names -------------------------------------------------------
@@ -247,9 +271,10 @@ def attention_weights(cfg: ModelConfig, hf: str, path: tuple
                              (H,), keep_layout)
 
 
-def decoder_weights(cfg: ModelConfig, mlp_cls=GatedMLP) -> Iterator[WeightSpec]:
+def decoder_weights(cfg: ModelConfig, mlp_cls: Any = GatedMLP,
+                    mlp_hf: str = "mlp") -> Iterator[WeightSpec]:
     """HF's Llama names, which Mistral and Qwen2/3 share; ``mlp_cls`` names
-    the MLP's own tensors."""
+    the MLP's own tensors, under the layer's ``mlp_hf`` module."""
     D, V = cfg.hidden_size, cfg.vocab_size
     yield WeightSpec("model.embed_tokens.weight", ("embedding",), (V, D))
     for i in range(cfg.num_layers):
@@ -259,7 +284,7 @@ def decoder_weights(cfg: ModelConfig, mlp_cls=GatedMLP) -> Iterator[WeightSpec]:
         yield WeightSpec(hf + "post_attention_layernorm.weight",
                          p + ("post_attention_layernorm", "scale"), (D,))
         yield from attention_weights(cfg, hf + "self_attn.", p + ("self_attn",))
-        yield from mlp_cls.weights(cfg, hf + "mlp.", p + ("mlp",))
+        yield from mlp_cls.weights(cfg, hf + f"{mlp_hf}.", p + ("mlp",))
     yield WeightSpec("model.norm.weight", ("norm", "scale"), (D,))
     if not cfg.tie_word_embeddings:
         yield WeightSpec("lm_head.weight", ("lm_head",), (V, D),
@@ -288,7 +313,7 @@ GGUF_TOP_NAMES = {
 
 
 def _spec(architecture: str, gguf_arch: str, permuted_qk: bool,
-          **family_fields) -> ModelSpec:
+          **family_fields: Callable[[dict], Any]) -> ModelSpec:
     def config_from_hf(hf: dict) -> ModelConfig:
         fields = {k: f(hf) for k, f in family_fields.items()}
         return decoder_config_from_hf(hf, architecture, **fields)

@@ -17,14 +17,22 @@ Param tree: ``language_model`` (the decoder's params, as
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from .clip import (VISION_ACTIVATIONS, CLIPVisionTower, VisionConfig,
-                   hidden_state_indices, vision_config_from_hf,
-                   vision_tower_weights)
+from .attention import AttentionMetadata
+from .clip import (
+    VISION_ACTIVATIONS,
+    CLIPVisionTower,
+    VisionConfig,
+    hidden_state_indices,
+    vision_config_from_hf,
+    vision_tower_weights,
+)
 from .config import ImageInput, ModelConfig
 from .errors import ModelConfigError
 from .layers import Linear
@@ -55,7 +63,7 @@ class LlavaConfig(ModelConfig):
     projector_hidden_act: str = "gelu"
     projector_bias: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if self.vision is None:
             raise ModelConfigError("a LLaVA config needs its vision_config")
@@ -72,41 +80,46 @@ class LlavaConfig(ModelConfig):
             raise ModelConfigError(
                 f"projector_hidden_act {self.projector_hidden_act!r} is not "
                 f"supported; supported: {', '.join(VISION_ACTIVATIONS)}")
-        self.feature_layers  # raises for a layer outside the tower
+        _ = self.feature_layers  # raises for a layer outside the tower
+
+    @property
+    def tower(self) -> VisionConfig:
+        """The vision tower's config (never None once constructed)."""
+        if self.vision is None:
+            raise ModelConfigError("a LLaVA config needs its vision_config")
+        return self.vision
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         """The tower's hidden states the projector reads (HF indices, 0 =
         the embeddings)."""
-        assert self.vision is not None
         return hidden_state_indices(self.vision_feature_layers,
-                                    self.vision.num_layers)
+                                    self.tower.num_layers)
 
     @property
     def tokens_per_image(self) -> int:
-        assert self.vision is not None
         cls = 1 if self.vision_feature_select_strategy == "full" else 0
-        return self.vision.num_patches + cls
+        return self.tower.num_patches + cls
 
     @property
     def image_input(self) -> ImageInput:
-        assert self.vision is not None
         return ImageInput(self.image_token_index, self.tokens_per_image,
-                          self.vision.image_size, self.vision.num_channels)
+                          self.tower.image_size, self.tower.num_channels)
 
 
 def llava_config_from_hf(hf: dict[str, Any]) -> LlavaConfig:
-    from .registry import model_spec
     # LLaVA checkpoints often write only the sub-config fields that differ
     # from HF's defaults (llava-1.5's text_config has no hidden_size):
     # transformers' own config class fills them in.
     from transformers import LlavaConfig as HFLlavaConfig
+
+    from .registry import model_spec
     try:
         full = HFLlavaConfig.from_dict(hf).to_dict()
-    except Exception as e:  # noqa: BLE001 - HF's validators raise their own types
+    except Exception as e:
         raise ModelConfigError(f"malformed LLaVA config.json: {e}") from e
     text = dict(full["text_config"])
-    family = TEXT_ARCHITECTURES.get(text.get("model_type"))
+    family = TEXT_ARCHITECTURES.get(text.get("model_type", ""))
     if family is None:
         raise ModelConfigError(
             f"LLaVA text model {text.get('model_type')!r} is not supported; "
@@ -138,10 +151,9 @@ class MultiModalProjector(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
-        assert c.vision is not None
-        d_in = c.vision.hidden_size * len(c.feature_layers)
+        d_in = c.tower.hidden_size * len(c.feature_layers)
         D = c.hidden_size
         h = Linear((d_in,), (D,), ("embed", "mlp"), c.projector_bias,
                    self.dtype, name="linear_1")(x)
@@ -158,11 +170,11 @@ class LlavaForConditionalGeneration(nn.Module):
     dtype: Any = jnp.float32
     mesh: Any = None
 
-    def setup(self):
+    def setup(self) -> None:
         c = self.cfg
         self.language_model = LlamaForCausalLM(c, self.backend, self.dtype,
                                                self.mesh)
-        self.vision_tower = CLIPVisionTower(c.vision, self.dtype,
+        self.vision_tower = CLIPVisionTower(c.tower, self.dtype,
                                             c.feature_layers)
         self.multi_modal_projector = MultiModalProjector(c, self.dtype)
 
@@ -170,19 +182,27 @@ class LlavaForConditionalGeneration(nn.Module):
         return {"language_model": {
             ROPE_TABLE: rope_cos_sin_table(self.cfg, max_model_len)}}
 
-    def embed(self, input_ids):  # [T] int32 -> [T, D]
+    def embed(self, input_ids: jax.Array) -> jax.Array:  # [T] int32 -> [T, D]
         return self.language_model.embed(input_ids)
 
-    def encode_images(self, pixel_values):  # [B, C, S, S] -> [B, tokens, D]
+    def encode_images(self, pixel_values: jax.Array  # [B, C, S, S]
+                      ) -> jax.Array:  # [B, tokens, D]
         states = self.vision_tower(pixel_values)
         if self.cfg.vision_feature_select_strategy == "default":
             states = [s[:, 1:] for s in states]  # drop the class token
         return self.multi_modal_projector(jnp.concatenate(states, axis=-1))
 
-    def __call__(self, input_ids, positions, kv_pages, md, logits_indices,
-                 inputs_embeds=None):
+    def __call__(
+        self,
+        input_ids: jax.Array,  # [T] int32
+        positions: jax.Array,  # [T] int32
+        kv_pages: list[tuple[jax.Array, ...]],  # L (k_pages, v_pages[, scales])
+        md: AttentionMetadata,
+        logits_indices: jax.Array,  # [S] int32
+        inputs_embeds: jax.Array | None = None,  # [T, D]
+    ) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:  # logits [S, V], pages
         if self.is_initializing():  # create the tower's params as well
-            v = self.cfg.vision
+            v = self.cfg.tower
             self.encode_images(jnp.zeros(
                 (1, v.num_channels, v.image_size, v.image_size), jnp.float32))
         return self.language_model(input_ids, positions, kv_pages, md,
@@ -195,8 +215,10 @@ class LlavaForConditionalGeneration(nn.Module):
 # by transformers 4 (``vision_tower.vision_model.``) and the module paths of
 # transformers 5 (``model.language_model.``, ``lm_head``).
 
-def llava_weights(cfg: LlavaConfig) -> Iterator[WeightSpec]:
-    assert cfg.vision is not None
+def llava_weights(cfg: ModelConfig) -> Iterator[WeightSpec]:
+    if not isinstance(cfg, LlavaConfig):
+        raise TypeError(f"LLaVA weights need a LlavaConfig, got "
+                        f"{type(cfg).__name__}")
     for w in decoder_weights(cfg):
         if w.hf_name.startswith("model."):
             rest = w.hf_name[len("model."):]
@@ -206,7 +228,7 @@ def llava_weights(cfg: LlavaConfig) -> Iterator[WeightSpec]:
             name, aliases = f"language_model.{w.hf_name}", (w.hf_name,)
         yield dataclasses.replace(w, hf_name=name, aliases=aliases,
                                   path=("language_model",) + w.path)
-    for w in vision_tower_weights(cfg.vision, max(cfg.feature_layers)):
+    for w in vision_tower_weights(cfg.tower, max(cfg.feature_layers)):
         rest = w.hf_name
         yield dataclasses.replace(
             w, hf_name=f"vision_tower.{rest}", path=("vision_tower",) + w.path,
@@ -214,7 +236,7 @@ def llava_weights(cfg: LlavaConfig) -> Iterator[WeightSpec]:
                      f"model.vision_tower.{rest}",
                      f"model.vision_tower.vision_model.{rest}"))
     D = cfg.hidden_size
-    d_in = cfg.vision.hidden_size * len(cfg.feature_layers)
+    d_in = cfg.tower.hidden_size * len(cfg.feature_layers)
     for name, out_dim, in_dim in (("linear_1", D, d_in), ("linear_2", D, D)):
         hf = f"multi_modal_projector.{name}"
         path = ("multi_modal_projector", name)

@@ -5,16 +5,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
+from typing import Any, Protocol
 
+import jax
 import jax.numpy as jnp
 
+from . import weight_cache
 from .config import ModelConfig, load_hf_config, model_config_from_hf
 from .embedded import embedded_model_path, is_embedded
 from .errors import CheckpointError
 from .gguf_loader import GGUFReader
 from .orbax_checkpoint import is_orbax_model
 from .safetensors_loader import SafetensorsReader
-from . import weight_cache
+from .tokenizer_source import TokenizerSource
 from .weights import build_params, weight_specs
 
 logger = logging.getLogger(__name__)
@@ -23,14 +27,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
           "float16": jnp.float16}
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenizerSource:
-    """Where the tokenizer lives: an HF folder, or a GGUF file's metadata
-    (``cache_dir``: the file's weight-cache entry, where the tokenizer's
-    fast form is kept once built)."""
-    directory: str
-    gguf_file: str | None = None
-    cache_dir: str | None = None
+class WeightReader(Protocol):
+    """A checkpoint's tensors by HF name (None: the checkpoint lacks it)."""
+
+    def get(self, hf_name: str, /) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ModelFiles:
     """A resolved model reference."""
     config: ModelConfig
     tokenizer: TokenizerSource
-    reader: object | None  # has .get(hf_name); None for orbax and load_format="dummy"
+    reader: WeightReader | None  # None for orbax and load_format="dummy"
     source: str
     hf_config: dict  # the HF-style config.json the config was built from
     format: str = "safetensors"  # "safetensors" | "gguf" | "orbax"
@@ -74,17 +74,18 @@ def resolve_model(model: str, load_format: str = "auto",
         files = _resolve_gguf(path)
         if quantization is None:
             return files
-        reader = GGUFReader(path)  # the quantized blocks, not the cache's floats
+        gguf = GGUFReader(path)  # the quantized blocks, not the cache's floats
         cfg = _quantized(files.config, quantization, files.hf_config, "gguf",
-                         path, gguf_reader=reader)
-        return dataclasses.replace(files, config=cfg, reader=reader)
+                         path, gguf_reader=gguf)
+        return dataclasses.replace(files, config=cfg, reader=gguf)
     raise CheckpointError(
         f"model {model!r} is neither a local HF model folder, a .gguf file, "
         "nor an embedded model name (jaxinfer never downloads from a hub; "
         "the embedded default is 'smollm2-135m-instruct')")
 
 
-def _quantized(cfg: ModelConfig, requested, hf, fmt, source, **kw):
+def _quantized(cfg: ModelConfig, requested: str | None, hf: dict, fmt: str,
+               source: str, **kw: Any) -> ModelConfig:
     from .quantization.resolve import resolve_quantization
     qc = resolve_quantization(requested, cfg, hf, fmt, source, **kw)
     return cfg if qc is None else dataclasses.replace(cfg, quantization=qc)
@@ -136,7 +137,8 @@ def _resolve_gguf(path: str) -> ModelFiles:
                       reader, path, hf, "gguf")
 
 
-def _build_cache_entry(path: str, root: str, digest: str):
+def _build_cache_entry(path: str, root: str, digest: str
+                       ) -> weight_cache.CachedWeights | None:
     """Converts the GGUF into a new cache entry; None (and the caller reads
     the GGUF directly) when the cache folder cannot be written."""
     logger.info("converting %s for the weight cache (first start of this "
@@ -161,7 +163,7 @@ def _build_cache_entry(path: str, root: str, digest: str):
         return None
 
 
-def resolve_dtype(dtype: str, cfg: ModelConfig):
+def resolve_dtype(dtype: str, cfg: ModelConfig) -> jax.typing.DTypeLike:
     """vLLM's ``dtype``: auto takes the checkpoint's (float32 stays float32,
     GGUF dequantizes to float32)."""
     if dtype == "auto":
@@ -173,8 +175,14 @@ def resolve_dtype(dtype: str, cfg: ModelConfig):
     return DTYPES[dtype]
 
 
-def load_params(files: ModelFiles, dtype, place=None, elsewhere=None) -> dict:
+def load_params(files: ModelFiles, dtype: jax.typing.DTypeLike,
+                place: Callable | None = None,
+                elsewhere: Callable | None = None) -> dict:
     from .quantization.loading import linear_loader
+    if files.reader is None:
+        raise CheckpointError(
+            f"{files.source}: no tensors to read (format {files.format!r}); "
+            "orbax checkpoints are restored, dummy weights drawn")
     return build_params(files.config, files.reader.get, dtype, files.source,
                         place=place, elsewhere=elsewhere,
                         linear=linear_loader(files.config, files.reader))

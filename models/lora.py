@@ -29,10 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .spec import ModelSpec
 
 COLLECTION = "lora"
 LORA_A = "lora_a"
@@ -78,7 +84,8 @@ class LoRATarget:
         return SLOT_AXES + self.out_axes
 
 
-def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
+def lora_targets(model: nn.Module, cfg: ModelConfig, spec: ModelSpec
+                 ) -> dict[str, LoRATarget]:
     """Every `Linear` of ``model`` that has a checkpoint weight, by its HF
     module name (``model.layers.0.self_attn.q_proj``), in forward order.
 
@@ -90,7 +97,8 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
     from .layers import Linear
     found: dict[tuple[str, ...], Linear] = {}
 
-    def record(next_fun, args, kwargs, context):
+    def record(next_fun: Callable[..., Any], args: tuple, kwargs: dict,
+               context: Any) -> Any:
         if isinstance(context.module, Linear) and context.method_name == "__call__":
             found.setdefault(tuple(context.module.path), context.module)
         return next_fun(*args, **kwargs)
@@ -102,9 +110,14 @@ def lora_targets(model, cfg, spec) -> dict[str, LoRATarget]:
         module = w.path[:-1]
         if w.hf_name.endswith(".weight") and module in found:
             by_path.setdefault(module, w.hf_name[:-len(".weight")])
+    # A checkpoint tensor that several of our layers are cut from (Phi-3's
+    # fused qkv_proj) has no one layer an adapter of it could wrap, so it
+    # is no target (an adapter naming it is refused).
+    fused = {m for m in by_path.values()
+             if list(by_path.values()).count(m) > 1}
     targets = {}
     for path, linear in found.items():
-        if path not in by_path:
+        if path not in by_path or by_path[path] in fused:
             continue
         n_in = len(linear.in_shape)
         targets[by_path[path]] = LoRATarget(
@@ -128,10 +141,10 @@ def _shrink_input(x: jax.Array) -> jax.Array:
 
     Why: XLA's dot-merger joins dots that share an input. Without the
     barrier it merged the shrinks with the base projections of the same
-    input (k/v and the A's), concatenating those weights at run time, 13.5
-    us per layer on an H200 at S=64 (`docs/performance.md` section 7); the
-    barrier leaves the base projections merged as without LoRA and the
-    shrinks merged among themselves."""
+    input (k/v and the A's), concatenating those weights at run time in
+    every step (`docs/performance.md`, "LoRA"); the barrier leaves the
+    base projections merged as without LoRA and the shrinks merged among
+    themselves."""
     hit = _SHRINK_INPUTS.get(id(x))
     if hit is not None and hit[0] is x:
         return hit[1]
@@ -167,7 +180,13 @@ def lora_delta(module: nn.Module, x: jax.Array) -> jax.Array:
     return lora_product(_shrink_input(x), a, b, slots)
 
 
-def lora_product(x, a, b, slots, method: str | None = None):
+def lora_product(
+    x: jax.Array,  # [T, *in_shape]
+    a: jax.Array,  # [*in_shape, num_slots, rank]
+    b: jax.Array,  # [num_slots, rank, *out_shape]
+    slots: jax.Array,  # [T] int32, 0 = no adapter
+    method: str | None = None,
+) -> jax.Array:  # [T, *out_shape]
     """The batched adapter product for all tokens at once.
 
     ``dense``: every token through every slot's A (one matmul against the

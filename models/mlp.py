@@ -1,24 +1,23 @@
 """Feed-forward blocks a decoder layer plugs in, each with its weight names.
 
-Every MLP is a module ``Mlp(cfg, dtype)`` mapping [T, D] -> [T, D] and a
+Every MLP is a module ``Mlp(cfg, dtype, mesh=None)`` mapping [T, D] -> [T, D] and a
 ``weights(cfg, hf_prefix, path)`` classmethod listing its checkpoint
 tensors, so a family picks one by name (``mlp_cls`` on the model) and its
-weight list follows. Mixture-of-experts belongs here too, as a third kind:
-a router, stacked expert weights with an ``experts`` logical axis, and a
-grouped product; the decoder layer would not change.
+weight list follows. The third kind, a mixture of experts (a router, stacked expert weights
+with an ``experts`` logical axis, a grouped product), is ``moe.py``.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from .config import ModelConfig
-from .layers import (GatedInput, Linear, ScaledProduct, as_array,
-                     compute_together)
+from .layers import GatedInput, Linear, ScaledProduct, as_array, compute_together
 from .quantization import linear_method
 from .spec import WeightSpec, keep_layout, linear_from_hf
 
@@ -30,7 +29,8 @@ ACTIVATIONS = {
 
 
 def _projection_weights(cfg: ModelConfig, hf_prefix: str, path: tuple,
-                        projections) -> Iterator[WeightSpec]:
+                        projections: Iterable[tuple[str, int, int]]
+                        ) -> Iterator[WeightSpec]:
     for name, out_dim, in_dim in projections:
         yield WeightSpec(hf_prefix + f"{name}.weight", path + (name, "kernel"),
                          (out_dim, in_dim), linear_from_hf((out_dim,), (in_dim,)))
@@ -43,9 +43,10 @@ class GatedMLP(nn.Module):
     """act(x W_gate) * (x W_up) W_down (Llama's SwiGLU, GeGLU)."""
     cfg: ModelConfig
     dtype: jnp.dtype
+    mesh: Any = None  # the tensor-parallel mesh (unused: GSPMD splits F)
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
         D, F = c.hidden_size, c.intermediate_size
         # With fp8 per-token layers and a gated kernel, gate and up come
@@ -61,6 +62,7 @@ class GatedMLP(nn.Module):
                                                       pending=True)
         gate, up = compute_together(gate, up)
         act = ACTIVATIONS[c.hidden_act]
+        h: GatedInput | jax.Array
         if isinstance(gate, ScaledProduct) and isinstance(up, ScaledProduct):
             h = GatedInput(gate, up, act, c.hidden_act)
         else:
@@ -80,9 +82,10 @@ class DenseMLP(nn.Module):
     """act(x W_up) W_down (GPT-2, Phi, StarCoder style)."""
     cfg: ModelConfig
     dtype: jnp.dtype
+    mesh: Any = None  # the tensor-parallel mesh (unused: GSPMD splits F)
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
         D, F = c.hidden_size, c.intermediate_size
         h = Linear((D,), (F,), ("embed", "mlp"), c.mlp_bias, self.dtype,

@@ -10,11 +10,13 @@ makes it the fastest way to start a large model.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
 from flax import linen as nn
 
 from .abstract import abstract_variables
+from .config import ModelConfig
 from .errors import CheckpointError, MissingWeightError, ShapeMismatchError
 
 PARAMS_DIR = "params"
@@ -24,7 +26,7 @@ def is_orbax_model(path: str) -> bool:
     return os.path.isdir(os.path.join(path, PARAMS_DIR))
 
 
-def save_params(params, path: str) -> None:
+def save_params(params: dict, path: str) -> None:
     import orbax.checkpoint as ocp
     target = os.path.join(os.path.abspath(path), PARAMS_DIR)
     if os.path.exists(target):
@@ -35,7 +37,8 @@ def save_params(params, path: str) -> None:
     ckptr.wait_until_finished()
 
 
-def restore_params(path: str, model, cfg, dtype, shardings=None) -> dict:
+def restore_params(path: str, model: nn.Module, cfg: ModelConfig,
+                   dtype: jax.typing.DTypeLike, shardings: Any = None) -> dict:
     """Params restored into ``shardings`` (a tree like the params; None: the
     default device), cast to ``dtype`` (quantized layers' codes and scales
     keep theirs)."""
@@ -59,17 +62,17 @@ def restore_params(path: str, model, cfg, dtype, shardings=None) -> dict:
                               f"config.json ({cfg.architecture}): {e}") from e
 
 
-def _is_quantized(path) -> bool:
+def _is_quantized(path: tuple) -> bool:
     from .quantization.methods import PARAM_NAMES
     return getattr(path[-1], "key", None) in PARAM_NAMES
 
 
-def _shapes(tree) -> dict[str, tuple[int, ...]]:
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in leaves}
 
 
-def _check_shapes(ckptr, source: str, abstract) -> None:
+def _check_shapes(ckptr: Any, source: str, abstract: Any) -> None:
     """Names the first missing or mis-shaped param before orbax reads any
     bytes (its own errors surface from background reads, far less clearly)."""
     try:

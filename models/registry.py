@@ -9,7 +9,7 @@ its own spec.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .errors import ModelConfigError
 from .spec import ModelContractError, ModelSpec, check_spec
@@ -58,7 +58,8 @@ def model_spec(architecture: str) -> ModelSpec:
     return spec
 
 
-def find_spec(architectures: Iterable[str], model_type=None) -> ModelSpec:
+def find_spec(architectures: Iterable[str], model_type: str | None = None
+              ) -> ModelSpec:
     """The spec of the first registered name in an HF config's
     ``architectures`` list."""
     names = list(architectures)
@@ -74,13 +75,14 @@ def gguf_spec(gguf_arch: str) -> ModelSpec | None:
     return _GGUF.get(gguf_arch)
 
 
-def model_class(architecture: str):
+def model_class(architecture: str) -> type:
     return model_spec(architecture).model
 
 
 def _register_builtin() -> None:
-    from . import llama, llava
-    for spec in llama.SPECS + llava.SPECS:
+    from . import gemma, llama, llava, mixtral, phi3, qwen3_moe
+    for spec in (llama.SPECS + llava.SPECS + mixtral.SPECS + qwen3_moe.SPECS
+                 + gemma.SPECS + phi3.SPECS):
         register_model(spec)
 
 

@@ -19,12 +19,13 @@ import numpy as np
 from .config import ModelConfig
 
 
-def _yarn_inv_freq(cfg: ModelConfig, base: float, dim: int):
+def _yarn_inv_freq(cfg: ModelConfig, base: float, dim: int
+                   ) -> tuple[np.ndarray, float]:
     rs = cfg.rope_scaling
     orig = rs.original_max_position_embeddings or cfg.max_position_embeddings
     factor = rs.factor
 
-    def mscale(scale, m=1.0):
+    def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
     attention_factor = rs.attention_factor
@@ -35,7 +36,7 @@ def _yarn_inv_freq(cfg: ModelConfig, base: float, dim: int):
         else:
             attention_factor = mscale(factor)
 
-    def correction_dim(rotations):
+    def correction_dim(rotations: float) -> float:
         return (dim * math.log(orig / (rotations * 2 * math.pi))) / (
             2 * math.log(base))
 
@@ -69,6 +70,31 @@ def _llama3_inv_freq(cfg: ModelConfig, inv_freq: np.ndarray) -> np.ndarray:
     return np.where(medium, smoothed, scaled)
 
 
+def _longrope_inv_freq(cfg: ModelConfig, max_model_len: int
+                       ) -> tuple[np.ndarray, float]:
+    """Phi-3's LongRoPE: the base frequencies divided by the short factors,
+    or by the long ones when the engine serves positions past
+    original_max_position_embeddings. HF picks the set from each forward's
+    current length, so keys cached under the short set would meet queries
+    under the long one; we fix the set for the engine's max_model_len (as
+    vLLM does), which is HF's choice for every forward within it when
+    max_model_len <= original_max_position_embeddings, and for a forward
+    over max_model_len tokens otherwise."""
+    rs = cfg.rope_scaling
+    orig = rs.original_max_position_embeddings or cfg.max_position_embeddings
+    factors = rs.long_factor if max_model_len > orig else rs.short_factor
+    dim = cfg.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
+    inv_freq = 1.0 / (np.asarray(factors, np.float32) *
+                      cfg.rope_theta**exponents)
+    factor = rs.factor
+    attention_factor = rs.attention_factor
+    if attention_factor is None:
+        attention_factor = (1.0 if factor <= 1.0 else
+                            math.sqrt(1 + math.log(factor) / math.log(orig)))
+    return inv_freq.astype(np.float32), float(attention_factor)
+
+
 def rope_inv_freq(cfg: ModelConfig, max_model_len: int) -> tuple[np.ndarray, float]:
     """Inverse frequencies [H/2] and the cos/sin scale (YaRN's mscale)."""
     inv_freq, scale = _scaled_inv_freq(cfg, max_model_len)
@@ -78,13 +104,16 @@ def rope_inv_freq(cfg: ModelConfig, max_model_len: int) -> tuple[np.ndarray, flo
     return inv_freq.astype(np.float32), scale
 
 
-def _scaled_inv_freq(cfg: ModelConfig, max_model_len: int):
+def _scaled_inv_freq(cfg: ModelConfig, max_model_len: int
+                     ) -> tuple[np.ndarray, float]:
     dim = cfg.head_dim
     base = cfg.rope_theta
     rs = cfg.rope_scaling
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
     if rs.rope_type == "yarn":
         return _yarn_inv_freq(cfg, base, dim)
+    if rs.rope_type == "longrope":
+        return _longrope_inv_freq(cfg, max_model_len)
     if rs.rope_type == "dynamic":
         seq_len = max(max_model_len, cfg.max_position_embeddings)
         base = base * ((rs.factor * seq_len / cfg.max_position_embeddings) -

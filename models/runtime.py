@@ -11,46 +11,93 @@ that takes images); ``lora`` adds each token's LoRA adapter (``lora.py``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 
 from .attention import AttentionMetadata
 from .lora import COLLECTION, lora_collection
 
 
-def model_constants(model, max_model_len: int) -> dict:
+def _apply(model: nn.Module, variables: dict, *args: Any, **kw: Any) -> Any:
+    """``model.apply`` with no mutable collections: the output alone (flax's
+    signature also allows an (output, updated state) pair)."""
+    return model.apply(variables, *args, **kw)
+
+
+def model_constants(model: nn.Module, max_model_len: int) -> dict:
     """Device arrays of the model's constants for positions below
     ``max_model_len``; built once, passed to every ``run_model``."""
     return jax.tree_util.tree_map(jnp.asarray, model.constants(max_model_len))
 
 
 def run_model(
-    model,
-    params,
+    model: nn.Module,
+    params: dict[str, Any],
     constants: dict,  # model_constants(model, max_model_len)
-    kv_pages,  # list of L (k_pages, v_pages)
+    kv_pages: list[tuple[jax.Array, ...]],  # L (k_pages, v_pages[, scales])
     input_ids: jax.Array,  # [T] int32
     positions: jax.Array,  # [T] int32
     md: AttentionMetadata,
     logits_indices: jax.Array,  # [S] int32
     inputs_embeds: jax.Array | None = None,  # [T, D]
     lora: tuple[dict, jax.Array] | None = None,  # (adapter pool, [T] slot ids)
-):
+) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:
     """-> (logits [S, V] float32, updated kv_pages). ``lora``: the device
     pool of LoRA adapters (``lora.py``'s layout) and each token's slot."""
     variables = {"params": params, "constants": constants}
     if lora is not None:
         variables[COLLECTION] = lora_collection(*lora)
-    return model.apply(variables, input_ids, positions, kv_pages, md,
-                       logits_indices, inputs_embeds=inputs_embeds)
+    return _apply(model, variables, input_ids, positions, kv_pages, md,
+                  logits_indices, inputs_embeds=inputs_embeds)
 
 
-def embed_tokens(model, params, input_ids: jax.Array) -> jax.Array:
+# The module whose output is the final-norm hidden state: every family's
+# __call__ builds its last norm as a submodule of this name.
+FINAL_NORM = "norm"
+
+
+def run_model_hidden(
+    model: nn.Module,
+    params: dict[str, Any],
+    constants: dict,
+    kv_pages: list[tuple[jax.Array, ...]],
+    input_ids: jax.Array,  # [T] int32
+    positions: jax.Array,  # [T] int32
+    md: AttentionMetadata,
+    logits_indices: jax.Array,  # [S] int32
+) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:
+    """-> (final-norm hidden states [T, D], updated kv_pages): the forward
+    pass of ``run_model``, its top-level ``FINAL_NORM`` output captured
+    (flax's capture_intermediates), for pooling models. The head's logits
+    of the S rows are computed and dropped (S rows: small next to T)."""
+    def final_norm(module: nn.Module, method: str) -> bool:
+        return method == "__call__" and tuple(module.path) == (FINAL_NORM,)
+
+    (_, kv_pages), state = model.apply(
+        {"params": params, "constants": constants}, input_ids, positions,
+        kv_pages, md, logits_indices, capture_intermediates=final_norm,
+        mutable=["intermediates"])
+    captured = state.get("intermediates", {}).get(FINAL_NORM, {})
+    if "__call__" not in captured:
+        from .spec import ModelContractError
+        raise ModelContractError(
+            f"{type(model).__name__} has no top-level submodule named "
+            f"{FINAL_NORM!r} (its final norm), so it cannot serve as a "
+            "pooling model")
+    return captured["__call__"][0], kv_pages
+
+
+def embed_tokens(model: nn.Module, params: dict[str, Any],
+                 input_ids: jax.Array) -> jax.Array:
     """[T] int32 -> [T, D]: the embeddings ``run_model`` would look up."""
-    return model.apply({"params": params}, input_ids, method="embed")
+    return _apply(model, {"params": params}, input_ids, method="embed")
 
 
-def encode_images(model, params, pixel_values: jax.Array) -> jax.Array:
+def encode_images(model: nn.Module, params: dict[str, Any],
+                  pixel_values: jax.Array) -> jax.Array:
     """[B, C, S, S] preprocessed images -> [B, tokens_per_image, D]: the
     embeddings that stand in for each image's placeholder tokens."""
     if not hasattr(model, "encode_images"):
@@ -58,11 +105,12 @@ def encode_images(model, params, pixel_values: jax.Array) -> jax.Array:
         raise ModelContractError(
             f"{type(model).__name__} has image inputs in its config but no "
             "encode_images(pixel_values) method")
-    return model.apply({"params": params}, pixel_values,
-                       method="encode_images")
+    return _apply(model, {"params": params}, pixel_values,
+                  method="encode_images")
 
 
-def merge_encoder_outputs(model, params, input_ids: jax.Array,
+def merge_encoder_outputs(model: nn.Module, params: dict[str, Any],
+                          input_ids: jax.Array,
                           encoder_cache: jax.Array,  # [slots, N, D]
                           mm_index: jax.Array,  # [T] int32
                           ) -> jax.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -47,7 +48,7 @@ class SafetensorsReader:
             raise CheckpointError(f"{INDEX_FILE} names shard files that do not "
                                   f"exist: {', '.join(missing)}")
 
-    def _open(self, path):
+    def _open(self, path: str) -> Any:
         if path not in self._handles:
             try:
                 # "flax" gives arrays that keep bfloat16 (NumPy cannot).
@@ -60,7 +61,7 @@ class SafetensorsReader:
     def names(self) -> list[str]:
         return list(self._file_of)
 
-    def get(self, name: str):
+    def get(self, name: str) -> np.ndarray | None:
         path = self._file_of.get(name)
         if path is None:
             return None

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from flax import linen as nn
@@ -41,7 +42,7 @@ from .config import ModelConfig
 from .errors import ModelConfigError
 
 
-def keep_layout(w):
+def keep_layout(w: Any) -> np.ndarray:
     """The identity conversion: the HF tensor is already in our layout."""
     return np.asarray(w)
 
@@ -54,18 +55,19 @@ class LinearLayout:
     out_shape: tuple[int, ...]
     in_shape: tuple[int, ...]
 
-    def __call__(self, w):
+    def __call__(self, w: Any) -> np.ndarray:
         return np.asarray(w).T.reshape(*self.in_shape, *self.out_shape)
 
 
-def linear_from_hf(out_shape: tuple[int, ...], in_shape: tuple[int, ...]):
+def linear_from_hf(out_shape: tuple[int, ...], in_shape: tuple[int, ...]
+                   ) -> LinearLayout:
     """HF Linear weight [out, in] -> our kernel in_shape + out_shape."""
     return LinearLayout(tuple(out_shape), tuple(in_shape))
 
 
-def reshape_to(shape: tuple[int, ...]):
+def reshape_to(shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
     """A flat HF tensor (a bias, say) -> our ``shape``."""
-    def convert(w):
+    def convert(w: Any) -> np.ndarray:
         return np.asarray(w).reshape(shape)
     return convert
 
@@ -84,6 +86,11 @@ class WeightSpec:
     # (checkpoints of one architecture saved by different transformers
     # versions name some tensors differently).
     aliases: tuple[str, ...] = ()
+    # Tensors stacked on a new first axis to make this one (a mixture of
+    # experts' per-expert weights), each of shape hf_shape[1:]; read when
+    # the checkpoint holds no tensor named hf_name (GGUF stores them
+    # stacked under one name).
+    parts: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,16 @@ class GGUFNames:
     # llama.cpp's converter permutes q/k rows for its interleaved rotary
     # layout in some architectures (Llama, Mistral) and not others (Qwen).
     permuted_qk: bool = False
+    # HF config fields that llama.cpp hard-codes for the architecture and
+    # so never writes to the file (Qwen3-MoE renormalises its top-k).
+    config_defaults: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict)
+    # The family's own metadata: (field getter of ``{arch}.<key>``, the
+    # config built so far) -> more HF config fields (Gemma's soft caps).
+    config_fields: Callable[[Callable[..., Any], dict], dict] | None = None
+    # A stored convention undone on load: (HF name, array) -> array
+    # (Gemma's norm weights, stored as 1 + w).
+    from_stored: Callable[[str, np.ndarray], np.ndarray] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +180,8 @@ def check_spec(spec: ModelSpec) -> None:
                 f"{spec.architecture}: spec.{field} must be callable")
 
 
-def verify_weights(spec: ModelSpec, cfg: ModelConfig, abstract_params) -> None:
+def verify_weights(spec: ModelSpec, cfg: ModelConfig, abstract_params: Any
+                   ) -> None:
     """The spec's weights fill exactly the module's params, each with the
     shape the module declares (``abstract_params``: the unboxed params of
     ``abstract.abstract_variables``). For a family's tests: a weight list

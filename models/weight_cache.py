@@ -40,6 +40,7 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -82,9 +83,8 @@ DIGESTS = ".digests"  # <root>/.digests/<sha256 of the path>.json (hidden: not a
 def source_digest(path: str, root: str) -> str:
     """``file_digest(path)``, remembered under ``root`` beside the file's
     identity (device, inode, size, modification and change times in ns): a
-    start that finds the file unchanged skips reading it (0.09 s for the
-    embedded model's 98 MB, every start); any write or replacement changes
-    the identity, and the file is hashed again."""
+    start that finds the file unchanged skips reading it; any write or
+    replacement changes the identity, and the file is hashed again."""
     st = os.stat(path)
     ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     memo = os.path.join(root, DIGESTS, hashlib.sha256(
@@ -117,7 +117,7 @@ class CachedWeights:
     hf_config: dict
     files: dict[str, str]  # tensor name -> safetensors file in the entry
 
-    def get(self, hf_name: str):
+    def get(self, hf_name: str) -> np.ndarray | None:
         fname = self.files.get(hf_name)
         if fname is None:
             return None
@@ -127,8 +127,8 @@ class CachedWeights:
 class _MappedFile:
     """One safetensors file of an entry, mapped read-only. ``array(name)``
     is a view of the mapped bytes, not a copy: the device copy the loader
-    makes is the only one (reading through ``safe_open`` copied every
-    tensor first, 0.26 s of each start for the embedded model). The format
+    makes is the only one (``safe_open`` would copy every tensor first).
+    The format
     (a little-endian u64 header size, a JSON header of dtype, shape and
     data offsets, then the data) is safetensors' published layout, and
     these files are our own float32 ones."""
@@ -222,7 +222,7 @@ def read_entry(directory: str, digest: str) -> CachedWeights:
 
 
 def write_entry(root: str, digest: str, source: str, hf_config: dict,
-                tensors) -> str:
+                tensors: Iterable[tuple[str, np.ndarray]]) -> str:
     """Writes an entry from ``tensors`` (an iterable of (hf_name, float32
     array)) and returns its folder. Another process that finished the same
     entry first wins; ours is dropped."""
@@ -235,7 +235,7 @@ def write_entry(root: str, digest: str, source: str, hf_config: dict,
         shard: dict[str, np.ndarray] = {}
         size = 0
 
-        def flush():
+        def flush() -> None:
             nonlocal shard, size
             fname = f"model-{len(files) + 1:05d}.safetensors"
             save_file(shard, os.path.join(tmp, fname))

@@ -10,7 +10,8 @@ is a typed error naming the tensor.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ def weight_specs(cfg: ModelConfig) -> Iterator[WeightSpec]:
     return iter(model_spec(cfg.architecture).weights(cfg))
 
 
-def param_dtype(spec: WeightSpec, array, dtype):
+def param_dtype(spec: WeightSpec, array: np.ndarray, dtype: Any) -> Any:
     """The dtype a tensor is placed in: the spec's own if it names one; else
     the model's ``dtype`` for floating tensors, and the stored dtype for
     any other (integer or packed quantized data is never cast)."""
@@ -40,7 +41,7 @@ def param_dtype(spec: WeightSpec, array, dtype):
     return array.dtype
 
 
-def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
+def build_params(cfg: ModelConfig, get: TensorGetter, dtype: Any, source: str,
                  place: Callable | None = None,
                  elsewhere: Callable | None = None,
                  linear: Callable | None = None) -> dict:
@@ -58,7 +59,7 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
     """
     params: dict = {}
 
-    def put(path, arr, target):
+    def put(path: tuple[str, ...], arr: np.ndarray, target: Any) -> None:
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
@@ -86,6 +87,8 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
             if w is not None:
                 break
             w = get(alias)
+        if w is None and spec.parts:
+            w = _stacked(spec, get, source, cfg.architecture)
         if w is None:
             also = (f" (nor under {', '.join(map(repr, spec.aliases))})"
                     if spec.aliases else "")
@@ -99,3 +102,22 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype, source: str,
         arr = spec.convert(w)
         put(path, arr, param_dtype(spec, arr, dtype))
     return params
+
+
+def _stacked(spec: WeightSpec, get: TensorGetter, source: str,
+             architecture: str) -> np.ndarray | None:
+    """``spec.parts`` stacked on a new first axis; None when the checkpoint
+    has none of them (then ``spec.hf_name`` is reported missing)."""
+    arrays = [get(name) for name in spec.parts]
+    if all(a is None for a in arrays):
+        return None
+    for name, a in zip(spec.parts, arrays):
+        if a is None:
+            raise MissingWeightError(
+                f"{source}: tensor {name!r} is missing (needed by "
+                f"{architecture} with this config)")
+        if tuple(a.shape) != tuple(spec.hf_shape[1:]):
+            raise ShapeMismatchError(
+                f"{source}: tensor {name!r} has shape {tuple(a.shape)}, "
+                f"but the config implies {tuple(spec.hf_shape[1:])}")
+    return np.stack([a for a in arrays if a is not None])

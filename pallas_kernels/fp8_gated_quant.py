@@ -1,5 +1,5 @@
 """The fp8 down projection's input in one pass: silu(gate) * up, quantized
-per token to e4m3 (Pallas, Triton backend; issue 15's fp8 prefill).
+per token to e4m3 (Pallas, Triton backend), for the fp8 prefill.
 
 In a W8A8 MLP the gate and up products come out of their fp8 GEMMs unscaled
 (``raw``, the activations' dtype) with a per-token scale (the MLP input's)
@@ -7,7 +7,7 @@ and per-channel weight scales. The down projection then needs
 ``h = silu(gate) * up`` quantized per token: its row amax, then its codes.
 XLA makes that two fusions, a row reduction and a quantizing loop, each
 reading both GEMM outputs: the largest work around the fp8 prefill's GEMMs
-(NOTES.md, "fp8 gated quantizer", has the profile). Here each
+(NOTES.md, "fp8 gated quantizer"). Here each
 program loads its rows' gate and up once (each row padded to a power of
 two, the padding masked), scales them, takes the row's amax and writes the
 codes and the row's scale: one read of both products and one write.
@@ -26,15 +26,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from .kernel_common import Ref
+
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12  # an all-zero row keeps a scale > 0 (its codes are 0)
 # Widest row one program holds (two f32 rows in registers): llama3-70b's
 # 28672 pads to 32768.
 MAX_WIDTH = 32768
-# Rows per program (v3): the rows share one load of the column scales.
-# Four was the fastest setting on the H200 (eight unrolled rows outgrow the
-# registers); NOTES.md, "fp8 gated quantizer", has the timings. A T that 4
+# Rows per program: the rows share one load of the column scales. Four is
+# the tuned value (eight unrolled rows outgrow the registers). A T that 4
 # does not divide halves it (_rows_per_program).
 ROWS_PER_PROGRAM = 4
 
@@ -49,14 +50,23 @@ def _num_warps(padded: int) -> int:
     return max(4, min(16, padded // 1024))
 
 
-def _kernel_row(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref,
-                *, width: int, padded: int):
+def _kernel_row(
+    g_ref: Ref,  # [F] this row's unscaled gate
+    u_ref: Ref,  # [F] this row's unscaled up
+    gr_ref: Ref,  # [1] f32 the row's gate scale
+    ur_ref: Ref,  # [1] f32 the row's up scale
+    gc_ref: Ref,  # [F] f32 gate column scales
+    uc_ref: Ref,  # [F] f32 up column scales
+    q_ref: Ref,  # [F] e4m3 codes out
+    s_ref: Ref,  # [1] f32 the row's scale out
+    *, width: int, padded: int,
+) -> None:
     """One row per program (v2; what a T not divisible by 2 takes)."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
 
-    def load(ref):
+    def load(ref: Ref) -> jax.Array:
         return plgpu.load(ref.at[col], mask=mask, other=0).astype(jnp.float32)
 
     g = load(g_ref) * gr_ref[...].astype(jnp.float32) * load(gc_ref)
@@ -68,17 +78,26 @@ def _kernel_row(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref,
     s_ref[...] = jnp.broadcast_to(scale, (1,))
 
 
-def _kernel_rows(g_ref, u_ref, gr_ref, ur_ref, gc_ref, uc_ref, q_ref, s_ref, *,
-                 width: int, padded: int, rows: int):
+def _kernel_rows(
+    g_ref: Ref,  # [T * F] unscaled gate, flattened
+    u_ref: Ref,  # [T * F] unscaled up, flattened
+    gr_ref: Ref,  # [rows] f32 this program's gate row scales
+    ur_ref: Ref,  # [rows] f32 up row scales
+    gc_ref: Ref,  # [F] f32 gate column scales
+    uc_ref: Ref,  # [F] f32 up column scales
+    q_ref: Ref,  # [T * F] e4m3 codes out
+    s_ref: Ref,  # [rows] f32 row scales out
+    *, width: int, padded: int, rows: int,
+) -> None:
     """``rows`` rows of the flattened [T * F] inputs: the column scales are
     loaded once for them all (they are as many bytes as a row of gate and
-    up together, read from L2 by every program). The default (4 rows);
-    compiled and timed on the H200 (pytest-fp8-gated-v3-h200.txt)."""
+    up together, read from L2 by every program). The default, at
+    ROWS_PER_PROGRAM rows."""
     from jax.experimental.pallas import triton as plgpu
     col = jnp.arange(padded)
     mask = col < width
 
-    def load(ref, at):
+    def load(ref: Ref, at: jax.Array) -> jax.Array:
         return plgpu.load(ref.at[at], mask=mask, other=0).astype(jnp.float32)
     gc, uc = load(gc_ref, col), load(uc_ref, col)
     lane = jnp.arange(rows)
@@ -105,10 +124,18 @@ def _rows_per_program(T: int, rows: int | None) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "num_warps", "rows"))
-def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
-                      gate_col_scale, up_col_scale, *,
-                      interpret: bool = False, num_warps: int | None = None,
-                      rows: int | None = None):
+def silu_mul_quantize(
+    gate_raw: jax.Array,  # [T, F]
+    up_raw: jax.Array,  # [T, F]
+    gate_row_scale: jax.Array,  # [T, 1] f32
+    up_row_scale: jax.Array,  # [T, 1] f32
+    gate_col_scale: jax.Array,  # [F] f32
+    up_col_scale: jax.Array,  # [F] f32
+    *,
+    interpret: bool = False,
+    num_warps: int | None = None,
+    rows: int | None = None,
+) -> tuple[jax.Array, jax.Array]:  # codes e4m3 [T, F], scale f32 [T, 1]
     """gate_raw, up_raw [T, F] (unscaled GEMM outputs); *_row_scale [T, 1]
     f32; *_col_scale [F] f32 -> (codes e4m3 [T, F], scale f32 [T, 1]) with
     silu(gate) * up ~= codes * scale, gate = raw * row * col computed in
@@ -120,10 +147,10 @@ def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
                          f"{MAX_WIDTH} elements, got {F}")
     padded = pl.next_power_of_2(F)
     R = _rows_per_program(T, rows)
-    params = {}
+    compiler_params = None
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
-        params["compiler_params"] = plgpu.CompilerParams(
+        compiler_params = plgpu.CompilerParams(
             num_warps=num_warps or _num_warps(padded))
     gr = jnp.broadcast_to(gate_row_scale.astype(jnp.float32), (T, 1))
     ur = jnp.broadcast_to(up_row_scale.astype(jnp.float32), (T, 1))
@@ -139,7 +166,8 @@ def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
             functools.partial(_kernel_row, width=F, padded=padded),
             grid=(T,), in_specs=[row, row, per_row, per_row, per_col, per_col],
             out_specs=[row, per_row], out_shape=out_shape,
-            interpret=interpret, name="fp8_silu_mul_quantize", **params,
+            interpret=interpret, name="fp8_silu_mul_quantize",
+            compiler_params=compiler_params,
         )(gate_raw, up_raw, gr, ur, gc, uc)
     block = pl.BlockSpec((R * F,), lambda i: (i,))
     per_row = pl.BlockSpec((R,), lambda i: (i,))
@@ -150,7 +178,8 @@ def silu_mul_quantize(gate_raw, up_raw, gate_row_scale, up_row_scale,
         out_specs=[block, per_row],
         out_shape=[jax.ShapeDtypeStruct((T * F,), FP8_DTYPE),
                    jax.ShapeDtypeStruct((T,), jnp.float32)],
-        interpret=interpret, name="fp8_silu_mul_quantize_rows", **params,
+        interpret=interpret, name="fp8_silu_mul_quantize_rows",
+        compiler_params=compiler_params,
     )(gate_raw.reshape(T * F), up_raw.reshape(T * F), gr.reshape(T),
       ur.reshape(T), gc, uc)
     return codes.reshape(T, F), scale.reshape(T, 1)

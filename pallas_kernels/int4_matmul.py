@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,15 +33,13 @@ from jax.experimental.pallas import triton as plgpu
 
 from .int4_matmul_mgpu import Int4MosaicTuning, int4_matmul_mgpu
 from .int4_matmul_mgpu import problem as mosaic_problem
-from .kernel_common import hopper
+from .kernel_common import Ref, hopper
 
 # Rows up to which ``int4_matmul`` with no tuning runs the Mosaic kernel on
-# Hopper (for the cases it takes); the Triton kernel serves the rest. On the
-# H200 the Mosaic kernel beat the Triton one at every llama3-8b projection
-# at 1 and 256 rows, 1.7-2.2x with the default tuning (k/v at one row
-# excepted, 13.6 against 11.0 us, the run's noisiest reading; NOTES.md,
-# int4 v5 run 3), and the decode step went from 5.85 to 5.12 ms at S=1
-# and from 27.2 to 21.5 ms at S=256.
+# Hopper (for the cases it takes); the Triton kernel serves the rest. Up to
+# here the Mosaic kernel is the faster of the two at llama3-8b's projection
+# shapes; past it a batch is compute-bound and XLA's dot takes over
+# (models/quantization/methods.py, INT4_KERNEL_MAX_ROWS).
 MOSAIC_MAX_ROWS = 256
 
 
@@ -81,13 +80,13 @@ def _dot_nt(a, b):
 
 
 def _kernel(
-    x_even_ref,  # [bm, In / 2] inputs 0, 2, 4, ...
-    x_odd_ref,  # [bm, In / 2] inputs 1, 3, 5, ...
-    q_ref,  # [bn, In / 2] uint8 codes, two per byte
-    s_ref,  # [bn, G] scales
-    z_ref,  # [bn, G] uint8 zero points
-    o_ref,  # [bm, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int):
+    x_even_ref: Ref,  # [bm, In / 2] inputs 0, 2, 4, ...
+    x_odd_ref: Ref,  # [bm, In / 2] inputs 1, 3, 5, ...
+    q_ref: Ref,  # [bn, In / 2] uint8 codes, two per byte
+    s_ref: Ref,  # [bn, G] scales
+    z_ref: Ref,  # [bn, G] uint8 zero points
+    o_ref: Ref,  # [bm, bn] f32 this split's partial product
+    *, groups_per_split: int, group_bytes: int) -> None:
     split = pl.program_id(2)
     bm, bn = o_ref.shape
 
@@ -108,14 +107,14 @@ def _kernel(
 
 
 def _kernel_scale_partials(
-    x_even_ref,  # [bm, In / 2] inputs 0, 2, 4, ...
-    x_odd_ref,  # [bm, In / 2] inputs 1, 3, 5, ...
-    xsum_ref,  # [bm, G] f32 sum of each group's inputs
-    q_ref,  # [bn, In / 2] uint8 codes, two per byte
-    s_ref,  # [G, bn] scales (transposed: a group's scales are one row)
-    z_ref,  # [G, bn] uint8 zero points (transposed)
-    o_ref,  # [bm, bn] f32 this split's partial product
-    *, groups_per_split: int, group_bytes: int):
+    x_even_ref: Ref,  # [bm, In / 2] inputs 0, 2, 4, ...
+    x_odd_ref: Ref,  # [bm, In / 2] inputs 1, 3, 5, ...
+    xsum_ref: Ref,  # [bm, G] f32 sum of each group's inputs
+    q_ref: Ref,  # [bn, In / 2] uint8 codes, two per byte
+    s_ref: Ref,  # [G, bn] scales (transposed: a group's scales are one row)
+    z_ref: Ref,  # [G, bn] uint8 zero points (transposed)
+    o_ref: Ref,  # [bm, bn] f32 this split's partial product
+    *, groups_per_split: int, group_bytes: int) -> None:
     split = pl.program_id(2)
     bm, bn = o_ref.shape
     dt = x_even_ref.dtype
@@ -233,13 +232,13 @@ def takes(n_in: int, n_out: int, groups: int, M: int = 1) -> bool:
 
 
 def default_tuning(M: int, n_out: int, groups: int) -> Int4MatmulTuning:
-    """The H200 sweep's winners (benchmarks/kernels/bench_int4.py,
-    benchmarks/results/int4-kernel-h200.json, llama3-8b's four projection
+    """The Triton kernel's tuned launch for M rows (swept by
+    benchmarks/kernels/bench_int4.py over llama3-8b's four projection
     shapes). Up to 16 rows: row blocks of 16, 64 outputs, the groups split
     over 8 programs (a decode has too few output tiles to fill the GPU
     otherwise), scales applied to each group's partial product. Larger
     batches: row blocks of 128 (64 up to 64 rows), no split, scales on the
-    weights (partials lost 15-30% there)."""
+    weights (the partials form is slower there)."""
     if M <= 16:
         splits = max(d for d in (8, 4, 2, 1) if groups % d == 0)
         return Int4MatmulTuning(block_m=16, block_n=_block_n(n_out, 64),
@@ -258,8 +257,9 @@ def _block_n(n_out: int, want: int) -> int:
     return b
 
 
-def uses_mosaic(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
-                M: int, interpret: bool = False) -> bool:
+def uses_mosaic(x_dtype: jax.typing.DTypeLike, n_in: int, n_out: int,
+                groups: int, scale_dtype: jax.typing.DTypeLike, M: int,
+                interpret: bool = False) -> bool:
     """Whether ``int4_matmul`` with no tuning runs the Mosaic GPU kernel:
     on Hopper, compiled, up to ``MOSAIC_MAX_ROWS`` rows, for the cases it
     takes."""
@@ -284,10 +284,11 @@ def int4_matmul(
     the Mosaic kernel where ``uses_mosaic`` says so, else the Triton kernel
     with ``default_tuning``."""
     M = x.shape[0]
+    n_out, groups = scales.shape
     if tuning is None:
         tuning = (Int4MosaicTuning() if uses_mosaic(
-            x.dtype, x.shape[1], *scales.shape, scales.dtype, M, interpret)
-            else default_tuning(M, *scales.shape))
+            x.dtype, x.shape[1], n_out, groups, scales.dtype, M, interpret)
+            else default_tuning(M, n_out, groups))
     if isinstance(tuning, Int4MosaicTuning):
         return int4_matmul_mgpu(x, qweight, scales, qzeros, tuning=tuning,
                                 interpret=interpret)
@@ -299,7 +300,13 @@ def int4_matmul(
     return partial.sum(axis=0)[:M].astype(x.dtype)
 
 
-def int4_matmul_many(x, weight_sets, *, interpret: bool = False) -> list:
+def int4_matmul_many(
+    x: jax.Array,  # [M, In]
+    # (qweight [Out, In / 2], scales [Out, G], qzeros [Out, G]) of each set
+    weight_sets: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
+    *,
+    interpret: bool = False,
+) -> list[jax.Array]:  # [M, Out] of each set
     """``int4_matmul(x, *set)`` for each weight set: one Mosaic kernel call
     for all of them where the Mosaic kernel would run each
     (``uses_mosaic``) and they share their group count and scale dtype,
@@ -308,7 +315,8 @@ def int4_matmul_many(x, weight_sets, *, interpret: bool = False) -> list:
     M, n_in = x.shape
     firsts = weight_sets[0][1]
     if len(weight_sets) > 1 and all(
-            uses_mosaic(x.dtype, n_in, *s.shape, s.dtype, M, interpret)
+            uses_mosaic(x.dtype, n_in, s.shape[0], s.shape[1], s.dtype, M,
+                        interpret)
             and s.shape[1] == firsts.shape[1] and s.dtype == firsts.dtype
             for _, s, _ in weight_sets):
         return int4_matmul_mgpu_many(x, weight_sets, interpret=interpret)

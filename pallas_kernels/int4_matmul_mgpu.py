@@ -7,8 +7,8 @@ uint8 [Out, In / 2] (input 2j in the low nibble of byte j), ``scales``
 ``w[o, i] = (q[o, i] - z[o, g]) * s[o, g]``. No layout is converted: the
 kernel reads the checkpoint's arrays as they are.
 
-Why it is built this way (the Triton kernel stopped at 0.15-0.17 of copy
-bandwidth in three forms, NOTES.md v2-v4b):
+Why it is built this way (the Triton kernel stays far below the copy
+bandwidth whatever its form; NOTES.md, int4 section):
 
 * A/B swapped: the weights are the wgmma's M side (64 output features per
   consumer warpgroup) and the few activation rows its N side (N = 8 for a
@@ -30,11 +30,10 @@ bandwidth in three forms, NOTES.md v2-v4b):
   [64, N] partial product, s * (acc - (z - 8) * sum(x)), the group's input
   sums from a second wgmma against a tile of ones: no per-weight arithmetic
   past the conversion. "weights" forms (q - z) * s per weight in bf16 and
-  accumulates all groups in one accumulator. Predicted the cheaper form
-  for few rows, partials lost to weights at 1 row too on the H200 (24.2
-  against 20.2 us for gate/up), so weights is the default, computed as
-  q * s + (-z * s) ("fma": one multiply-add per pair of weights instead of
-  a subtract and a multiply; 4-10% faster, NOTES.md int4 v6).
+  accumulates all groups in one accumulator. Weights is the default (it
+  is the faster form even at one row), computed as q * s + (-z * s)
+  ("fma": one multiply-add per pair of weights instead of a subtract and
+  a multiply).
 * Split-K over groups for small batches: ``splits`` programs share a row
   tile, each writing its f32 partial product; a jnp sum adds them.
 
@@ -48,15 +47,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (mosaic_interpret_params,
-                            mosaic_register_helpers, round_up,
-                            swizzled_smem_transforms)
+from .kernel_common import (
+    Ref,
+    mosaic_interpret_params,
+    mosaic_register_helpers,
+    round_up,
+    swizzled_smem_transforms,
+)
 from .ragged_paged_attention_tuning import NUM_SMS
 
 GROUP = 128  # inputs per group (and per pipeline step)
@@ -78,11 +82,11 @@ class Int4MosaicTuning:
     block_rows: int = 0  # x rows per program (wgmma N); 0 = automatic
     scale_on: str = "auto"  # "partials", "weights", "fma"; auto: fma
     smem_budget: int = 200 * 1024  # bytes of shared memory per program
-    # Measurement only (NOTES.md int4 v7; wrong results on purpose): leave
-    # one stage out to see which bounds the kernel. "no_math": consumers
-    # only wait and release; "no_loads": after the ring's first fill the
-    # producer arrives without copying; "no_dequant": a constant tile
-    # stands in for the dequantized weights.
+    # Measurement only (wrong results on purpose): leave one stage out to
+    # see which bounds the kernel. "no_math": consumers only wait and
+    # release; "no_loads": after the ring's first fill the producer arrives
+    # without copying; "no_dequant": a constant tile stands in for the
+    # dequantized weights.
     probe: str = ""
 
     def __post_init__(self):
@@ -118,8 +122,9 @@ class _Plan(NamedTuple):
     probe: str = ""  # Int4MosaicTuning.probe
 
 
-def problem(x_dtype, n_in: int, n_out: int, groups: int, scale_dtype,
-            warpgroups: int = 2) -> str | None:
+def problem(x_dtype: jax.typing.DTypeLike, n_in: int, n_out: int, groups: int,
+            scale_dtype: jax.typing.DTypeLike, warpgroups: int = 2
+            ) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
     if jnp.dtype(x_dtype) != jnp.dtype(jnp.bfloat16):
         return f"activations {jnp.dtype(x_dtype).name} (bf16 only)"
@@ -142,16 +147,14 @@ def _valid_splits(groups: int) -> list[int]:
 
 
 def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
-    """The launch for M rows: x rows per program (up to 128), the split count (automatic: the fewest that give
-    ``programs_per_sm`` programs per SM, keeping 2+ groups per program) and
-    the ring depth (what fits ``smem_budget``, at most 8 and the program's
-    group count)."""
+    """The launch for M rows: x rows per program (up to 128), the split count
+    (automatic: the fewest that give ``programs_per_sm`` programs per SM,
+    keeping 2+ groups per program) and the ring depth (what fits
+    ``smem_budget``, at most 8 and the program's group count)."""
     rows = tuning.block_rows or min(round_up(M, 8), 128)
     padded = round_up(M, rows)
-    # "auto" is the weights form as one multiply-add per pair ("fma"): on
-    # the H200 the weights form beat the partials form at every shape timed
-    # (NOTES.md, int4 v5 run 3) and the multiply-add beat the subtract and
-    # multiply by 4-10% at 1 and 256 rows (int4 v6).
+    # "auto" is the weights form as one multiply-add per pair ("fma"), the
+    # fastest of the three forms at every shape timed.
     partials = tuning.scale_on == "partials"
     tiles = (padded // rows) * (n_out // (ROWS * tuning.warpgroups))
     valid = _valid_splits(groups)
@@ -163,10 +166,9 @@ def plan(M: int, n_out: int, groups: int, tuning: Int4MosaicTuning) -> _Plan:
         splits = tuning.splits
     else:
         want = tuning.programs_per_sm * NUM_SMS
-        splits = next((s for s in valid if tiles * s >= want
-                       and groups // s >= 2), None)
-        if splits is None:
-            splits = max(s for s in valid if groups // s >= 2 or s == 1)
+        filling = [s for s in valid if tiles * s >= want and groups // s >= 2]
+        splits = (filling[0] if filling
+                  else max(s for s in valid if groups // s >= 2 or s == 1))
     gps = groups // splits
     boxes = max(1, gps // BOX_GROUPS)
     r = ROWS * tuning.warpgroups
@@ -193,12 +195,13 @@ class _Barriers(NamedTuple):
 
 
 def _int4_kernel(
-    x_ref,  # [Mp, In] bf16
-    *refs,  # per weight set: q [Out_j / 64, 64, In / 2] uint8 codes (two
+    x_ref: Ref,  # [Mp, In] bf16
+    *refs: Ref,  # per weight set: q [Out_j / 64, 64, In / 2] uint8 codes (two
     # per byte), s [Out_j / 64, 64, G] scales, z [Out_j / 64, 64, G] uint8
     # zero points; then o [splits, sum Out_j / 64, 64, Mp] f32, each
     # split's partial product (the sets' tiles one after another)
-    p: _Plan, warpgroups: int, bounds: tuple[int, ...], interpret: bool):
+    p: _Plan, warpgroups: int, bounds: tuple[int, ...], interpret: bool
+) -> None:
     """``bounds``: the first tile of each weight set, then the tile count;
     a program's tiles lie in one set (each set's tiles are a multiple of
     ``warpgroups``). Only the producer's copies depend on the set (one
@@ -212,7 +215,7 @@ def _int4_kernel(
     W, S, N = warpgroups, p.stages, p.rows
     dt = x_ref.dtype
 
-    def scoped(buffers: _Buffers, barriers: _Barriers):
+    def scoped(buffers: _Buffers, barriers: _Barriers) -> None:
         _body(buffers, barriers, x_ref, sets, o_ref, bounds, p=p,
               warpgroups=W, interpret=interpret)
 
@@ -242,8 +245,15 @@ def _int4_kernel(
     )
 
 
-def _body(buffers: _Buffers, barriers: _Barriers, x_ref, sets, o_ref,
-          bounds, *, p: _Plan, warpgroups: int, interpret: bool):
+def _body(
+    buffers: _Buffers,
+    barriers: _Barriers,
+    x_ref: Ref,  # [Mp, In] bf16
+    sets: Sequence[Sequence[Ref]],  # (q, s, z) of each weight set
+    o_ref: Ref,  # [splits, sum Out_j / 64, 64, Mp] f32
+    bounds: tuple[int, ...],
+    *, p: _Plan, warpgroups: int, interpret: bool,
+) -> None:
     """One program: the producer copies its tiles' codes, scales and zero
     points from the weight set they lie in, the consumers multiply."""
     from jax.experimental import pallas as pl
@@ -318,6 +328,11 @@ def _body(buffers: _Buffers, barriers: _Barriers, x_ref, sets, o_ref,
         if p.partials or p.probe == "no_dequant":
             ones = cast(jnp.ones((ROWS, GROUP), dt), plgpu.Layout.WGMMA)
 
+        def q4_tile(slot):
+            """This warpgroup's codes of a ring slot viewed as int4
+            (compiled only)."""
+            return None if q4_ring is None else q4_ring.at[slot, wg]
+
         def step(i, acc):
             slot = lax.rem(i, S)
             g = g0 + i
@@ -332,16 +347,14 @@ def _body(buffers: _Buffers, barriers: _Barriers, x_ref, sets, o_ref,
             elif p.probe == "no_dequant":
                 acc = _accumulate(acc, ones, x_tile, interpret)
             elif p.partials:
-                q = _codes(q_ring.at[slot, wg], None if interpret
-                           else q4_ring.at[slot, wg], interpret)
+                q = _codes(q_ring.at[slot, wg], q4_tile(slot), interpret)
                 part, xsum = _dots(q, ones, x_tile, N, interpret)
                 s, z = _row_scales(s_row, z_row, interpret)
                 acc = (acc + lax.broadcast_in_dim(s, acc.shape, [0]) * part
                        - lax.broadcast_in_dim(s * z, acc.shape, [0]) * xsum)
             else:
-                w = _weights(q_ring.at[slot, wg], None if interpret
-                             else q4_ring.at[slot, wg], s_row, z_row,
-                             interpret, p.fma)
+                w = _weights(q_ring.at[slot, wg], q4_tile(slot), s_row,
+                             z_row, interpret, p.fma)
                 acc = _accumulate(acc, w, x_tile, interpret)
 
             @pl.when(i + S < p.groups_per_split)
@@ -382,7 +395,9 @@ def _load(ref, layout, optimized=True):
     from jax.experimental.pallas import mosaic_gpu as plgpu
     if _load_takes_index():
         return plgpu.load(ref, (), layout=layout, optimized=optimized)
-    return plgpu.load(ref, layout=layout, optimized=optimized)
+    # jax 0.11's signature, with no index; mypy reads the installed jax's.
+    return plgpu.load(ref, layout=layout,  # type: ignore[call-arg]
+                      optimized=optimized)
 
 
 def _codes(q8_ref, q4_ref, interpret):
@@ -491,15 +506,16 @@ def int4_matmul_mgpu(
 
 def int4_matmul_mgpu_many(
     x: jax.Array,  # [M, In] bf16
-    weight_sets,  # [(qweight [Out_j, In / 2], scales [Out_j, G], qzeros)]
+    # (qweight [Out_j, In / 2], scales [Out_j, G], qzeros [Out_j, G]) each
+    weight_sets: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
     *,
     tuning: Int4MosaicTuning = Int4MosaicTuning(),
     interpret: bool = False,
 ) -> list[jax.Array]:  # [M, Out_j] in x's dtype, one per set
     """x @ w_j.T for several weight sets that read the same input (q, k
     and v; gate and up) in one kernel call: one launch, one ring fill and
-    one epilogue instead of one each (NOTES.md int4 v7: about 4 us fixed
-    per call at one row). The sets' tiles are laid one after another over
+    one epilogue instead of one each (a call's fixed cost is a large share
+    of a one-row product). The sets' tiles are laid one after another over
     the grid; the split count is planned for all of them together."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu

@@ -6,9 +6,16 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+from collections.abc import Callable
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+
+# A kernel body's memory reference (a Pallas ref, or a view of one through
+# ``.at``); jax exports no type for it that its own signatures use.
+Ref = Any
 
 # A finite "minus infinity": masked logits stay finite, so a row with every
 # entry masked gives zeros instead of NaNs.
@@ -25,7 +32,7 @@ def hopper() -> bool:
     try:
         dev = jax.devices()[0]
         importlib.import_module("jax.experimental.pallas.mosaic_gpu")
-    except Exception:  # pragma: no cover - no device / no Mosaic GPU
+    except Exception:  # noqa: BLE001 - no device / no Mosaic GPU
         return False
     cc = getattr(dev, "compute_capability", None)
     return (dev.platform == "gpu" and cc is not None
@@ -48,7 +55,13 @@ def table_pieces(table_chunk: int) -> tuple[int, int]:
     return num, table_chunk // num
 
 
-def sequence_work_items(base, end, eligible, tile: int, num_items: int):
+def sequence_work_items(
+    base: jax.Array,  # [S] int32 first row of each sequence
+    end: jax.Array,  # [S] int32 row past the last
+    eligible: jax.Array,  # [S] bool
+    tile: int,
+    num_items: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Splits the rows [base[s], end[s]) of every eligible sequence into
     ``tile``-row items, the last (heaviest, causal) item of each sequence
     first: (item_seq [I], item_start [I] = -1 past the last item, the number
@@ -67,7 +80,9 @@ def sequence_work_items(base, end, eligible, tile: int, num_items: int):
     return seq, start.astype(jnp.int32), ends[-1]
 
 
-def per_tensor_scales(k_scale=None, v_scale=None):
+def per_tensor_scales(k_scale: jax.typing.ArrayLike | None = None,
+                      v_scale: jax.typing.ArrayLike | None = None
+                      ) -> jax.Array:  # [2] f32
     """[2] f32 (k, v) from two optional scalar scales (None = 1), as the
     kernels read them at run time."""
     return jnp.stack([
@@ -75,7 +90,8 @@ def per_tensor_scales(k_scale=None, v_scale=None):
         for x in (k_scale, v_scale)])
 
 
-def mosaic_register_helpers(interpret: bool):
+def mosaic_register_helpers(interpret: bool
+                            ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(cast, iota) for Mosaic GPU kernel bodies: register layouts mean
     nothing in jax's GPU interpreter, so there both are plain jnp."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -92,7 +108,8 @@ def mosaic_register_helpers(interpret: bool):
     return cast, iota
 
 
-def mosaic_matmul_helpers(interpret: bool):
+def mosaic_matmul_helpers(interpret: bool
+                          ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(qk, pv), the two tensor-core products of a flash step in a Mosaic GPU
     kernel body, with their interpret-mode stand-ins (jax's GPU interpreter
     takes no transposed or register wgmma operand):
@@ -136,7 +153,7 @@ def mosaic_matmul_helpers(interpret: bool):
     return qk, pv
 
 
-def mosaic_interpret_params(**kw):
+def mosaic_interpret_params(**kw: Any) -> Any:
     """Parameters of jax's Mosaic GPU interpreter (the CPU test path).
 
     jax exports no public name for them (its own tests import this same
@@ -146,7 +163,8 @@ def mosaic_interpret_params(**kw):
     return params.InterpretGPUParams(**kw)
 
 
-def swizzled_smem_transforms(dtype, swizzle: int = 128):
+def swizzled_smem_transforms(dtype: jax.typing.DTypeLike, swizzle: int = 128
+                             ) -> tuple[Any, Any]:
     """Tiling + swizzle (128 bytes unless a row is narrower) of a
     shared-memory tile that wgmma or a tiled register load reads."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -154,7 +172,9 @@ def swizzled_smem_transforms(dtype, swizzle: int = 128):
             plgpu.SwizzleTransform(swizzle))
 
 
-def mosaic_operand_problem(q_dtype, kv_dtype, head_dim: int) -> str | None:
+def mosaic_operand_problem(q_dtype: jax.typing.DTypeLike,
+                           kv_dtype: jax.typing.DTypeLike,
+                           head_dim: int) -> str | None:
     """What both Mosaic GPU kernels refuse in their operands (wgmma takes
     16-bit operands; pages are read in the query dtype; the swizzled tiles
     cover head dims 64/128/256), or None."""

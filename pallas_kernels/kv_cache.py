@@ -25,6 +25,9 @@ kernels read them through the same block table as the pages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -38,18 +41,24 @@ def kv_pages_shape(num_pages: int, block_size: int, num_kv_heads: int,
 
 
 def init_kv_pages(num_layers: int, num_pages: int, block_size: int,
-                  num_kv_heads: int, head_dim: int, dtype) -> list:
+                  num_kv_heads: int, head_dim: int, dtype: jax.typing.DTypeLike
+                  ) -> list[tuple[jax.Array, jax.Array]]:
     """A zeroed page pool: a list of L (k_pages, v_pages) pairs."""
     shape = kv_pages_shape(num_pages, block_size, num_kv_heads, head_dim)
     return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
             for _ in range(num_layers)]
 
 
-def _with_a_null_row(k, v, slot_mapping, block_size: int):
+def _with_a_null_row(
+    k: jax.Array,  # [1, K, H]
+    v: jax.Array,  # [1, K, H]
+    slot_mapping: jax.Array,  # [1]
+    block_size: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # [2, K, H], [2, K, H], [2]
     """A one-token write plus a zero row aimed at the null page. With one
     index XLA CPU turns the scatter into a dynamic-update-slice, and copy
     insertion then copies the whole donated pool around it several times
-    per layer (~0.7 s a step for the embedded model on CPU; a plain
+    per layer, which makes a step many times slower (a plain
     dynamic_update_slice does the same). Two indices keep it a scatter,
     done in place; nothing reads the null page (nor its scale)."""
     k, v = (jnp.concatenate([a, jnp.zeros_like(a)]) for a in (k, v))
@@ -58,18 +67,21 @@ def _with_a_null_row(k, v, slot_mapping, block_size: int):
     return k, v, slots
 
 
-def _lone_token_on_cpu(write, k, v, slot_mapping, block_size: int, **kw):
+def _lone_token_on_cpu(write: Callable[..., Any], k: jax.Array, v: jax.Array,
+                       slot_mapping: jax.Array, block_size: int,
+                       **kw: Any) -> Any:
     """``write(k, v, slot_mapping, **kw)``, with a one-token write padded by
     `_with_a_null_row` when the program is lowered for the CPU only. On the
-    GPU the padded two-row scatter is the slow one: it took the llama3-8b
-    decode step at one sequence from 6.2 to 12.8 ms (`decode_step.py`,
-    S=1), while XLA GPU updates the one-index slice in place."""
+    GPU the padded two-row scatter is the slow one (about twice the time
+    of a whole one-sequence decode step), while XLA GPU updates the
+    one-index slice in place."""
     if k.shape[0] != 1:
         return write(k, v, slot_mapping, **kw)
     return jax.lax.platform_dependent(
         k, v, slot_mapping,
-        cpu=lambda *a: write(*_with_a_null_row(*a, block_size), padded=True, **kw),
-        default=lambda *a: write(*a, **kw))
+        cpu=lambda k, v, slots: write(
+            *_with_a_null_row(k, v, slots, block_size), padded=True, **kw),
+        default=lambda k, v, slots: write(k, v, slots, **kw))
 
 
 def write_kv(
@@ -162,8 +174,16 @@ def write_kv_scaled(
     return _lone_token_on_cpu(write, k, v, slot_mapping, block_size)
 
 
-def _write_scaled(k_pages, v_pages, k_scales, v_scales, k, v, slot_mapping,
-                  max_pages: int):
+def _write_scaled(
+    k_pages: jax.Array,  # [K, num_pages, B, H] fp8
+    v_pages: jax.Array,  # [K, num_pages, B, H] fp8
+    k_scales: jax.Array,  # [K, num_pages] f32
+    v_scales: jax.Array,  # [K, num_pages] f32
+    k: jax.Array,  # [T, K, H]
+    v: jax.Array,  # [T, K, H]
+    slot_mapping: jax.Array,  # [T] int32
+    max_pages: int,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     num_kv_heads, num_pages, block_size, head_dim = k_pages.shape
     qmax = float(jnp.finfo(k_pages.dtype).max)
     page = slot_mapping // block_size  # [T]

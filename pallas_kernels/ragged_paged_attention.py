@@ -21,16 +21,15 @@ sequences of the other:
     producer warpgroup issues the copies, a consumer warpgroup runs wgmma +
     online softmax), split-KV with a jnp combine for small batches. It
     keeps more bytes in flight than the Triton kernel's in-loop page gather
-    can, which is what a memory-bound decode needs (NOTES.md v4, v7 give
-    the measured gap). fp8 pages are copied as fp8 and dequantized in
-    shared memory (times their per-page scales) into 16-bit tiles for
-    wgmma, by the producer warpgroup (NOTES.md v10). A per-tensor
+    can, which is what a memory-bound decode needs. fp8 pages are copied as
+    fp8 and dequantized in shared memory (times their per-page scales) into
+    16-bit tiles for wgmma, by the producer warpgroup. A per-tensor
     ``k_scale`` is folded into its query rows.
   - Triton (``ragged_paged_attention_triton.py``), everywhere else: f32
     (wgmma takes 16-bit operands), page dtypes other than q's and fp8 e4m3,
     per-page scales on 16-bit pages, page size 32 (the Mosaic kernel
-    faulted there at its full ring depth on long sequences; NOTES.md v4,
-    v9), other GPUs, and interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
+    faults there at its full ring depth on long sequences), other GPUs,
+    and interpret mode on CPU. Grid (S, K, splits); one program reads each K/V
     tile of one kv head once and serves every query head of its GQA group
     (padded to 16 rows for the tensor cores); for small batches the KV axis
     is split across programs (split count from S*K and the SM count) and a
@@ -45,8 +44,8 @@ sequences of the other:
 
 Backend of the prefill kernel: on Hopper, for the cases it takes (bf16/f16,
 H 64/128, page a multiple of 8 dividing 128), the Mosaic GPU kernel of
-``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page;
-NOTES.md v5, v7). Elsewhere (f32, H=256, other GPUs, interpret mode on CPU)
+``ragged_paged_attention_prefill_mgpu.py`` (FA3 form, one TMA copy per page).
+Elsewhere (f32, H=256, other GPUs, interpret mode on CPU)
 Pallas' Triton lowering (``pl.pallas_call`` + ``plgpu.CompilerParams``),
 which runs unchanged on jax 0.10 and 0.11 and gathers pages with pointer
 gathers. ``tuning.prefill_backend`` forces either.
@@ -73,15 +72,18 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from . import kv_cache
-from .kernel_common import hopper as _hopper
-from .kernel_common import per_tensor_scales
 from . import ragged_paged_attention_decode_mgpu as _decode_mgpu
 from . import ragged_paged_attention_prefill_mgpu as _prefill_mgpu
-from .ragged_paged_attention_triton import (combine_splits, decode_call,
-                                            prefill_call, prefill_work_items)
+from .kernel_common import hopper as _hopper
+from .kernel_common import per_tensor_scales
 from .ragged_paged_attention_reference import ragged_paged_attention_reference
-from .ragged_paged_attention_tuning import (RaggedPagedAttentionTuning,
-                                            default_tuning)
+from .ragged_paged_attention_triton import (
+    combine_splits,
+    decode_call,
+    prefill_call,
+    prefill_work_items,
+)
+from .ragged_paged_attention_tuning import RaggedPagedAttentionTuning, default_tuning
 
 
 class RaggedAttentionShapeError(ValueError):
@@ -93,8 +95,11 @@ class RaggedAttentionShapeError(ValueError):
 _PER_PAGE = "per-page K/V scales (the Triton kernels read them)"
 
 
-def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
-                       page_size, group, per_page_scales) -> bool:
+def _use_mosaic_decode(tuning: RaggedPagedAttentionTuning, interpret: bool,
+                       q_dtype: jax.typing.DTypeLike,
+                       kv_dtype: jax.typing.DTypeLike, head_dim: int,
+                       page_size: int, group: int,
+                       per_page_scales: bool) -> bool:
     """The decode backend, chosen once per trace from the platform: the
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.decode_backend == "triton":
@@ -110,8 +115,11 @@ def _use_mosaic_decode(tuning, interpret, q_dtype, kv_dtype, head_dim,
     return why is None and not interpret and _hopper()
 
 
-def _use_mosaic_prefill(tuning, interpret, q_dtype, kv_dtype, head_dim,
-                        page_size, pages_per_seq, per_page_scales) -> bool:
+def _use_mosaic_prefill(tuning: RaggedPagedAttentionTuning, interpret: bool,
+                        q_dtype: jax.typing.DTypeLike,
+                        kv_dtype: jax.typing.DTypeLike, head_dim: int,
+                        page_size: int, pages_per_seq: int,
+                        per_page_scales: bool) -> bool:
     """The prefill backend, chosen once per trace from the platform: the
     Mosaic GPU kernel on Hopper for the cases it takes, else Triton."""
     if tuning.prefill_backend == "triton" or interpret:
@@ -279,7 +287,7 @@ def ragged_paged_attention(
     ``decode_only`` (static): the caller's promise that every real sequence
     has ``q_len == 1``, so sequence ``s`` owns row ``s`` (``cu_q_lens[s] ==
     s``). Only the decode kernel runs then: no prefill work items, no
-    prefill launch, no row gather or scatter around it (NOTES.md v7). Rows
+    prefill launch, no row gather or scatter around it. Rows
     of a sequence with ``q_len > 1`` would come back wrong, so the engine
     sets it only for steps it scheduled as decodes alone."""
     _check_shapes(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens)

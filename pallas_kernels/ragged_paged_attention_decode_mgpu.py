@@ -14,14 +14,14 @@ tensor cores (decode is memory bound: the padding costs tensor-core time,
 not bytes).
 
 Memory pipeline, the reason this kernel exists (the Triton kernel's in-loop
-page gather kept too few bytes in flight, see NOTES.md): the program's slice
+page gather keeps too few bytes in flight): the program's slice
 of the block table is TMA-copied to shared memory once; then every page is
 its own TMA copy (gmem -> smem, page id read from that table) into a ring of
 ``num_stages`` steps of ``tokens_per_step`` tokens, each step's K (and V)
 copies completing on one mbarrier. By default a producer warpgroup issues the
 copies, refilling a slot as soon as the consumer warpgroup (wgmma + online
 softmax) releases it; with ``producer_warpgroup=False`` one warpgroup does
-both. NOTES.md v4 and v7 give the share of copy bandwidth it reaches.
+both. pallas_kernels/NOTES.md records each version's measurements.
 
 Split-KV (flash-decoding): the split count comes from S*K and the SM count;
 each split writes its normalized partial output and base-2 log-sum-exp and a
@@ -37,9 +37,9 @@ dequantizes (``staging_stages`` K tiles and ``v_staging_stages`` V tiles
 ahead of the consumer), so the convert
 overlaps the consumer's math; ``fp8_producers=2`` splits that work over two
 producer warpgroups, one copying and converting K, the other V (the convert,
-not the consumer's math, bounds the kernel: NOTES.md v10, v11), and
+not the consumer's math, bounds the kernel), and
 ``fp8_producers=4`` splits each kind again by 64-token half of every step
-(five warpgroups, more warps to hide the convert's latency: v14-v17); with
+(five warpgroups, more warps to hide the convert's latency); with
 one warpgroup alone it dequantizes V while the QK^T wgmma runs.
 
 ``swap_ab`` puts the tokens on the wgmmas' M side and the group's query
@@ -58,26 +58,34 @@ folded into the query rows by the caller, ``v_scale`` applied to the output.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
-                            mosaic_interpret_params, mosaic_matmul_helpers,
-                            mosaic_operand_problem, mosaic_register_helpers,
-                            round_up, swizzled_smem_transforms, table_pieces)
+from .kernel_common import (
+    LOG2E,
+    MASK_VALUE,
+    TABLE_PIECE,
+    cdiv,
+    mosaic_interpret_params,
+    mosaic_matmul_helpers,
+    mosaic_operand_problem,
+    mosaic_register_helpers,
+    round_up,
+    swizzled_smem_transforms,
+    table_pieces,
+)
 from .ragged_paged_attention_tuning import MOSAIC_ROWS, MosaicDecodeTuning
 
 _ROWS = MOSAIC_ROWS  # wgmma tile height: the GQA group is padded to it
 # Rows of one K/V TMA copy (a page of 16 is one copy).
 _COPY_ROWS = 16
-# Page sizes verified on GPU. Page 32 faulted with an illegal instruction on
-# jax 0.11.2 at the automatic ring depth on long sequences (NOTES.md v4) but
-# ran correctly on short ones with a 2-stage ring (v9), and the faulting
-# settings pass jax's interpreter with race and bounds checks (session 24):
-# it stays on the Triton kernel until they pass on the GPU.
+# Page sizes verified on GPU. Page 32 faults on the GPU at the automatic
+# ring depth on long sequences (NOTES.md follows it), so it stays on the
+# Triton kernel until it passes there.
 _PAGE_SIZES = (16,)
 # Page dtypes dequantized in the kernel (the KV cache writes e4m3 pages).
 _FP8_PAGES = (jnp.dtype(jnp.float8_e4m3fn),)
@@ -125,7 +133,8 @@ class MosaicDecodeUnsupported(ValueError):
     back to the Triton kernel); the message says why."""
 
 
-def supports(q_dtype, kv_dtype, head_dim: int, page_size: int, group: int,
+def supports(q_dtype: jax.typing.DTypeLike, kv_dtype: jax.typing.DTypeLike,
+             head_dim: int, page_size: int, group: int,
              tokens_per_step: int = 64,
              per_page_scales: bool = False) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
@@ -192,7 +201,7 @@ def _decode_kernel(
         page_dtype, min(128, head_dim * jnp.dtype(page_dtype).itemsize))
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(buffers: _Buffers, barriers: _Barriers):
+    def scoped(buffers: _Buffers, barriers: _Barriers) -> None:
         q_smem, k_smem, v_smem, tbl_smem, lse_smem = buffers[:5]
         q_bar, tbl_bar, k_bar, v_bar, free_bar = barriers[:5]
 
@@ -204,7 +213,9 @@ def _decode_kernel(
                         tables_ref.at[seq, pl.ds(tbl_start + c * piece,
                                                  piece)],
                         tbl_smem.at[pl.ds(c * piece, piece)], tbl_bar.at[0])
-                    for kind in range(2 if per_page else 0):  # k, v scales
+                    if page_scales_ref is None:
+                        continue
+                    for kind in range(2):  # k, v scales
                         plgpu.copy_gmem_to_smem(
                             page_scales_ref.at[seq, kv_head, kind,
                                                pl.ds(tbl_start + c * piece,
@@ -216,7 +227,7 @@ def _decode_kernel(
             """Step i's pages -> ring slot `slot`, one TMA copy per page, of
             K (kind 0) and V (1); only those of the step's 64-token
             ``chunks`` when given (a producer's share)."""
-            mine = range(pages_per_step)
+            mine: Sequence[int] = range(pages_per_step)
             if chunks is not None:
                 per = _ROWS // page_size
                 mine = [c * per + j for c in chunks for j in range(per)]
@@ -531,14 +542,14 @@ def _decode_kernel(
                 plgpu.set_max_registers(registers[0], action="increase")
 
             if not fp8:
-                def release(i, slot):
+                def release_slot(i, slot):
                     # Only slots the producer refills: an arrival nobody
                     # waits for would leave the barrier a phase ahead at
                     # exit.
                     @pl.when(i + num_stages < n)
                     def _():
                         plgpu.barrier_arrive(free_bar.at[slot])
-                attend(ring_k, nothing, ring_v, release)
+                attend(ring_k, nothing, ring_v, release_slot)
                 return
 
             def staged_k(i):
@@ -552,7 +563,7 @@ def _decode_kernel(
                 return buffers.vb.at[sb]
 
             def release(free, depth):
-                def arrive(i, _):
+                def arrive(i, slot):
                     # Only tiles the producer refills (its wait for step
                     # i + depth).
                     @pl.when(i + depth < n)
@@ -715,7 +726,8 @@ def _allocations(dtype, page_dtype, *, head_dim, bk, rows_out, num_stages,
             **optional_barriers))
 
 
-def _producer_share(p: int, producers: int, bk: int):
+def _producer_share(p: int, producers: int, bk: int
+                    ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """(kinds, 64-token chunks of each step or None for all) that producer
     warpgroup ``p`` of ``producers`` copies and dequantizes."""
     if producers == 1:
@@ -757,7 +769,7 @@ def decode_attention(
     sm_scale: float,
     sliding_window: int | None = None,
     logit_soft_cap: float | None = None,
-    tuning: MosaicDecodeTuning = MosaicDecodeTuning(),
+    tuning: MosaicDecodeTuning = MosaicDecodeTuning(),  # noqa: B008 - frozen
     interpret: bool = False,
 ) -> jax.Array:  # [S, K, G, H] f32, normalized
     """Decode attention of one query row per sequence (see module doc).
@@ -812,8 +824,8 @@ def decode_attention(
         f16_max = float(jnp.finfo(jnp.float16).max)
         q_rows = jnp.clip(q_rows.astype(jnp.float32), -f16_max,
                           f16_max).astype(jnp.float16)
-    scale_rows = ()
-    if per_page:  # each table entry's (k, v) scales, in the table's order
+    scale_rows: tuple[jax.Array, ...] = ()
+    if page_scales is not None:  # each entry's (k, v) scales, table order
         scale_rows = (jnp.transpose(
             page_scales.astype(jnp.float32)[:, :, tables], (2, 0, 1, 3)),)
 

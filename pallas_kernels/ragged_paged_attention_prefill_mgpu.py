@@ -34,10 +34,9 @@ sequence stores them with one TMA copy; otherwise in 8-row chunks, where the
 (``item_seq == -1``) write the padding rows' zeros. The wrapper's one small
 scatter then places the boundary rows, each decode's row (``decode_out``,
 from the decode kernel) and the at most 7 padding rows before the first zero
-item: no pass over all T rows (a select pass over the output was a
-noticeable share of the kernel's time, NOTES.md v5; Mosaic GPU kernels take
-no input/output alias to avoid it). NOTES.md v5 and v7 compare the kernel
-with cuDNN, the Triton path and JAX's bundled ``attention_mgpu``.
+item: no pass over all T rows (a select pass over the output is a
+noticeable share of the kernel's time, and Mosaic GPU kernels take no
+input/output alias to avoid it).
 
 Softmax in base 2 with a finite mask value (a step that masks a whole row
 leaves garbage that the next real step's correction factor zeroes).
@@ -54,11 +53,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .kernel_common import (LOG2E, MASK_VALUE, TABLE_PIECE, cdiv,
-                            mosaic_interpret_params, mosaic_matmul_helpers,
-                            mosaic_operand_problem, mosaic_register_helpers,
-                            per_tensor_scales, round_up, sequence_work_items,
-                            swizzled_smem_transforms, table_pieces)
+from .kernel_common import (
+    LOG2E,
+    MASK_VALUE,
+    TABLE_PIECE,
+    cdiv,
+    mosaic_interpret_params,
+    mosaic_matmul_helpers,
+    mosaic_operand_problem,
+    mosaic_register_helpers,
+    per_tensor_scales,
+    round_up,
+    sequence_work_items,
+    swizzled_smem_transforms,
+    table_pieces,
+)
 from .ragged_paged_attention_tuning import MosaicPrefillTuning
 
 _SMEM_LIMIT = 227 * 1024  # shared memory one Hopper block may use
@@ -90,8 +99,9 @@ class MosaicPrefillUnsupported(ValueError):
     back to the Triton kernel); the message says why."""
 
 
-def supports(q_dtype, kv_dtype, head_dim: int, page_size: int,
-             tuning: MosaicPrefillTuning = MosaicPrefillTuning(),
+def supports(q_dtype: jax.typing.DTypeLike, kv_dtype: jax.typing.DTypeLike,
+             head_dim: int, page_size: int,
+             tuning: MosaicPrefillTuning = MosaicPrefillTuning(),  # noqa: B008 - frozen
              pages_per_seq: int = 0) -> str | None:
     """None if the kernel takes this case, else the reason it does not."""
     why = mosaic_operand_problem(q_dtype, kv_dtype, head_dim)
@@ -166,7 +176,7 @@ def _prefill_kernel(
     transforms = swizzled_smem_transforms(dtype)
     num_pieces, piece = table_pieces(table_chunk)
 
-    def scoped(buffers: _Buffers, barriers: _Barriers):
+    def scoped(buffers: _Buffers, barriers: _Barriers) -> None:
         q_smem, k_smem, v_smem, tbl_smem = buffers
         q_bar, tbl_bar, k_bar, v_bar, k_free, v_free, sched = barriers
 
@@ -377,8 +387,13 @@ def _prefill_kernel(
     )
 
 
-def prefill_work_items(cu_q_lens, num_seqs, num_rows: int, num_items: int,
-                       tile: int):
+def prefill_work_items(
+    cu_q_lens: jax.Array,  # [S + 1] int32
+    num_seqs: jax.Array,  # [] or [1] int32 real sequences
+    num_rows: int,
+    num_items: int,
+    tile: int,
+) -> tuple[jax.Array, jax.Array]:  # item_seq [I], item_start [I]
     """Splits every prefill sequence (q_len > 1) into ``tile``-row items
     starting on a multiple of 8 (the first one from the sequence's first row
     rounded down), then the padding rows from the real rows' end rounded up
@@ -414,7 +429,7 @@ def prefill_attention(
     logit_soft_cap: float | None = None,
     k_scale: jax.Array | float | None = None,
     v_scale: jax.Array | float | None = None,
-    tuning: MosaicPrefillTuning = MosaicPrefillTuning(),
+    tuning: MosaicPrefillTuning = MosaicPrefillTuning(),  # noqa: B008 - frozen
     interpret: bool = False,
 ) -> jax.Array:  # [T, N, H]
     """Attention output [T, N, H]: the kernel's rows for the prefill

@@ -4,7 +4,7 @@
 and the prefill kernel (grid (N, work items) walking each sequence's pages).
 They run wherever the Mosaic GPU kernels do not (f32, page 32 decode, H=256
 prefill, other GPUs) and in interpret mode on CPU; ragged_paged_attention.py
-chooses. Measured figures and history: pallas_kernels/NOTES.md.
+chooses.
 """
 
 from __future__ import annotations
@@ -111,15 +111,17 @@ def decode_kernel(
     if prefetch:
         # Software double buffering: the next tile's loads are issued before
         # this tile's math, so they are in flight while it runs.
-        def body(b, c):
+        def prefetched_body(b, c):
             acc, k, v = c[:3], c[3], c[4]
             k_next, v_next = load(jnp.minimum(b + 1, end - 1))
             return (*attend(b, acc, k, v, True), k_next, v_next)
         k0, v0 = load(jnp.minimum(start, jnp.maximum(end - 1, 0)))
-        o, m, l, _, _ = jax.lax.fori_loop(start, end, body, (*carry, k0, v0))
+        o, m, l, _, _ = jax.lax.fori_loop(start, end, prefetched_body,
+                                          (*carry, k0, v0))
     else:
         def body(b, c, masked):
-            return attend(b, c, *load(b), masked)
+            k, v = load(b)
+            return attend(b, c, k, v, masked)
         # Whole blocks below kv_len need no mask; only the last one (and,
         # with a window, every block) does.
         full = start if sliding_window is not None else kv_len // bk

@@ -10,6 +10,7 @@ dimension to be a power of two.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
@@ -61,18 +62,18 @@ class MosaicDecodeTuning:
     # fp8 pages with a producer warpgroup: 1 converts K and V tiles, 2 split
     # them (K in one warpgroup, V in another; three warpgroups in all), 4
     # split each kind again by 64-token half of every step (five
-    # warpgroups: more warps to hide the convert's latency, NOTES.md v17;
-    # needs tokens_per_step a multiple of 128).
+    # warpgroups: more warps to hide the convert's latency; needs
+    # tokens_per_step a multiple of 128).
     fp8_producers: int = 1
     # The tokens on the wgmmas' M side and the query rows on N (S^T = K Q^T,
     # O^T = V^T P^T, P^T through a small smem tile): the consumer's logits
     # and output take [tokens, R] and [H, R] with R the group rounded up to
     # 16, 32 or 64, instead of 64-row padded tiles, so it needs far fewer
-    # registers (NOTES.md v17). Not with overlap_softmax.
+    # registers. Not with overlap_softmax.
     swap_ab: bool = False
     # Registers per thread the consumer warpgroup raises itself to (0: 232,
     # or 160 for swap_ab with four producers); the producers take what the
-    # launch leaves (NOTES.md v17 has the arithmetic).
+    # launch leaves (``registers``).
     consumer_registers: int = 0
     # Measurement only (wrong outputs): "no_math" skips the consumer's
     # wgmmas and softmax, "no_convert" the producers' fp8 dequantization,
@@ -191,7 +192,7 @@ class MosaicDecodeTuning:
         """(consumer, producer) registers per thread for a program of one
         consumer and ``producers`` producer warpgroups that dequantize fp8
         pages. ptxas gives a setmaxnreg kernel all that its block size
-        allows (168 for 384 threads, NOTES.md v14's ncu), and a raise only
+        allows (168 for 384 threads), and a raise only
         completes once the others' cuts freed as many, so the split must
         fit that launch figure times the warpgroups."""
         threads = 128 * (1 + producers)
@@ -218,8 +219,8 @@ class MosaicDecodeTuning:
 class MosaicPrefillTuning:
     """Static launch parameters of the Mosaic GPU prefill kernel
     (``ragged_paged_attention_prefill_mgpu.py``). The defaults are the
-    fastest of the variants measured on an H200 (NOTES.md v5); 128-token
-    steps x 3 stages do not fit shared memory."""
+    tuned ones (``benchmarks/kernels/bench_prefill_mgpu.py`` times the
+    variants); 128-token steps x 3 stages do not fit shared memory."""
     block_q: int = 64  # query rows per compute warpgroup (2 per program)
     tokens_per_step: int = 128  # KV tokens per pipeline step
     num_stages: int = 2  # K/V ring depth in steps
@@ -238,8 +239,7 @@ class MosaicPrefillTuning:
     def smem_bytes(self, head_dim: int, itemsize: int, table: int) -> int:
         tiles = 2 * self.block_q * head_dim * itemsize  # q (then o), 2 wgs
         ring = 2 * self.num_stages * self.tokens_per_step * head_dim * itemsize
-        # + barriers and alignment (Mosaic's own count is slightly higher;
-        # NOTES.md v5 compares the two).
+        # + barriers and alignment (Mosaic's own count is slightly higher).
         return tiles + ring + 4 * table + 4096
 
 
@@ -295,7 +295,7 @@ class RaggedPagedAttentionTuning:
             if getattr(self, name) < 1:
                 raise TuningError(f"{name} must be >= 1")
 
-    def for_itemsize(self, itemsize: int) -> "RaggedPagedAttentionTuning":
+    def for_itemsize(self, itemsize: int) -> RaggedPagedAttentionTuning:
         """4-byte dtypes (f32) halve the prefill tiles to fit shared memory
         (bf16-tuned 128x128 tiles need 256 KiB in f32; an SM has 227)."""
         if itemsize < 4:
@@ -317,44 +317,35 @@ class RaggedPagedAttentionTuning:
         return splits
 
 
-def _t(decode_pages, block_q, prefill_pages, **kw):
-    return RaggedPagedAttentionTuning(
-        decode_prefetch=True, decode_pages_per_block=decode_pages,
-        prefill_block_q=block_q, prefill_pages_per_block=prefill_pages,
-        prefill_num_warps=8, **kw)
-
-
-# Tuned tables by jax ``device_kind``, each keyed by (head_dim, page_size).
-# The H200 table was measured at H=128 page 16
-# (benchmarks/kernels/bench_attention.py, NOTES.md v3); its other keys keep
-# the same tile bytes (a 64-token x 128 decode tile, a 128 x 128 prefill
-# tile). Missing (head_dim, page_size) keys fall back to the class defaults.
-TUNED: dict[str, dict[tuple[int, int], RaggedPagedAttentionTuning]] = {
-    "NVIDIA H200": {
-        (64, 16): _t(8, 128, 8),
-        (64, 32): _t(4, 128, 4),
-        (128, 16): _t(4, 128, 8),
-        (128, 32): _t(2, 128, 4),
-        (256, 16): _t(2, 64, 4),
-        (256, 32): _t(1, 64, 2),
-    },
+# Tuned block sizes, as data.
+# Key: (jax device_kind, head_dim, page_size).
+# Value: (decode_pages_per_block, prefill_block_q, prefill_pages_per_block).
+# Swept at H=128 page 16 by benchmarks/kernels/bench_attention.py; the other
+# keys keep the same tile bytes (a 64-token x 128 decode tile, a 128 x 128
+# prefill tile). A key not listed takes the class defaults.
+TUNED_BLOCK_SIZES: dict[tuple[str, int, int], tuple[int, int, int]] = {
+    ("NVIDIA H200", 64, 16): (8, 128, 8),
+    ("NVIDIA H200", 64, 32): (4, 128, 4),
+    ("NVIDIA H200", 128, 16): (4, 128, 8),
+    ("NVIDIA H200", 128, 32): (2, 128, 4),
+    ("NVIDIA H200", 256, 16): (2, 64, 4),
+    ("NVIDIA H200", 256, 32): (1, 64, 2),
 }
-# A device without a table of its own (an H100, another GPU, the CPU running
-# the kernels interpreted) uses this one's until it is measured: the tiles
-# above fit any GPU with Hopper's shared memory.
+# What every tuned entry sets beside its block sizes.
+TUNED_COMMON: dict[str, Any] = dict(decode_prefetch=True, prefill_num_warps=8)
+# A device with no entries of its own (an H100, another GPU, the CPU running
+# the kernels interpreted) takes this one's until it is tuned: the tiles
+# fit any GPU with Hopper's shared memory.
 FALLBACK_DEVICE = "NVIDIA H200"
 
 
 # The Mosaic decode kernel's tuning over fp8 pages: K and V dequantized by
-# two producer warpgroups into f16 tiles (e4m3x2 -> f16x2, an f16 scale
-# multiply: a quarter fewer instructions than the bf16 route through f32;
-# the query rows are cast to f16), 128-token steps, no automatic warpgroup
-# barriers, each step's softmax during the next QK^T, staging two tiles of
-# each kind in 224 KiB. On the H200 at S=64 L=2048: 120.1 us (0.54 of copy
-# in fp8 bytes) against 132.2 us for session 15's tuning (the same less
-# f16, the overlap and the budget) in the same run, 194.0 us for the
-# 16-bit pages' tuning and 201.4 us for the Triton kernel (NOTES.md v11,
-# v15; decode-fp8-v15-f16-h200.json).
+# two producer warpgroups into f16 tiles (e4m3x2 -> f16x2 and an f16 scale
+# multiply: fewer instructions than the bf16 route through f32; the query
+# rows are cast to f16), 128-token steps, no automatic warpgroup barriers,
+# each step's softmax during the next QK^T, two staged tiles of each kind
+# in 224 KiB. The fastest of the fp8 variants benchmarks/kernels/
+# bench_decode_fp8.py times (pallas_kernels/NOTES.md has the runs).
 FP8_MOSAIC_DECODE = MosaicDecodeTuning(tokens_per_step=128,
                                        no_auto_barriers=True,
                                        fp8_producers=2,
@@ -368,12 +359,20 @@ def default_tuning(head_dim: int, page_size: int,
                    kv_itemsize: int = 2) -> RaggedPagedAttentionTuning:
     """The tuned launch parameters for a head dim and page size on a device
     (by default the first jax device, read when the kernel is traced);
-    1-byte (fp8) pages at head_dim 128 (where it was measured) take
+    1-byte (fp8) pages at head_dim 128 (where it was tuned) take
     FP8_MOSAIC_DECODE for the Mosaic decode kernel."""
     if device_kind is None:
         device_kind = jax.devices()[0].device_kind
-    table = TUNED.get(device_kind, TUNED[FALLBACK_DEVICE])
-    tuning = table.get((head_dim, page_size), RaggedPagedAttentionTuning())
+    if not any(key[0] == device_kind for key in TUNED_BLOCK_SIZES):
+        device_kind = FALLBACK_DEVICE
+    sizes = TUNED_BLOCK_SIZES.get((device_kind, head_dim, page_size))
+    if sizes is None:
+        tuning = RaggedPagedAttentionTuning()
+    else:
+        decode_pages, block_q, prefill_pages = sizes
+        tuning = RaggedPagedAttentionTuning(
+            decode_pages_per_block=decode_pages, prefill_block_q=block_q,
+            prefill_pages_per_block=prefill_pages, **TUNED_COMMON)
     if kv_itemsize == 1 and head_dim == 128:
         tuning = dataclasses.replace(tuning, mosaic_decode=FP8_MOSAIC_DECODE)
     return tuning

@@ -9,8 +9,7 @@ if __name__ != "jaxinfer.sharding":
                       "sharding/ is installed as jaxinfer.sharding")
 
 from .mesh import MESH_AXES, make_mesh
-from .rules import (LOGICAL_RULES, kv_pages_sharding, param_shardings,
-                    replicated)
+from .rules import LOGICAL_RULES, kv_pages_sharding, param_shardings, replicated
 
 __all__ = ["MESH_AXES", "make_mesh", "LOGICAL_RULES", "kv_pages_sharding",
            "param_shardings", "replicated"]

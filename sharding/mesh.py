@@ -7,6 +7,8 @@ domain); stages may span hosts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import numpy as np
 from jax.sharding import Mesh
@@ -14,7 +16,8 @@ from jax.sharding import Mesh
 MESH_AXES = ("data", "stage", "model")
 
 
-def make_mesh(tensor_parallel_size: int = 1, devices=None,
+def make_mesh(tensor_parallel_size: int = 1,
+              devices: Sequence[jax.Device] | None = None,
               pipeline_parallel_size: int = 1) -> Mesh:
     """A (1, pipeline_parallel_size, tensor_parallel_size) mesh over the
     first devices (default: every device of every process, in JAX's order:

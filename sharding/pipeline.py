@@ -36,6 +36,7 @@ throughput.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -57,12 +58,14 @@ def layers_per_stage(num_layers: int, pipeline_parallel_size: int) -> int:
     return num_layers // pipeline_parallel_size
 
 
-def _spec(names, shape, mesh: Mesh) -> PartitionSpec:
+def _spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh
+          ) -> PartitionSpec:
     """The TP rules of rules.py, with the vocab split over stage x model."""
     axes: list[Any] = []
     both = mesh.shape["stage"] * mesh.shape["model"]
     for name, dim in zip(names, shape):
-        axis = _RULES.get(name)
+        axis: str | tuple[str, str] | None = (
+            None if name is None else _RULES.get(name))
         if name == "vocab" and dim % both == 0:
             axis = ("stage", "model")
         elif axis is not None and dim % mesh.shape[axis]:
@@ -71,14 +74,15 @@ def _spec(names, shape, mesh: Mesh) -> PartitionSpec:
     return PartitionSpec(*axes)
 
 
-def load_shardings(abstract_params, mesh: Mesh):
+def load_shardings(abstract_params: dict[str, Any], mesh: Mesh
+                   ) -> dict[str, Any]:
     """Where each param is placed while loading: layer i's on its stage's
     devices alone, the rest over the whole mesh."""
     pp = mesh.shape["stage"]
     num_layers = sum(1 for k in abstract_params if _LAYER.match(k))
     per_stage = layers_per_stage(num_layers, pp)
 
-    def one(target: Mesh, leaf):
+    def one(target: Mesh, leaf: Any) -> NamedSharding:
         if isinstance(leaf, nn.LogicallyPartitioned):
             spec = _spec(leaf.names, leaf.value.shape, target)
             return NamedSharding(target, spec)
@@ -117,7 +121,7 @@ def stack_slots(params: dict, mesh: Mesh) -> dict:
     return {"shared": shared, "slots": slots}
 
 
-def _stack(mesh: Mesh, leaves) -> jax.Array:
+def _stack(mesh: Mesh, leaves: Sequence[Any]) -> jax.Array:
     # A stage on another process's devices comes as a stand-in (a
     # ShapeDtypeStruct: its tensor was never read here); this process's
     # own stage gives the shape and dtype.
@@ -143,7 +147,7 @@ class PipelinedModel:
     """The model's ``apply`` (models.runtime.run_model's call) with the
     layers run stage by stage; params as ``stack_slots`` returns them."""
 
-    def __init__(self, model, mesh: Mesh):
+    def __init__(self, model: Any, mesh: Mesh) -> None:
         self.model = model
         self.mesh = mesh
         self.pp = mesh.shape["stage"]

@@ -10,6 +10,9 @@ and costs memory, never a crash. XLA (GSPMD) inserts the collectives.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -19,6 +22,11 @@ LOGICAL_RULES = (
     ("heads", "model"),
     ("kv_heads", "model"),
     ("mlp", "model"),
+    # A mixture of experts' stacked weights [E, ...]: split by expert when
+    # the model axis divides E (expert parallelism); otherwise the model
+    # axis goes to each expert's "mlp" axis (tensor-parallel experts).
+    ("experts", "model"),
+    ("router", None),  # the router's expert logits: small, replicated
     ("embed", None),
     ("head_dim", None),
     ("norm", None),
@@ -27,22 +35,27 @@ LOGICAL_RULES = (
 _RULES = dict(LOGICAL_RULES)
 
 
-def _spec_for(names, shape, mesh: Mesh) -> PartitionSpec:
-    axes = []
+def logical_spec(names: Sequence[str | None], shape: Sequence[int],
+                 mesh: Mesh) -> PartitionSpec:
+    """The PartitionSpec of an array with these logical axis names: each
+    name's mesh axis, unless it does not divide the dimension or an
+    earlier axis of the array already took it (then replicated)."""
+    axes: list[str | None] = []
     for name, dim in zip(names, shape):
-        mesh_axis = _RULES.get(name)
-        if mesh_axis is not None and dim % mesh.shape[mesh_axis]:
-            mesh_axis = None  # not divisible: replicate this axis
+        mesh_axis = None if name is None else _RULES.get(name)
+        if mesh_axis is not None and (dim % mesh.shape[mesh_axis]
+                                      or mesh_axis in axes):
+            mesh_axis = None
         axes.append(mesh_axis)
     return PartitionSpec(*axes)
 
 
-def param_shardings(abstract_variables, mesh: Mesh):
+def param_shardings(abstract_variables: Any, mesh: Mesh) -> Any:
     """NamedShardings for every param, from the logically-partitioned
     abstract variables of ``jax.eval_shape(model.init, ...)``."""
-    def one(leaf):
+    def one(leaf: Any) -> NamedSharding:
         if isinstance(leaf, nn.LogicallyPartitioned):
-            return NamedSharding(mesh, _spec_for(leaf.names, leaf.value.shape, mesh))
+            return NamedSharding(mesh, logical_spec(leaf.names, leaf.value.shape, mesh))
         return NamedSharding(mesh, PartitionSpec())
     return jax.tree_util.tree_map(
         one, abstract_variables,
@@ -52,7 +65,7 @@ def param_shardings(abstract_variables, mesh: Mesh):
 def kv_pages_sharding(num_kv_heads: int, mesh: Mesh) -> NamedSharding:
     """Pages [K, num_pages, B, H] split on kv heads (replicated when the kv
     heads are fewer than, or not divisible by, the model axis)."""
-    return NamedSharding(mesh, _spec_for(("kv_heads",), (num_kv_heads,), mesh))
+    return NamedSharding(mesh, logical_spec(("kv_heads",), (num_kv_heads,), mesh))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

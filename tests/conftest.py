@@ -7,9 +7,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from tests import interpret_compile_memo, no_network  # noqa: E402
+from tests import interpret_compile_memo, no_network
 
 # Sockets to anything but localhost raise from here on (tests/no_network.py).
 no_network.install()

@@ -20,7 +20,7 @@ sequence stops there (after a divergence the contexts differ).
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Issue 2, Done when 5: no model weights (or other large blobs) are
+"""No model weights (or other large blobs) are
 committed; tests build tiny random-weight checkpoints at run time."""
 
 import os

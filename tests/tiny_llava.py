@@ -51,8 +51,7 @@ def hf_llava_config(**overrides):
 def make_tiny_llava(path: str, seed: int = 0, **overrides) -> str:
     """Saves a random-weight LLaVA (float32), its tokenizer and its image
     processor under path."""
-    from transformers import (CLIPImageProcessor, LlavaForConditionalGeneration,
-                              LlavaProcessor)
+    from transformers import CLIPImageProcessor, LlavaForConditionalGeneration, LlavaProcessor
     cfg = hf_llava_config(**overrides)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg).to(torch.float32)

@@ -30,6 +30,51 @@ ROPE_SCALINGS = {
 }
 
 
+def _gemma2():
+    from transformers import Gemma2Config
+    # A window shorter than the test prompts, an attention scale that is
+    # not head_dim ** -0.5, and caps low enough to change the results.
+    return Gemma2Config, dict(head_dim=16, sliding_window=8,
+                              query_pre_attn_scalar=24,
+                              attn_logit_softcapping=2.0,
+                              final_logit_softcapping=8.0,
+                              tie_word_embeddings=True)
+
+
+def _gemma3():
+    from transformers import Gemma3TextConfig
+    # Sliding layers on their own RoPE base; the global one linearly scaled.
+    return Gemma3TextConfig, dict(
+        head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
+        num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention",
+                     "sliding_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                               "rope_theta": 10000.0}},
+        tie_word_embeddings=True)
+
+
+def _phi3():
+    from transformers import Phi3Config
+    # LongRoPE whose short set (served up to original_max_position_embeddings)
+    # and long set differ from each other and from plain RoPE, with an
+    # attention factor (max_position_embeddings is twice the original). No
+    # window: RoPE then acts over whole prompts (a window takes Llama's
+    # path, which the Mistral case checks).
+    half = 8  # head_dim 16 / 2
+    return Phi3Config, dict(
+        max_position_embeddings=1024, original_max_position_embeddings=512,
+        rope_scaling={"type": "longrope",
+                      "short_factor": [2.0 + 0.5 * i for i in range(half)],
+                      "long_factor": [6.0 + 2.0 * i for i in range(half)]})
+
+
+# Families beyond the Llama variants: arch -> () -> (config class, fields).
+FAMILY_CONFIGS = {"gemma2": _gemma2, "gemma3": _gemma3, "phi3": _phi3}
+
+
 @functools.lru_cache(maxsize=1)
 def embedded_tokenizer():
     from jaxinfer.models import resolve_model
@@ -39,8 +84,14 @@ def embedded_tokenizer():
 
 def hf_config(arch: str = "llama", rope: str = "default", **overrides):
     """An HF config object for one of the supported architectures."""
-    from transformers import (LlamaConfig, MistralConfig, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
     kw = dict(BASE)
     if arch == "llama":
         cls = LlamaConfig
@@ -54,6 +105,16 @@ def hf_config(arch: str = "llama", rope: str = "default", **overrides):
     elif arch == "qwen3":
         cls = Qwen3Config
         kw["head_dim"] = 32
+    elif arch == "mixtral":
+        cls = MixtralConfig
+        kw.update(num_local_experts=4, num_experts_per_tok=2)
+    elif arch == "qwen3_moe":
+        cls = Qwen3MoeConfig
+        kw.update(head_dim=32, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=64)
+    elif arch in FAMILY_CONFIGS:
+        cls, extra = FAMILY_CONFIGS[arch]()
+        kw.update(extra)
     else:
         raise ValueError(arch)
     kw.update(overrides)
@@ -74,6 +135,10 @@ def make_tiny_model(path: str, arch: str = "llama", rope: str = "default",
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+            elif arch in FAMILY_CONFIGS and "norm" in name:
+                # Norm weights off their init, so a wrong convention
+                # (w or 1 + w) shows.
+                p.normal_(0.0, 0.2)
     os.makedirs(path, exist_ok=True)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)

@@ -10,7 +10,7 @@ One command (GPU machine, repo root):
 2. correctness of the compiled kernels against the jnp reference on ragged
    mixes (bf16 and f32, GQA 1/4/8, head dims 64/128/256, pages 16/32, window,
    soft-cap);
-3. medians of repeats (random data) on BENCHMARKS.md's shapes: decode S=64
+3. medians of repeats (random data) on docs/benchmarking.md's shapes: decode S=64
    L=2048 and S=1 L=32768 (N=32 K=8 H=128 page 16 bf16) against JAX's bundled
    Pallas ``paged_attention`` (best of a few configs); prefill 8 x 2048 causal
    against ``jax.nn.dot_product_attention(implementation="cudnn")``; a mixed
@@ -55,21 +55,24 @@ def roofline():
         ts = []
         for _ in range(reps):
             a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-            a.record(); fn(); b.record(); torch.cuda.synchronize()
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
             ts.append(a.elapsed_time(b) / 1e3)
         return ts
     for _ in range(3):
         y.copy_(x)
     copy_t = ev_time(lambda: y.copy_(x), 20)
     bw = 2 * x.numel() * 2 / statistics.median(copy_t)
-    del x, y
+    x = y = None  # frees the buffers (the timed closures are done)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     for _ in range(3):
         a @ b
     mm_t = ev_time(lambda: a @ b, 10)
     flops = 2 * 8192**3 / statistics.median(mm_t)
-    del a, b
+    a = b = None
     torch.cuda.empty_cache()
     return dict(copy_bytes=2 * 2**31, copy_s=copy_t, bw=bw, matmul_s=mm_t,
                 flops=flops, device=torch.cuda.get_device_name())
@@ -136,8 +139,8 @@ def batch(mix, key, dtype, num_q_heads=N, num_kv_heads=K, head_dim=H,
 
 def correctness():
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import (ragged_paged_attention,
-                                         ragged_paged_attention_reference)
+
+    from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
     from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
     mix = [(1, 1), (1, 129), (5, 18), (120, 597), (512, 2048), (1, 5000)]
     rows = []
@@ -172,12 +175,15 @@ def decode_only_correctness():
     """Decode-only steps (the engine's decode_only=True), with the default
     Mosaic decode tuning and the 3-stage, 2-programs-per-SM one."""
     import dataclasses
+
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import (ragged_paged_attention,
-                                         ragged_paged_attention_reference)
-    from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
+
+    from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning, default_tuning)
+        MosaicDecodeTuning,
+        default_tuning,
+    )
+    from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
     dec_mix = [(1, 1), (1, 129), (1, 2048 // L_DIV), (1, 5000 // L_DIV), (1, 17)]
     rows = []
     for head_dim, page, group in [(128, 16, 4), (64, 16, 8), (128, 32, 4)]:
@@ -216,9 +222,12 @@ def our_variants(kind, fixed=None):
     if fixed is not None:
         return [("fixed", fixed, {})]
     import dataclasses
+
     from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning as T
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning, default_tuning)
+        MosaicDecodeTuning,
+        default_tuning,
+    )
     if SMOKE:
         tunings = [("default", T()),
                    ("triton", T(decode_pages_per_block=4, prefill_block_q=128,
@@ -251,7 +260,9 @@ def our_variants(kind, fixed=None):
 
 def time_ours(args, kind, limit=None, fixed=None):
     import functools
+
     import jax
+
     from jaxinfer.pallas_kernels import ragged_paged_attention
     res = []
     for label, tuning, kw in our_variants(kind, fixed)[:limit]:
@@ -279,6 +290,7 @@ def best(res):
 
 def time_bundled(args):
     import functools
+
     import jax
     from jax.experimental.pallas.ops.gpu import paged_attention as pa
     q, kp, vp, kv_lens, tables, _, _ = args
@@ -395,7 +407,7 @@ def main():
         general = best([r for r in ours if not r.get("call_kwargs")])
         bundled_default = next((r for r in bundled if "median" in r and (
             r["ppcb"], r["k_splits"]) == (8, 16)), None)
-        chained = lambda rs: min((r["chained_median"] for r in rs  # noqa: E731
+        chained = lambda rs: min((r["chained_median"] for r in rs
                                   if "chained_median" in r), default=None)
         oc, bc = chained(ours), chained(bundled)
         decode[name] = dict(

@@ -46,8 +46,7 @@ SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["BENCH_SMOKE"] = "1"  # bench_attention's tiny-shape switch
 
-from benchmarks.kernels.bench_attention import (batch, roofline,  # noqa: E402
-                                                time_chained)
+from benchmarks.kernels.bench_attention import batch, roofline, time_chained
 
 S, L, N, K, H, B = (2, 128, 8, 2, 64, 16) if SMOKE else (64, 2048, 32, 8,
                                                            128, 16)
@@ -128,11 +127,13 @@ PIPELINE_VARIANTS = {
 def probe():
     """Small fp8 cases compiled, against the reference (own process)."""
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
-                                         ragged_paged_attention)
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning)
-    from jaxinfer.pallas_kernels import ragged_paged_attention_reference
+
+    from jaxinfer.pallas_kernels import (
+        RaggedPagedAttentionTuning,
+        ragged_paged_attention,
+        ragged_paged_attention_reference,
+    )
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import MosaicDecodeTuning
     from tests.pallas_kernels.cases import fp8_case, rel_error
     case, ks, vs = fp8_case([(1, 1), (1, 129), (1, 700), (1, 2000)][
         :2 if SMOKE else 4], num_q_heads=N, num_kv_heads=K, head_dim=H,
@@ -159,6 +160,7 @@ def probe():
 def once(fn, *args):
     """Seconds of one call after a first (smoke mode: no timing)."""
     import time
+
     import jax
     jax.block_until_ready(jax.jit(fn)(*args))
     t = time.perf_counter()
@@ -190,16 +192,21 @@ def main():
         print("probe failed: no timings", flush=True)
         sys.exit(1)
 
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
-                                         ragged_paged_attention,
-                                         ragged_paged_attention_reference)
+
+    from jaxinfer.pallas_kernels import (
+        ragged_paged_attention,
+        ragged_paged_attention_reference,
+    )
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning, default_tuning)
+        MosaicDecodeTuning,
+        default_tuning,
+    )
     from tests.pallas_kernels.cases import rel_error
-    import dataclasses
 
     roof = roofline()
     bw = roof["bw"]

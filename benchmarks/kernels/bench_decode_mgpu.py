@@ -31,7 +31,7 @@ import traceback
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from benchmarks.kernels.bench_attention import batch, roofline, time_fn  # noqa: E402
+from benchmarks.kernels.bench_attention import batch, roofline, time_fn
 
 N, K, H, B = 32, 8, 128, 16
 COMMAND = ("export PYTHONPATH=$PWD; "
@@ -63,11 +63,13 @@ def check_config(index, variant):
     the Mosaic decode kernel), then the reference."""
     import jax
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import (ragged_paged_attention,
-                                         ragged_paged_attention_reference)
+
+    from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning, default_tuning)
+        MosaicDecodeTuning,
+        default_tuning,
+    )
     from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
     head_dim, page, group = CONFIGS[index]
     mix = [(1, 1), (1, 64), (1, 129), (5, 18), (1, 2048), (120, 597),
@@ -140,10 +142,11 @@ def correctness():
 
 def time_shape(name, s, l, bw):
     import jax
+
     from jaxinfer.pallas_kernels import ragged_paged_attention
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning as M, default_tuning)
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import MosaicDecodeTuning as M
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import default_tuning
     args = batch([(1, l)] * s, jax.random.PRNGKey(0), jax.numpy.bfloat16)
     kv_bytes = 2 * s * l * K * H * 2
     res = {}
@@ -160,12 +163,12 @@ def time_shape(name, s, l, bw):
                             if k != "repeats" and k != "error"}, flush=True)
 
     base = default_tuning(H, B)
-    api = lambda **t: jax.jit(functools.partial(  # noqa: E731
+    api = lambda **t: jax.jit(functools.partial(
         ragged_paged_attention, sm_scale=H**-0.5,
         tuning=dataclasses.replace(base, **t)))
     q, kp, vp, kv_lens, tables, cu, ns = args
     qd = q.reshape(s, K, N // K, H)
-    kern = lambda mt, **kw: jax.jit(functools.partial(  # noqa: E731
+    kern = lambda mt, **kw: jax.jit(functools.partial(
         mg.decode_attention, sm_scale=H**-0.5, tuning=mt, **kw))
     # ws: a producer warpgroup issues the copies (the default), one program
     # per SM with a 5-step ring; s3_2cta: 3-step rings, two programs per SM;
@@ -194,8 +197,9 @@ def probe():
     """Compile and check the Mosaic kernel on one small case first: if it
     does not lower, say why and stop before spending device time."""
     import jax.numpy as jnp
-    from jaxinfer.pallas_kernels import ragged_paged_attention_reference
+
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
+    from jaxinfer.pallas_kernels import ragged_paged_attention_reference
     from tests.pallas_kernels.cases import make_case, rel_error
     case = make_case([(1, 1), (1, 129), (1, 700)], num_q_heads=8,
                      num_kv_heads=2, head_dim=128, dtype=jnp.bfloat16)

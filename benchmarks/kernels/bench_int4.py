@@ -19,7 +19,8 @@ variants (warpgroups, splits, stages, form). ``--triton-sweep`` runs the
 Triton tuning sweep of the earlier sessions instead of its default alone:
 stage 1 sweeps block_n x splits (decode) or block_m x block_n (M = 256) for
 both ``scale_on`` forms; stage 2 varies warps and stages around the
-decode's best. Prints a table last; writes int4-kernel.json to --out. (The first sweep, int4-kernel-h200.json, also
+decode's best. Prints a table last; writes int4-kernel.json to --out. (The
+first sweep, int4-kernel-h200.json, also
 tried fori_loop's unroll, which the Triton lowering refuses, and the run
 in int4-kernel-gemv-h200.json a one-row gemv form, and the one in
 int4-kernel-group-steps-h200.json several groups per loop step: both
@@ -41,15 +42,18 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from jaxinfer.pallas_kernels.int4_matmul import (  # noqa: E402
-    Int4MatmulTuning, default_tuning, int4_matmul, int4_matmul_reference)
-from jaxinfer.pallas_kernels.int4_matmul_mgpu import (  # noqa: E402
-    Int4MosaicTuning, plan)
+from benchmarks.kernels.bench_attention import roofline, time_fn
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.pallas_kernels.int4_matmul import (
+    Int4MatmulTuning,
+    default_tuning,
+    int4_matmul,
+    int4_matmul_reference,
+)
+from jaxinfer.pallas_kernels.int4_matmul_mgpu import Int4MosaicTuning, plan
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
 GROUP = 128
@@ -190,7 +194,7 @@ def main():
         tried, base = c["tried"], c["base"]
         if time.time() > deadline or t in tried:
             return
-        fn = lambda x, q, s, z, t=t: int4_matmul(  # noqa: E731
+        fn = lambda x, q, s, z, t=t: int4_matmul(
             x, q, s, z, tuning=t, interpret=interpret)
         row = dict(base, variant="kernel", kernel=kernel_name(t),
                    tuning=dict(dataclasses.asdict(t), kind=kernel_name(t)))

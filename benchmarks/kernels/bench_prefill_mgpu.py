@@ -66,8 +66,9 @@ def check(mix, *, group, head_dim, page, dtype, seed, tuning=None, **kw):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jaxinfer.pallas_kernels import ragged_paged_attention_reference
+
     from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
+    from jaxinfer.pallas_kernels import ragged_paged_attention_reference
     from tests.pallas_kernels.cases import TOLERANCE, make_case, rel_error
     case = make_case(mix, num_q_heads=2 * group, num_kv_heads=2,
                      head_dim=head_dim, page_size=page, dtype=dtype, seed=seed)
@@ -147,6 +148,7 @@ def phase_correct():
 def phase_time():
     import jax
     import jax.numpy as jnp
+
     from benchmarks.kernels.bench_attention import batch, roofline, time_fn
     from jaxinfer.pallas_kernels import ragged_paged_attention
     from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
@@ -202,13 +204,13 @@ def phase_api():
     prefill and decode on Hopper) against the reference, and its time on
     8 x 2048 next to the forced Triton prefill."""
     import dataclasses
+
     import jax
     import jax.numpy as jnp
+
     from benchmarks.kernels.bench_attention import batch, roofline, time_fn
-    from jaxinfer.pallas_kernels import (ragged_paged_attention,
-                                         ragged_paged_attention_reference)
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        default_tuning)
+    from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import default_tuning
     from tests.pallas_kernels.cases import make_case, rel_error
     res = dict(correct=[], time={})
     mix = [(2048, 2048), (512, 2048), (1, 129), (120, 597), (5, 18),

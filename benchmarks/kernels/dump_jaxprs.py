@@ -26,15 +26,16 @@ import sys
 # No source lines inside the lowered kernel modules (set before jax loads).
 os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from jaxinfer.pallas_kernels import ragged_paged_attention  # noqa: E402
-from jaxinfer.pallas_kernels import (  # noqa: E402
-    ragged_paged_attention_prefill_mgpu as pm)
-from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (  # noqa: E402
-    MosaicDecodeTuning, RaggedPagedAttentionTuning)
-from tests.pallas_kernels.cases import make_case  # noqa: E402
+from jaxinfer.pallas_kernels import ragged_paged_attention
+from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
+    MosaicDecodeTuning,
+    RaggedPagedAttentionTuning,
+)
+from tests.pallas_kernels.cases import make_case
 
 MIX = [(1, 1), (5, 18), (1, 129), (120, 597)]
 DECODES = [(1, 700), (1, 45), (1, 333)]

@@ -1,5 +1,5 @@
 """Per-token fp8 activation quantization: XLA's fusions against one fused
-Pallas (Triton) pass (issue 15, the fp8 prefill's work around its GEMMs).
+Pallas (Triton) pass (the fp8 prefill's work around its GEMMs).
 
 A W8A8 layer quantizes its input per token (amax / 448 per row, then the
 e4m3 codes). Before the down projection that input is act(gate) * up, so
@@ -28,15 +28,15 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "--smoke" in sys.argv:
     os.environ["BENCH_SMOKE"] = "1"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import pallas as pl  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
 
-from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from jaxinfer.models.quantization import methods as qm  # noqa: E402
-from jaxinfer.pallas_kernels import fp8_gated_quant as fgq  # noqa: E402
+from benchmarks.kernels.bench_attention import roofline, time_fn
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.models.quantization import methods as qm
+from jaxinfer.pallas_kernels import fp8_gated_quant as fgq
 
 
 def xla_quant(x, gate=None):
@@ -183,7 +183,7 @@ def main():
         print(f"{r['T']:>6}x{r['W']:<7} {str(r['gated']):>5} {r['variant']:20} "
               f"{r.get('us', float('nan')):8.1f} {r['floor_us']:7.1f} "
               f"{r.get('of_copy', float('nan')):7.2f} "
-              f"{r.get('codes_equal_xla', r.get('error', ''))}")  # noqa: E501
+              f"{r.get('codes_equal_xla', r.get('error', ''))}")
 
 
 if __name__ == "__main__":

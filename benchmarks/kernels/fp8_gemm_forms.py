@@ -1,4 +1,4 @@
-"""How an fp8 product is written decides what XLA GPU makes of it (issue 15).
+"""How an fp8 product is written decides what XLA GPU makes of it.
 
 Times one llama3-8b MLP pair (gate 4096 -> 14336, down 14336 -> 4096) at
 256 and 16384 rows in several written forms of the same W8A8 product, and
@@ -31,15 +31,16 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "--smoke" in sys.argv:
     os.environ["BENCH_SMOKE"] = "1"  # roofline's CPU stand-in
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from benchmarks.kernels.bench_attention import roofline, time_fn  # noqa: E402
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from benchmarks.step_breakdown import profile_steps  # noqa: E402
-from jaxinfer.models.quantization import methods as qm  # noqa: E402
-from jaxinfer.models.quantization.hf_checkpoints import quantize_linear  # noqa: E402
+from benchmarks.kernels.bench_attention import roofline, time_fn
+from benchmarks.run_stamp import run_stamp
+from benchmarks.step_breakdown import profile_steps
+from jaxinfer.models.quantization import methods as qm
+from jaxinfer.models.quantization.hf_checkpoints import quantize_linear
+
 
 class _Layer:
     """What a LinearMethod and the at-load quantizer read of a Linear."""

@@ -22,15 +22,13 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.kernels.bench_attention import roofline  # noqa: E402
-from benchmarks.kernels.bench_int4 import (LAYERS, chain,  # noqa: E402
-                                           per_layer_us, weights)
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from jaxinfer.pallas_kernels.int4_matmul_mgpu import (  # noqa: E402
-    Int4MosaicTuning, int4_matmul_mgpu, plan)
+from benchmarks.kernels.bench_attention import roofline
+from benchmarks.kernels.bench_int4 import LAYERS, chain, per_layer_us, weights
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.pallas_kernels.int4_matmul_mgpu import Int4MosaicTuning, int4_matmul_mgpu, plan
 
 CASES = [
     # (name, In, Out, tuning)
@@ -58,7 +56,7 @@ def main() -> None:
     for name, n_in, n_out, t in CASES:
         q, s, z = weights(n_in, n_out, jax.random.key(n_in + n_out))
         x = jax.random.normal(jax.random.key(3), (1, n_in), jnp.bfloat16)
-        fn = lambda x, q, s, z, t=t: int4_matmul_mgpu(x, q, s, z, tuning=t)  # noqa: E731
+        fn = lambda x, q, s, z, t=t: int4_matmul_mgpu(x, q, s, z, tuning=t)
         ts = per_layer_us(chain(fn), x, q, s, z)
         us = statistics.median(ts)
         nbytes = q[0].nbytes + s[0].nbytes + z[0].nbytes

@@ -19,14 +19,13 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.kernels.bench_attention import roofline  # noqa: E402
-from benchmarks.kernels.bench_int4 import (LAYERS, SHAPES, chain,  # noqa: E402
-                                           per_layer_us, weights)
-from benchmarks.run_stamp import run_stamp  # noqa: E402
-from jaxinfer.pallas_kernels import int4_matmul as im  # noqa: E402
+from benchmarks.kernels.bench_attention import roofline
+from benchmarks.kernels.bench_int4 import LAYERS, SHAPES, chain, per_layer_us, weights
+from benchmarks.run_stamp import run_stamp
+from jaxinfer.pallas_kernels import int4_matmul as im
 
 
 def main():

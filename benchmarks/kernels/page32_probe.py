@@ -9,8 +9,8 @@ Prints one line per variant (ok + rel err, or the exit code and the last
 error line); writes page32-probe.json.
 
 On CPU one variant runs in jax's interpreter with its race detection and
-out-of-bounds reads raising (session 24: p32_v4, v4's faulting settings,
-gave no race and rel err 2.3e-3):
+out-of-bounds reads raising (p32_v4, v4's faulting settings, gave no race
+and rel err 2.3e-3: NOTES.md v17):
 
     PAGE32_CHECKS=1 PYTHONPATH=$PWD python benchmarks/kernels/page32_probe.py --child p32_v4
 """
@@ -38,10 +38,10 @@ VARIANTS = {
 
 def child(name: str) -> None:
     import jax.numpy as jnp
+
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels import ragged_paged_attention_reference
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        MosaicDecodeTuning)
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import MosaicDecodeTuning
     from tests.pallas_kernels.cases import make_case, rel_error
     cfg = VARIANTS[name]
     mg._PAGE_SIZES = (16, 32)  # let page 32 through for the probe
@@ -75,8 +75,7 @@ def child(name: str) -> None:
     err = rel_error(out.reshape(S, 8, head_dim)[:3], ref[rows][:3])
     extra = {}
     if os.environ.get("PAGE32_CHECKS"):
-        from jax._src.pallas.mosaic_gpu.interpret import (
-            interpret_pallas_call as ipc)
+        from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc
         extra["races_found"] = bool(ipc.get_races().races_found)
     print(json.dumps(dict(variant=name, rel_err=err, **extra)))
 

@@ -1,4 +1,4 @@
-"""Where the prefill ceiling of each Pallas backend lies, on issue 4's shape.
+"""Where the prefill ceiling of each Pallas backend lies, on the llama3-8b prefill shape.
 
 One command (GPU machine, repo root):
 
@@ -32,8 +32,7 @@ import statistics
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from benchmarks.kernels.bench_attention import (B, H, K, N, batch,  # noqa: E402
-                                                 roofline, time_fn)
+from benchmarks.kernels.bench_attention import B, H, K, N, batch, roofline, time_fn
 
 SEQS, L = 8, 2048
 
@@ -54,8 +53,8 @@ def main():
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
-                                         ragged_paged_attention)
+
+    from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning, ragged_paged_attention
 
     roof = roofline()
     flops = 4 * SEQS * (L * (L + 1) // 2) * N * H
@@ -88,7 +87,7 @@ def main():
     vb = jax.random.normal(k2, (SEQS, L, K, H), bf16)
 
     from jax.experimental.pallas.ops.gpu import attention as triton_attention
-    rep = lambda x: jnp.repeat(x, N // K, axis=2)  # noqa: E731
+    rep = lambda x: jnp.repeat(x, N // K, axis=2)
     kr, vr = rep(kb), rep(vb)
     for bq, bk, w, st in ((128, 64, 8, 2), (128, 128, 8, 2), (128, 64, 4, 3),
                           (64, 64, 4, 2)):

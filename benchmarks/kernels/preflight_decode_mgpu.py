@@ -26,10 +26,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.pallas_kernels.ragged_paged_attention_decode_mgpu import (
-    decode_attention)
-from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-    MosaicDecodeTuning)
+from jaxinfer.pallas_kernels.ragged_paged_attention_decode_mgpu import decode_attention
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import MosaicDecodeTuning
 from tests.pallas_kernels.lowering import decode_lowering_args
 
 FP8 = jnp.float8_e4m3fn

@@ -37,9 +37,12 @@ def main():
     import jax.numpy as jnp
     import ml_dtypes
     import numpy as np
+
     from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        FP8_MOSAIC_DECODE, default_tuning)
+        FP8_MOSAIC_DECODE,
+        default_tuning,
+    )
 
     rng = np.random.default_rng(0)
     pages_per_seq = L // B

@@ -6,17 +6,18 @@ either supported by the code or listed here."""
 
 from __future__ import annotations
 
-from .status import ignore, refuse
+from .status import Status, ignore, refuse
 
 MM = "multimodal inputs other than images (audio, video)"
 IMAGES_HINT = ("send images inline as base64 data URLs, or as file:// URLs "
                "under --allowed-local-media-path")
 LORA = "LoRA adapters"
 LORA_BIAS = "LoRA adapters with bias terms"
-TOOLS = "tool calling"
 STRUCTURED = "structured output (guided decoding)"
 SPEC = "speculative decoding"
-POOLING = "pooling / embedding models"
+POOLING = "pooling settings other than the model's sentence-transformers files"
+POOLING_HINT = ("write modules.json and 1_Pooling/config.json into the model "
+                "folder; PoolingParams.normalize / dimensions per request")
 MOE = "mixture-of-experts parallelism"
 HUB = "loading from a model hub"
 HUB_HINT = ("jaxinfer never downloads: fetch the revision yourself and pass "
@@ -28,11 +29,8 @@ DP_HINT = ("--data-parallel-size N runs N replicas behind one front in one "
            "process; across hosts, run a server per replica behind a load "
            "balancer")
 
-ENGINE_FLAGS = {
+ENGINE_FLAGS: dict[str, Status] = {
     # -- model and tokenizer ------------------------------------------------
-    "runner": refuse(POOLING, "only text generation is served", (None, "auto", "generate")),
-    "convert": refuse(POOLING, "only text generation is served", (None, "auto", "none")),
-    "task": refuse(POOLING, "only text generation is served", (None, "auto", "generate")),
     "tokenizer_mode": refuse("slow or mistral tokenizers",
                              "the fast (HF tokenizers) tokenizer is used",
                              (None, "auto", "hf")),
@@ -76,8 +74,8 @@ ENGINE_FLAGS = {
         "--served-model-name` sets the API's"),
     "config_format": refuse("mistral-format configs", "use an HF config.json",
                             (None, "auto", "hf")),
-    "pooler_config": refuse(POOLING),
-    "override_pooler_config": refuse(POOLING),
+    "pooler_config": refuse(POOLING, POOLING_HINT),
+    "override_pooler_config": refuse(POOLING, POOLING_HINT),
     "logits_processor_pattern": refuse("per-request logits processors"),
     "generation_config": refuse(
         "defaults read from generation_config.json",
@@ -105,11 +103,15 @@ ENGINE_FLAGS = {
     "pt_load_map_location": refuse(".pt checkpoints", "convert to safetensors",
                                    (None, "cpu")),
     "reasoning_parser": refuse("reasoning output parsing", accepts=(None, "")),
-    "guided_decoding_backend": refuse(STRUCTURED),
-    "guided_decoding_disable_fallback": refuse(STRUCTURED),
-    "guided_decoding_disable_any_whitespace": refuse(STRUCTURED),
-    "guided_decoding_disable_additional_properties": refuse(STRUCTURED),
-    "structured_outputs_config": refuse(STRUCTURED),
+    "guided_decoding_disable_fallback": ignore(
+        "there is one grammar library, so nothing to fall back to"),
+    "guided_decoding_disable_any_whitespace": refuse(
+        "engine-wide structured-output defaults",
+        "set disable_any_whitespace per request in structured_outputs"),
+    "guided_decoding_disable_additional_properties": refuse(
+        "engine-wide structured-output defaults",
+        "set disable_additional_properties per request in "
+        "structured_outputs"),
     # -- parallelism --------------------------------------------------------
     "decode_context_parallel_size": refuse("decode context parallelism",
                                            accepts=ONE),
@@ -127,8 +129,6 @@ ENGINE_FLAGS = {
         "headless (engine-only) data-parallel ranks",
         "a multi-process engine's processes other than 0 serve no HTTP: "
         "start them with --process-id N"),
-    "api_server_count": refuse("several API server processes",
-                               "one process serves the API", ONE),
     "enable_expert_parallel": refuse(MOE),
     "enable_dbo": refuse("dual-batch overlap"),
     "dbo_decode_token_threshold": refuse("dual-batch overlap", accepts=(None, 32)),
@@ -237,7 +237,6 @@ ENGINE_FLAGS = {
     "disable_hybrid_kv_cache_manager": ignore(
         "every layer shares one KV page pool; there is no hybrid manager "
         "to turn off"),
-    "speculative_config": refuse(SPEC),
     "kv_transfer_config": refuse("KV transfer (disaggregated prefill)"),
     "kv_events_config": refuse("KV cache events"),
     "compilation_config": refuse("vLLM's torch.compile settings",
@@ -254,7 +253,7 @@ ENGINE_FLAGS = {
 SERVE_IMPLEMENTS = frozenset({"served_model_name"})
 
 # `vllm serve` flags of the HTTP front end (not EngineArgs fields).
-SERVE_FLAGS = {
+SERVE_FLAGS: dict[str, Status] = {
     "config": refuse("YAML config files", "pass the flags on the command line"),
     "uds": refuse("Unix domain sockets", "use --host and --port"),
     "disable_uvicorn_access_log": ignore(
@@ -286,11 +285,13 @@ SERVE_FLAGS = {
     "disable_frontend_multiprocessing": ignore(
         "the server and the engine always share one process"),
     "enable_request_id_headers": refuse("X-Request-Id response headers"),
-    "enable_auto_tool_choice": refuse(TOOLS),
-    "exclude_tools_when_tool_choice_none": refuse(TOOLS),
-    "tool_call_parser": refuse(TOOLS),
-    "tool_parser_plugin": refuse(TOOLS, accepts=(None, "")),
-    "tool_server": refuse(TOOLS),
+    "tool_parser_plugin": refuse(
+        "tool parser plugins (Python files loaded at start)",
+        "pick a built-in format with --tool-call-parser", accepts=(None, "")),
+    "tool_server": refuse(
+        "built-in tool servers (MCP / demo tools run by the server)",
+        "run the tools in the client and send their results as tool "
+        "messages"),
     "log_config_file": refuse("a logging config file"),
     "max_log_len": ignore("jaxinfer does not log prompts"),
     "disable_fastapi_docs": refuse("turning the /docs pages off"),

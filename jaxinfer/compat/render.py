@@ -5,14 +5,16 @@ tests/jaxinfer/test_compatibility_doc.py fails when the file drifts."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 
-from .engine_flags import ENGINE_FLAGS
+from pydantic import BaseModel
+
 from .request_fields import SAMPLING_FIELDS, request_field_status
-from .status import Ignored, Refused
-from .surface import (VLLM_VERSION, flag_status, serve_flag_status,
-                      vllm_surface)
+from .request_limits import render_limits
+from .status import Ignored, Refused, Status
+from .surface import VLLM_VERSION, flag_status, serve_flag_status, vllm_surface
 
 SUPPORTED = "supported"
 
@@ -29,7 +31,8 @@ class UnclassifiedError(RuntimeError):
     """A vLLM name with neither support in the code nor a table entry."""
 
 
-def _row(name: str, entry, supported_note: str | None, key: str) -> Row:
+def _row(name: str, entry: Status | None, supported_note: str | None,
+         key: str) -> Row:
     if isinstance(entry, Ignored):
         return Row(name, "ignored", entry.reason, key)
     if isinstance(entry, Refused):
@@ -44,9 +47,12 @@ def _row(name: str, entry, supported_note: str | None, key: str) -> Row:
     return Row(name, SUPPORTED, supported_note, key)
 
 
-def _serve_parser():
+def _serve_parser() -> argparse.ArgumentParser:
     from ..entrypoints.cli import build_parser
-    return build_parser()._subparsers._group_actions[0].choices["serve"]
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices["serve"]
+    raise RuntimeError("the jaxinfer parser has no subcommands")
 
 
 def serve_flag_rows() -> list[Row]:
@@ -84,22 +90,28 @@ def extension_rows() -> list[Row]:
 
 
 def sampling_rows() -> list[Row]:
-    from ..sampling_params import SamplingParams
+    from ..sampling_params import SAMPLING_ALIASES, SamplingParams
     ours = {f.name for f in dataclasses.fields(SamplingParams)}
-    return [_row(f"`{n}`", SAMPLING_FIELDS.get(n),
-                 "as vLLM" if n in ours else None, n)
+
+    def note(n: str) -> str | None:
+        if n in SAMPLING_ALIASES:
+            return f"as vLLM (taken as {SAMPLING_ALIASES[n]})"
+        return "as vLLM" if n in ours else None
+    return [_row(f"`{n}`", SAMPLING_FIELDS.get(n), note(n), n)
             for n in vllm_surface()["sampling_params"]]
 
 
 def request_rows(kind: str) -> list[Row]:
     """kind: a key of the recorded surface (completion_request, ...)."""
     from ..entrypoints.openai import protocol as p
-    model = {"completion_request": p.CompletionRequest,
-             "chat_completion_request": p.ChatCompletionRequest,
-             "stream_options": p.StreamOptions,
-             "tokenize_completion": p.TokenizeCompletionRequest,
-             "tokenize_chat": p.TokenizeChatRequest,
-             "detokenize": p.DetokenizeRequest}[kind]
+    models: dict[str, type[BaseModel]] = {
+        "completion_request": p.CompletionRequest,
+        "chat_completion_request": p.ChatCompletionRequest,
+        "stream_options": p.StreamOptions,
+        "tokenize_completion": p.TokenizeCompletionRequest,
+        "tokenize_chat": p.TokenizeChatRequest,
+        "detokenize": p.DetokenizeRequest}
+    model = models[kind]
     prefix = "stream_options." if kind == "stream_options" else ""
     rows = []
     for name in vllm_surface()[kind]:
@@ -174,6 +186,7 @@ def render() -> str:
         out += [f"## {title}", "",
                 ", ".join(f"{v} {k}" for k, v in counts.items() if v) + ".", ""]
         out += _table(rows)
+    out += render_limits()
     return "\n".join(out)
 
 

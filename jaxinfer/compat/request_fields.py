@@ -6,47 +6,35 @@ of being parsed (e.g. ``tools``); one without is supported."""
 
 from __future__ import annotations
 
-from .engine_flags import LORA, MM, STRUCTURED, TOOLS
-from .status import ignore, refuse
+from typing import Any
 
-EMPTY = (None, {}, [], "")
+from .engine_flags import LORA, MM
+from .status import Status, ignore, refuse
+
+EMPTY: tuple[Any, ...] = (None, {}, [], "")
 
 # SamplingParams(...) keyword arguments.
-SAMPLING_FIELDS = {
+SAMPLING_FIELDS: dict[str, Status] = {
     "logits_processors": refuse("custom logits processors", accepts=EMPTY),
     "output_text_buffer_length": ignore(
         "it only holds back streamed text in vLLM; the text produced is "
         "the same"),
-    "structured_outputs": refuse(STRUCTURED),
-    "guided_decoding": refuse(STRUCTURED),
     "extra_args": refuse("extra_args (for custom logits processors)",
                          accepts=EMPTY),
 }
 
 # Fields of /v1/completions and /v1/chat/completions bodies.
-REQUEST_FIELDS = {
+REQUEST_FIELDS: dict[str, Status] = {
     "suffix": refuse("suffix (fill-in-the-middle completion)", accepts=EMPTY),
     "prompt_embeds": refuse("prompt embeddings as input", accepts=EMPTY),
-    "response_format": refuse(STRUCTURED, "omit response_format or use "
-                              "{'type': 'text'}",
-                              accepts=(None, {"type": "text"})),
-    "structured_outputs": refuse(STRUCTURED),
-    "guided_json": refuse(STRUCTURED),
-    "guided_regex": refuse(STRUCTURED),
-    "guided_choice": refuse(STRUCTURED),
-    "guided_grammar": refuse(STRUCTURED),
-    "structural_tag": refuse(STRUCTURED),
-    "guided_decoding_backend": refuse(STRUCTURED),
-    "guided_whitespace_pattern": refuse(STRUCTURED),
+    "structural_tag": refuse(
+        "structural tags", "use response_format, structured_outputs or "
+        "guided_json / guided_regex / guided_choice / guided_grammar"),
     "logits_processors": refuse("custom logits processors", accepts=EMPTY),
     "cache_salt": refuse("per-request prefix cache salts"),
     "kv_transfer_params": refuse("KV transfer (disaggregated prefill)"),
     "vllm_xargs": refuse("vllm_xargs (for custom logits processors)",
                          accepts=EMPTY),
-    "tools": refuse(TOOLS, "omit tools", accepts=EMPTY),
-    "tool_choice": refuse(TOOLS, accepts=(None, "none", "auto")),
-    "parallel_tool_calls": ignore("without tools there are no tool calls "
-                                  "to run in parallel"),
     "reasoning_effort": refuse("reasoning models' effort setting"),
     "include_reasoning": ignore("no served model emits separate reasoning"),
     "documents": refuse("documents for RAG chat templates", accepts=EMPTY),
@@ -72,7 +60,7 @@ ENDPOINT_QUALIFIER = {"completion_request": "completion",
                       "stream_options": "stream_options"}
 
 
-def request_field_status(kind: str, name: str):
+def request_field_status(kind: str, name: str) -> Status | None:
     """The entry for a field of one endpoint (qualified key first)."""
     qualifier = ENDPOINT_QUALIFIER[kind]
     return (REQUEST_FIELDS.get(f"{qualifier}.{name}")

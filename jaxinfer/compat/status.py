@@ -44,6 +44,10 @@ class Refused:
             raise UnsupportedFeatureError(name, self.feature, self.hint)
 
 
+# A table entry: what is done with a name jaxinfer does not implement.
+Status = Ignored | Refused
+
+
 def _same(value: Any, accepted: Any) -> bool:
     """Compares a parsed CLI string or a Python value with an accepted
     value: ``"1"`` is 1, ``"false"`` is False, ``"{}"`` is an empty dict."""

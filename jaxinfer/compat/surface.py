@@ -91,13 +91,19 @@ def split_engine_kwargs(kwargs: dict[str, Any], known: set[str]) -> dict[str, An
     jaxinfer lacks is refused (UnsupportedFeatureError) or ignored (logged);
     any other name is a TypeError naming it."""
     vllm_names = set(vllm_surface()["engine_args"])
-    unknown = sorted(k for k in kwargs if k not in known
-                     and (k not in vllm_names or flag_status(k) is None))
-    if unknown:
-        raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+    unknown, listed = [], []
     for name, value in kwargs.items():
-        if name not in known:
-            flag_status(name).check(name, value)
+        if name in known:
+            continue
+        status = flag_status(name) if name in vllm_names else None
+        if status is None:
+            unknown.append(name)
+        else:
+            listed.append((name, value, status))
+    if unknown:
+        raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
+    for name, value, status in listed:
+        status.check(name, value)
     return {k: v for k, v in kwargs.items() if k in known}
 
 

@@ -16,6 +16,7 @@ tail first: the deepest blocks of a prefix are evicted before its root.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from typing import NamedTuple
 
 NULL_PAGE = 0
@@ -30,8 +31,8 @@ class BlockHash(NamedTuple):
     extra_keys: tuple | None  # LoRA id, multimodal input hashes, cache salt ...
 
 
-def hash_block(parent: BlockHash | None, token_ids, extra_keys: tuple | None = None
-               ) -> BlockHash:
+def hash_block(parent: BlockHash | None, token_ids: Iterable[int],
+               extra_keys: tuple | None = None) -> BlockHash:
     toks = tuple(token_ids)
     parent_value = parent.value if parent is not None else 0
     return BlockHash(hash((parent_value, toks, extra_keys)), toks, extra_keys)
@@ -126,7 +127,7 @@ class BlockPool:
             out.append(page)
         return out
 
-    def touch(self, pages) -> None:
+    def touch(self, pages: Iterable[int]) -> None:
         """Takes one more reference on each page (sharing it); a free cached
         page leaves the free queue."""
         for page in pages:
@@ -137,7 +138,7 @@ class BlockPool:
                     del self._free_plain[page]
             self.ref_cnt[page] += 1
 
-    def free(self, pages) -> None:
+    def free(self, pages: Iterable[int]) -> None:
         """Drops one reference from each page; pages reaching zero go to the
         back of their free queue. Pass pages in eviction order (tail first)."""
         for page in pages:

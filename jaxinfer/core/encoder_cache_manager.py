@@ -52,7 +52,7 @@ class EncoderCacheManager:
         held = self.slots.get(req.request_id, {})
         free = len(self._free)
         end = start + num_new
-        need = []
+        need: list[int] = []
         for i, item in enumerate(req.mm_inputs):
             if item.offset >= end:
                 break

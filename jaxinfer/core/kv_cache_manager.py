@@ -3,7 +3,8 @@ caching over them, and host swap slots.
 
 Every page id a block table holds is one reference in the `BlockPool`; the
 same page may sit in several tables (a shared prefix, the samples of an
-n > 1 request among them), and a shared page is full, so never written. A table covers positions ``[0, len(table) * block_size)``.
+n > 1 request among them), and a shared page is full, so never written. A
+table covers positions ``[0, len(table) * block_size)``.
 
 Prefix caching: once a block of ``block_size`` tokens is full (its tokens
 scheduled), its page is registered under a hash that chains over the whole
@@ -15,6 +16,7 @@ computed (its logits are needed), so the lookup stops one token short.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable, Sequence
 
 from ..request import Request
 from .block_pool import BlockHash, BlockPool, hash_block
@@ -43,7 +45,7 @@ class HostPool:
         self._used.update(out)
         return out
 
-    def free(self, slots) -> None:
+    def free(self, slots: Iterable[int]) -> None:
         for s in slots:
             if s not in self._used:
                 raise RuntimeError(f"double free of host slot {s}")
@@ -98,9 +100,10 @@ class KVCacheManager:
         and how many tokens they cover. Takes no references."""
         if not self.enable_caching or req.request_id in self.block_tables:
             return [], 0
-        if req.sampling_params.prompt_logprobs is not None:
-            # As vLLM: prompt logprobs need every prompt position's logits,
-            # so such a request computes its whole prompt (no cache hits).
+        if req.skip_prefix_cache:
+            # As vLLM: prompt logprobs (and pooling over every token) need
+            # every prompt position, so such a request computes its whole
+            # prompt (no cache hits).
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         pages = []
@@ -118,7 +121,7 @@ class KVCacheManager:
     # -- allocation -------------------------------------------------------
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
-                       computed_pages: list[int] = ()) -> bool:
+                       computed_pages: Sequence[int] = ()) -> bool:
         """Makes room for ``num_new_tokens`` more tokens of ``req`` after its
         ``num_computed_tokens`` (plus ``computed_pages``, prefix-cache hits of
         a request with no pages yet). All or nothing: returns False, changing
@@ -166,6 +169,19 @@ class KVCacheManager:
             if self.pool.page_hash[table[i]] is None:
                 self.pool.cache_page(table[i], hashes[i])
         self._num_cached_blocks[rid] = n_full
+
+    def trim(self, req: Request) -> None:
+        """Gives back the pages past the request's ``num_computed_tokens``
+        (rejected draft tokens' slots). They are the request's own, fresh
+        pages: drafts sit past every known token, so none of them holds a
+        registered full block."""
+        table = self.block_tables.get(req.request_id)
+        if table is None:
+            return
+        keep = cdiv(req.num_computed_tokens, self.block_size)
+        if len(table) > keep:
+            self.pool.free(reversed(table[keep:]))
+            del table[keep:]
 
     def free(self, req: Request) -> None:
         """Releases everything the request holds (pages and host slots)."""

@@ -17,12 +17,13 @@ import bisect
 import collections
 import heapq
 import itertools
+from collections.abc import Iterator
 
 from ..request import Request
 
 
 class FCFSQueue:
-    def __init__(self):
+    def __init__(self) -> None:
         self._q: collections.deque[Request] = collections.deque()
 
     def add(self, req: Request) -> None:
@@ -44,15 +45,15 @@ class FCFSQueue:
     def __len__(self) -> int:
         return len(self._q)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
 
 
 class PriorityQueue:
     """A heap on (priority, arrival_time, insertion order)."""
 
-    def __init__(self):
-        self._heap: list = []
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple, int, Request]] = []
         self._seq = itertools.count()
 
     def add(self, req: Request) -> None:
@@ -73,7 +74,7 @@ class PriorityQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Request]:
         return (e[2] for e in sorted(self._heap, key=lambda e: e[:2]))
 
 
@@ -90,7 +91,7 @@ class Policy:
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {name!r}")
         self.name = name
 
-    def make_queue(self):
+    def make_queue(self) -> FCFSQueue | PriorityQueue:
         return FCFSQueue() if self.name == "fcfs" else PriorityQueue()
 
     def admit(self, running: list[Request], req: Request) -> None:

@@ -16,14 +16,23 @@ whose pages do not fit in the host space is recomputed instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..config import CacheConfig, SchedulerConfig
 from ..request import Request, RequestStatus, banned_ids
+from ..structured.bitmask import fill_bitmasks
 from .encoder_cache_manager import EncoderCacheManager
 from .kv_cache_manager import KVCacheManager
 from .lora_budget import AdapterBudget
 from .policy import Policy
 from .scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
+from .speculation import Speculation
+
+if TYPE_CHECKING:
+    from ..spec_decode.config import SpeculativeConfig
 
 
 def _stop_ids(req: Request) -> list[int]:
@@ -31,14 +40,15 @@ def _stop_ids(req: Request) -> list[int]:
     window's rows are)."""
     sp = req.sampling_params
     eos = [] if sp.ignore_eos else list(req.eos_token_ids)
-    return eos + list(sp.stop_token_ids)
+    return eos + list(sp.stop_token_ids or ())
 
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, num_blocks: int,
                  num_host_blocks: int = 0, num_encoder_slots: int = 0,
-                 max_loras: int | None = None):
+                 max_loras: int | None = None,
+                 speculative_config: SpeculativeConfig | None = None):
         self.config = scheduler_config
         self.cache_config = cache_config
         self.kv = KVCacheManager(num_blocks, cache_config.block_size,
@@ -49,6 +59,9 @@ class Scheduler:
                         if num_encoder_slots else None)
         self.policy = Policy(scheduler_config.policy)
         self.adapters = AdapterBudget(max_loras)  # None: LoRA off
+        # Draft tokens for decoding requests (None: speculation off).
+        self.speculation = (Speculation(speculative_config)
+                            if speculative_config is not None else None)
         self.requests: dict[str, Request] = {}
         self.waiting = self.policy.make_queue()  # new, preempted and swapped
         self.running: list[Request] = []  # ordered: last = first to preempt
@@ -64,7 +77,8 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def finish_requests(self, request_ids, status: RequestStatus) -> None:
+    def finish_requests(self, request_ids: str | Iterable[str],
+                        status: RequestStatus) -> None:
         """Ends requests from outside the step (abort, stop string)."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
@@ -128,13 +142,15 @@ class Scheduler:
         out = SchedulerOutput.make_empty()
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
+        drafts = ({} if self.speculation is None
+                  else self.speculation.propose(self.running))
 
         # 1. Running requests: decodes and unfinished prefill chunks.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens,
-                          budget)
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens
+                          + len(drafts.get(req.request_id, ())), budget)
             if num_new <= 0 or req.out_of_budget_with_pending():
                 i += 1
                 continue
@@ -213,10 +229,15 @@ class Scheduler:
         out.num_steps = num_steps
         for req, n in scheduled:
             start = req.num_computed_tokens
-            sample = start + n == req.num_tokens_with_pending
+            # Drafts that fit the budget (n counts the row's one known token).
+            d = min(len(drafts.get(req.request_id, ())), n - 1)
+            sample = start + n - d == req.num_tokens_with_pending
             out.scheduled.append(ScheduledRequest(
                 request_id=req.request_id,
-                token_ids=req.token_ids_between(start, start + n),
+                token_ids=(req.token_ids_between(start, start + n - d)
+                           + drafts[req.request_id][:d] if d else
+                           req.token_ids_between(start, start + n)),
+                num_draft_tokens=d,
                 start_pos=start,
                 block_table=list(self.kv.block_table(req.request_id)),
                 sample=sample,
@@ -225,23 +246,47 @@ class Scheduler:
                 sample_index=(len(req.output_token_ids)
                               + req.num_pending_tokens if sample else 0),
                 banned_ids=banned_ids(req) if sample else [],
-                stop_ids=_stop_ids(req) if num_steps > 1 else []))
+                stop_ids=_stop_ids(req) if num_steps > 1 else [],
+                constrained=sample and req.grammar is not None))
             # Counted as computed now: the step that runs them is already
             # enqueued when the next schedule() is called. Its sampled token
             # is pending until update_from_output reads it.
             req.num_computed_tokens += n * num_steps
-            req.num_pending_tokens += sample * num_steps
+            # A speculative row may append every draft and one more token;
+            # those its step rejects are taken back (reject_drafts).
+            req.num_pending_tokens += sample * num_steps + d
             if self.encoder is not None and req.mm_inputs:
                 self.encoder.free_consumed(req)
         out.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_ids, self._finished_ids = self._finished_ids, []
         return out
 
+    def fill_token_masks(self, out: SchedulerOutput, bitmask: np.ndarray
+                         ) -> None:
+        """ANDs each constrained row's next-token mask into its row of
+        ``bitmask`` [S, words] int32 (which holds the row's allowed and
+        banned ids), all at once (in parallel, off the
+        GIL). The engine calls it after the step's forward pass is enqueued
+        and the step before it has been read, so each matcher has seen
+        every token before the one its row samples while the device runs
+        the forward pass. Rows of requests that finished meanwhile keep
+        what they have: their token is dropped."""
+        rows = []
+        for i, sr in enumerate(out.scheduled):
+            req = self.requests.get(sr.request_id) if sr.constrained else None
+            if req is not None and req.grammar is not None and not req.is_finished:
+                rows.append((i, req))
+        if rows:
+            masks = fill_bitmasks([req.grammar for _, req in rows])
+            idx = [i for i, _ in rows]
+            bitmask[idx] &= masks
+
     def _multi_step_window(self, scheduled: list[tuple[Request, int]],
                            out: SchedulerOutput) -> int:
         """How many decode steps this step's program runs: num_scheduler_steps
         when every row is one decode token of a request that needs nothing
-        from the host between tokens, nobody waits to join the batch, and
+        from the host between tokens and samples in the plain tier (no
+        allowed ids, bias, logprobs), nobody waits to join the batch, and
         each has room for that many more tokens and the pages for them
         (allocated here); else 1. Only the full window is taken, so each
         bucket has one multi-step program."""
@@ -252,7 +297,10 @@ class Scheduler:
         for req, n in scheduled:
             sp = req.sampling_params
             if (n != 1 or req.num_computed_tokens + 1 != req.num_tokens_with_pending
-                    or req.needs_known_tokens or sp.logprobs is not None
+                    or req.needs_known_tokens or req.grammar is not None
+                    or sp.logprobs is not None
+                    # A window samples in the plain tier only.
+                    or sp.allowed_token_ids or sp.logit_bias
                     or req.mm_inputs or (req.max_tokens is not None and len(
                         req.output_token_ids) + req.num_pending_tokens + k
                         > req.max_tokens)):
@@ -273,7 +321,22 @@ class Scheduler:
     def _commit_images(self, req: Request, images: list[int],
                        out: SchedulerOutput) -> None:
         if images:
+            if self.encoder is None:
+                raise RuntimeError("images planned without an encoder cache")
             out.encoder_inputs.extend(self.encoder.commit(req, images))
+
+    def reject_drafts(self, output: SchedulerOutput) -> None:
+        """After a speculative step's tokens are appended: each live row's
+        rejected drafts are no longer computed, and its pages past what
+        was accepted go back to the pool."""
+        for sr in output.scheduled:
+            req = self.requests.get(sr.request_id)
+            if not sr.num_draft_tokens or req is None or req.is_finished:
+                continue
+            rejected = req.num_pending_tokens
+            req.num_pending_tokens = 0
+            req.num_computed_tokens -= rejected
+            self.kv.trim(req)
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:
@@ -290,8 +353,21 @@ class Scheduler:
             req = self.requests.get(sr.request_id)
             if req is None or req.is_finished:
                 continue  # finished (or aborted) while this step ran
+            if req.pooling_params is not None:  # pooled: its prompt is done
+                req.num_pending_tokens -= 1
+                req.status = RequestStatus.FINISHED_STOPPED
+                if req in self.running:
+                    self.running.remove(req)
+                else:
+                    self.waiting.remove(req)
+                self._free(req)
+                updated.append(req)
+                continue
+            token = sampled.get(sr.request_id)
+            if token is None:  # a speculative row that emitted fewer tokens
+                continue
             req.num_pending_tokens -= 1
-            req.append_output_token(sampled[sr.request_id])
+            req.append_output_token(token)
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now

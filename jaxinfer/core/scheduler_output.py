@@ -21,14 +21,17 @@ class NewRequestData:
     sampling_params: SamplingParams
     # Keyword-only: both are optional and of unrelated types, so a positional
     # LoRARequest must not land silently in mm_inputs.
-    mm_inputs: tuple = dataclasses.field(default=(), kw_only=True)  # images (MultiModalInput) over their placeholders
-    lora_request: LoRARequest | None = dataclasses.field(default=None, kw_only=True)  # its LoRA adapter; None: the base model
+    # images (MultiModalInput) over their placeholders
+    mm_inputs: tuple = dataclasses.field(default=(), kw_only=True)
+    # its LoRA adapter; None: the base model
+    lora_request: LoRARequest | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclasses.dataclass
 class ScheduledRequest:
     request_id: str
-    token_ids: list[int]  # tokens whose K/V this step computes, in order (PENDING_TOKEN: on the device)
+    # tokens whose K/V this step computes, in order (PENDING_TOKEN: on the device)
+    token_ids: list[int]
     start_pos: int  # position of token_ids[0]; equals the tokens already in pages
     block_table: list[int]  # page ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True when this chunk ends at the request's last known token
@@ -39,6 +42,15 @@ class ScheduledRequest:
     # on the device once every row has sampled one. The host checks every
     # stop.
     stop_ids: list[int] = dataclasses.field(default_factory=list)
+    # Structured outputs: the row samples under its request's grammar. Its
+    # mask is filled after the step is enqueued (Scheduler.fill_token_masks),
+    # once the token before it has been read.
+    constrained: bool = False
+    # Speculative decoding: the last this many of token_ids are draft
+    # tokens (spec_decode/), verified by this step; the row samples after
+    # the token before them, and its pages past what is accepted are
+    # given back when the step is read (Scheduler.reject_drafts).
+    num_draft_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -63,7 +75,7 @@ class SchedulerOutput:
     num_steps: int = 1
 
     @classmethod
-    def make_empty(cls) -> "SchedulerOutput":
+    def make_empty(cls) -> SchedulerOutput:
         return cls([], 0, [], [], [], [])
 
     @property

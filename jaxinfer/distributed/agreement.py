@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 from ..errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from ..config import EngineArgs
 
 # Settings that may differ from process to process.
 LOCAL_FIELDS = frozenset({"process_id", "compilation_cache_dir",
@@ -22,11 +26,13 @@ _SLOTS = 128  # digests compared at once (fields past this share the last)
 _SHOWN = 160  # bytes of each differing value shown in the error
 
 
-def settings(args) -> dict[str, str]:
+def settings(args: EngineArgs) -> dict[str, str]:
     """What must agree: the EngineArgs fields (but LOCAL_FIELDS) and the
     runtime (versions, platform, devices per process)."""
     out = {f.name: repr(getattr(args, f.name))
            for f in dataclasses.fields(args) if f.name not in LOCAL_FIELDS}
+    # A default and the value it stands for are the same setting.
+    out["warmup"] = repr(args.resolved_warmup(jax.default_backend()))
     from .. import __version__
     out.update({"jaxinfer version": __version__, "jax version": jax.__version__,
                 "platform": jax.default_backend(),
@@ -38,7 +44,7 @@ def _digest(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def check_same_config(args) -> None:
+def check_same_config(args: EngineArgs) -> None:
     """Raises InvalidConfigError on every process when any two disagree."""
     values = settings(args)
     names = sorted(values)

@@ -14,11 +14,16 @@ processes.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from ..errors import InvalidConfigError
 from .parallel_config import ParallelConfig
+
+if TYPE_CHECKING:
+    from ..config import EngineArgs
+    from ..engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ def initialize(parallel: ParallelConfig) -> None:
 _checked = False
 
 
-def bring_up(args) -> ParallelConfig:
+def bring_up(args: EngineArgs) -> ParallelConfig:
     """Initializes jax.distributed when the args ask for several processes
     and checks that every process was given the same configuration (once:
     the check is a collective every process joins the same number of
@@ -67,13 +72,15 @@ def bring_up(args) -> ParallelConfig:
     return parallel
 
 
-def is_worker(args) -> bool:
+def is_worker(args: EngineArgs) -> bool:
     """Whether this process follows process 0's steps (brings JAX up)."""
     parallel = bring_up(args)
     return parallel.multi_process and jax.process_index() != 0
 
 
-def make_engine(engine_cls, args):
+def make_engine(engine_cls: type[LLMEngine], args: EngineArgs) -> Any:
+    """The engine the arguments describe: an ``engine_cls``, a
+    `DataParallelEngine` over several, or a `RayEngine` (one surface)."""
     parallel = bring_up(args)
     if parallel.backend == "ray":
         from .ray_executor import RayEngine
@@ -90,7 +97,7 @@ def make_engine(engine_cls, args):
     return engine_cls(args)
 
 
-def run_worker(args) -> int:
+def run_worker(args: EngineArgs) -> int:
     """A process other than 0: builds the same runner and runs process 0's
     steps until process 0 stops the engine. Returns the steps run."""
     from ..engine.llm_engine import LLMEngine
@@ -99,4 +106,17 @@ def run_worker(args) -> int:
                                  "of a multi-process engine")
     engine = LLMEngine(args)  # the same derivation of every size as process 0
     logger.info("process %d follows process 0's steps", jax.process_index())
-    return engine.runner.follow()
+    return follow_steps(engine)
+
+
+def follow_steps(engine: LLMEngine) -> int:
+    """Runs process 0's steps on ``engine``'s runner (a `DistributedRunner`
+    on every process but 0) until process 0 stops; returns the steps run."""
+    from .step_broadcast import DistributedRunner
+    runner = engine.runner
+    if not isinstance(runner, DistributedRunner):
+        raise RuntimeError(f"process {jax.process_index()} of "
+                           f"{jax.process_count()} built a "
+                           f"{type(runner).__name__}, which cannot follow "
+                           "process 0's steps")
+    return runner.follow()

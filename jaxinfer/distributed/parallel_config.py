@@ -12,8 +12,13 @@ model or the devices (heads, layers, device counts) is checked by
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from ..config import EngineArgs
+    from ..models.config import ModelConfig
 
 BACKENDS = ("uni", "mp", "ray", "external_launcher")
 
@@ -33,7 +38,7 @@ class ParallelConfig:
     num_processes: int | None = None  # processes of the one JAX program
     process_id: int | None = None  # this process, 0 .. num_processes - 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size",
                      "data_parallel_size"):
             value = getattr(self, name)
@@ -110,7 +115,7 @@ class ParallelConfig:
         return " x ".join(parts) or "tensor_parallel_size=1"
 
 
-def parallel_config_from(args) -> ParallelConfig:
+def parallel_config_from(args: EngineArgs) -> ParallelConfig:
     """The ParallelConfig of `EngineArgs` (``worker_use_ray`` is vLLM's
     older spelling of ``distributed_executor_backend='ray'``)."""
     backend = args.distributed_executor_backend
@@ -129,8 +134,8 @@ def parallel_config_from(args) -> ParallelConfig:
         num_processes=args.num_processes, process_id=args.process_id)
 
 
-def check_fits(parallel: ParallelConfig, model_config, num_devices: int,
-               platform: str, preemption_mode: str,
+def check_fits(parallel: ParallelConfig, model_config: ModelConfig,
+               num_devices: int, platform: str, preemption_mode: str,
                num_processes: int = 1, enable_lora: bool = False,
                num_scheduler_steps: int = 1) -> None:
     """What needs the model and the devices, before any weight loads:

@@ -26,11 +26,18 @@ import itertools
 import logging
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidConfigError
 from ..sampling_params import SamplingParams
 from .ray_worker import EngineWorker
+
+if TYPE_CHECKING:
+    from ..config import EngineArgs
+    from ..engine.input_processor import InputProcessor
+    from ..engine.llm_engine import EngineStats
+    from ..outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,7 @@ class WorkerDiedError(RuntimeError):
     """A worker process of a Ray engine ended while the engine ran."""
 
 
-def _import_ray():
+def _import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
@@ -64,10 +71,10 @@ def _import_ray():
 class RayEngine:
     """The engine of a Ray cluster, seen from the server's process."""
 
-    def __init__(self, args):
-        from jaxinfer.models import resolve_model
+    def __init__(self, args: EngineArgs) -> None:
+        from jaxinfer.models import resolve_model, resolve_tokenizer
+
         from ..tokenizer import load_tokenizer
-        from jaxinfer.models import resolve_tokenizer
         ray = self._ray = _import_ray()
         self.args = args
         parallel = args.parallel_config()
@@ -99,7 +106,7 @@ class RayEngine:
         self._start(args)
         self._counter = itertools.count()
         self._unfinished = False
-        self._stats = None
+        self._stats: EngineStats | None = None
         self.scheduler = _RemoteQueues(self)
         self._watcher = threading.Thread(target=self._watch, daemon=True,
                                          name="jaxinfer-ray-watch")
@@ -110,8 +117,7 @@ class RayEngine:
     def _place(self, per_worker: int, use_gpus: bool) -> None:
         ray = self._ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import (
-            PlacementGroupSchedulingStrategy)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         bundle = ({"GPU": per_worker, "CPU": 1} if use_gpus else {"CPU": 1})
         self._pg = placement_group([dict(bundle)] * self.num_workers,
                                    strategy="PACK")
@@ -138,7 +144,7 @@ class RayEngine:
                     self._pg, placement_group_bundle_index=i)).remote()
             for i in range(self.num_workers)]
 
-    def _start(self, args) -> None:
+    def _start(self, args: EngineArgs) -> None:
         self._lifetimes = {w.lifetime.options(concurrency_group="lifetime")
                            .remote(): i for i, w in enumerate(self.workers)}
         coordinator = self._get(self.workers[0].coordinator_address.remote())
@@ -170,7 +176,7 @@ class RayEngine:
 
     # -- supervision -----------------------------------------------------------
 
-    def _get(self, ref) -> Any:
+    def _get(self, ref: Any) -> Any:
         """``ray.get(ref)``, failing as soon as any worker ends instead."""
         ray = self._ray
         if self.dead_error is not None:
@@ -195,7 +201,7 @@ class RayEngine:
                 raise self._died(ended[0]) from e
             raise
 
-    def _died(self, lifetime_ref, error: BaseException | None = None
+    def _died(self, lifetime_ref: Any, error: BaseException | None = None
               ) -> BaseException:
         """Records a worker's end, kills every worker, tells the callbacks."""
         ray = self._ray
@@ -218,7 +224,7 @@ class RayEngine:
         for callback in self._callbacks:
             try:
                 callback(self.dead_error)
-            except Exception:  # noqa: BLE001 - the others must still run
+            except Exception:
                 logger.exception("engine failure callback failed")
         return self.dead_error
 
@@ -265,7 +271,7 @@ class RayEngine:
         return self.scheduler_config.max_model_len
 
     @property
-    def input_processor(self):
+    def input_processor(self) -> InputProcessor:
         from ..engine.input_processor import InputProcessor
         if not hasattr(self, "_input_processor"):
             self._input_processor = InputProcessor(
@@ -291,19 +297,19 @@ class RayEngine:
         self._unfinished = True
         return rid
 
-    def abort_request(self, request_ids) -> None:
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
         if self.dead_error is None:  # calls run in order on worker 0
             self.workers[0].abort_request.remote(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
 
-    def step(self):
+    def step(self) -> list[RequestOutput]:
         outputs, self._unfinished, self._stats = self._get(
             self.workers[0].step.remote())
         return outputs
 
-    def get_stats(self):
+    def get_stats(self) -> EngineStats:
         if self._stats is None:
             self._stats = self._get(self.workers[0].stats.remote())
         return self._stats

@@ -9,15 +9,27 @@ import dataclasses
 import os
 import socket
 import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import EngineArgs
+    from ..engine.llm_engine import EngineStats, LLMEngine
+    from ..outputs import RequestOutput
 
 
 class EngineWorker:
     """One process of the engine (a Ray actor; `RayEngine` makes the class
     remote). Worker 0 runs the engine; the others follow its steps."""
 
-    def __init__(self):
-        self.engine = None
+    def __init__(self) -> None:
+        self.engine: LLMEngine | None = None
         self._done = threading.Event()
+
+    def _started(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("EngineWorker.start has not built the engine")
+        return self.engine
 
     def coordinator_address(self) -> str:
         """This node's address and a free port for the JAX coordinator."""
@@ -27,7 +39,7 @@ class EngineWorker:
             port = s.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
 
-    def start(self, args, coordinator: str, num_processes: int,
+    def start(self, args: EngineArgs, coordinator: str, num_processes: int,
               process_id: int) -> dict:
         from ..engine.llm_engine import LLMEngine
         from .launch import bring_up
@@ -50,31 +62,33 @@ class EngineWorker:
 
     def follow(self) -> int:
         try:
-            return self.engine.runner.follow()
+            from .launch import follow_steps
+            return follow_steps(self._started())
         finally:
             self._done.set()
 
-    def add_request(self, request_id, prompt, arrival_time, priority) -> str:
-        return self.engine.add_request(request_id, prompt,
-                                       arrival_time=arrival_time,
-                                       priority=priority)
+    def add_request(self, request_id: str | None, prompt: Any,
+                    arrival_time: float | None, priority: int) -> str:
+        return self._started().add_request(request_id, prompt,
+                                           arrival_time=arrival_time,
+                                           priority=priority)
 
-    def abort_request(self, request_ids) -> None:
-        self.engine.abort_request(request_ids)
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        self._started().abort_request(request_ids)
 
-    def step(self):
-        outputs = self.engine.step()
-        return (outputs, self.engine.has_unfinished_requests(),
-                self.engine.get_stats())
+    def step(self) -> tuple[list[RequestOutput], bool, EngineStats]:
+        engine = self._started()
+        outputs = engine.step()
+        return (outputs, engine.has_unfinished_requests(), engine.get_stats())
 
     def reset_prefix_cache(self) -> None:
-        self.engine.reset_prefix_cache()
+        self._started().reset_prefix_cache()
 
-    def stats(self):
-        return self.engine.get_stats()
+    def stats(self) -> EngineStats:
+        return self._started().get_stats()
 
     def shutdown(self) -> None:
-        stop = getattr(self.engine.runner, "shutdown", None)
+        stop = getattr(self._started().runner, "shutdown", None)
         if stop is not None:
             stop()
         self._done.set()

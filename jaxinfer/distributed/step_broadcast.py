@@ -2,10 +2,10 @@
 
 One JAX program spans every process (``jax.distributed``), and each process
 must call it with the same inputs in the same order. Process 0 owns the
-scheduler. Before each step it broadcasts that step's inputs, the packed
-int32 metadata buffer (``packing.py``) with the step's other per-step
-arrays (logits indices, sampling arrays, prompt-logprob targets) and its
-program key, through a JAX collective (`StepChannel`); every other process
+scheduler. Before each step it broadcasts that step's inputs (its
+`StepInputs`: the packed int32 metadata buffer of ``packing.py``, logits
+indices, sampling arrays, prompt-logprob targets and its bucket), through
+a JAX collective (`StepChannel`); every other process
 runs the same compiled step on its own devices' shards of the params and
 pages. The device state each process keeps (KV pages, penalty counts, the
 previous step's tokens) evolves identically because the programs and their
@@ -24,7 +24,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..worker.model_runner import ModelRunner
-from ..worker.penalties import PenaltyState
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +64,8 @@ class StepChannel:
             sharding, words[None], (len(self.mesh.devices), words.size))
         return self._sum(local)
 
-    def _message(self, kind: int, payload: bytes, new_words: int = 0):
+    def _message(self, kind: int, payload: bytes, new_words: int = 0
+                 ) -> jax.Array:
         buf = np.zeros(self.words, np.int32)
         buf[:_HEADER] = (kind, len(payload), new_words)
         buf.view(np.uint8)[4 * _HEADER:4 * _HEADER + len(payload)] = \
@@ -134,18 +134,20 @@ class DistributedRunner(ModelRunner):
         local = np.array([super()._num_blocks()], np.int64)
         return int(np.min(multihost_utils.process_allgather(local)))
 
-    def run_step(self, num_lp, dims, state, packed, logits_idx, smd, targets,
-                 mm=None, lora_pool=None):
+    def run_programs(self, inputs, penalty_state):
         # check_fits refuses LoRA and image models over several processes,
         # so neither is ever set.
-        assert mm is None and lora_pool is None
+        assert inputs.encoder is None and inputs.lora_pool is None
         if self.is_driver:
             self._wait_for_last_step()
+            # Every process samples with the same masks: they are filled
+            # before the broadcast (no overlap with the forward pass here).
+            fill, inputs.fill_token_masks = inputs.fill_token_masks, None
+            if fill is not None and inputs.sampling.token_bitmask is not None:
+                fill(inputs.sampling.token_bitmask)
             self.channel.send(STEP, pickle.dumps(
-                (num_lp, dims, state is not None, packed, logits_idx, smd,
-                 targets), protocol=pickle.HIGHEST_PROTOCOL))
-        return super().run_step(num_lp, dims, state, packed, logits_idx, smd,
-                                targets)
+                inputs, protocol=pickle.HIGHEST_PROTOCOL))
+        return super().run_programs(inputs, penalty_state)
 
     def collect(self, step):
         # The step's outputs are replicated over every process's devices;
@@ -170,18 +172,9 @@ class DistributedRunner(ModelRunner):
             if kind == STOP:
                 logger.info("process 0 stopped the engine after %d steps", steps)
                 return steps
-            (num_lp, dims, has_state, packed, logits_idx, smd,
-             targets) = pickle.loads(payload)
-            state = None
-            if has_state:  # as dispatch does on process 0
-                if self.penalty_state is None:
-                    self.penalty_state = PenaltyState.zeros(
-                        self.sampling_inputs.slots.rows, self.cfg.vocab_size)
-                state, self.penalty_state = self.penalty_state, None
-            _, _, self.kv_pages, state, self.prev_tokens = self.run_step(
-                num_lp, dims, state, packed, logits_idx, smd, targets)
-            if state is not None:
-                self.penalty_state = state
+            inputs = pickle.loads(payload)  # as dispatch runs on process 0
+            self._keep(self.run_programs(inputs,
+                                         self._take_penalty_state(inputs)))
             steps += 1
 
 

@@ -24,24 +24,32 @@ supervisor restarts it).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
-import functools
 import logging
 import queue
 import threading
 import time
 import types
-from typing import Any, AsyncIterator, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..errors import (EngineDeadError, InvalidRequestError, QueueFullError,
-                      RequestFailedError, ServerShuttingDownError)
+from ..errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    QueueFullError,
+    RequestFailedError,
+    ServerShuttingDownError,
+)
 from ..lora.request import LoRARequest
 from ..metrics import EngineMetrics
 from ..outputs import RequestOutput
 from ..sampling_params import RequestOutputKind, SamplingParams
+from .engine_client import EngineClient, ServedModel
 from .input_processor import ProcessedInput
 from .llm_engine import LLMEngine
+from .request_stream import ACK as _ACK
+from .request_stream import DEFAULT_MAX_NUM_WAITING, RequestStream
+from .request_stream import put_all as _put_all
 from .request_timings import RequestTimings
 
 __all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError",
@@ -49,38 +57,13 @@ __all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError",
 
 logger = logging.getLogger(__name__)
 
-_ACK = object()  # first item of a stream: the engine accepted the request
+class AsyncLLMEngine(EngineClient):
+    """The in-process `EngineClient`: a loop thread drives ``engine``."""
 
-# Requests allowed to wait (queued, not yet running) before new ones get 503:
-# beyond a few full batches a client is better told to retry than to queue.
-DEFAULT_MAX_NUM_WAITING = 1024
-# Threads that tokenize, render chat templates and detokenize off the loop.
-_PREPROCESS_THREADS = 2
-
-
-class RequestStream:
-    """The asyncio side of one request: outputs (or an exception) in order."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
-        self.request_id = request_id
-        self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.finished = False
-
-    async def get(self):
-        item = await self.queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if isinstance(item, RequestOutput) and item.finished:
-            self.finished = True
-        return item
-
-
-class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, *,
                  max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
                  metrics: EngineMetrics | None = None):
+        super().__init__()
         if max_num_waiting is not None and max_num_waiting < 0:
             raise ValueError(f"max_num_waiting must be >= 0 or None, got "
                              f"{max_num_waiting}")
@@ -101,7 +84,6 @@ class AsyncLLMEngine:
         self.accepting = True  # False once shutdown began
         self._closed = False  # the loop thread has exited (under _lock)
         self._death_callbacks: list[Callable[[BaseException], None]] = []
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # An engine whose workers live elsewhere (the Ray executor) reports
         # their death even while the loop is idle: the loop then dies too.
         on_failure = getattr(engine, "on_failure", None)
@@ -109,22 +91,33 @@ class AsyncLLMEngine:
             on_failure(lambda error: self._commands.put(("die", error)))
 
     @classmethod
-    def from_engine_args(cls, args, **kwargs) -> "AsyncLLMEngine":
+    def from_engine_args(cls, args, **kwargs) -> AsyncLLMEngine:
         return cls(LLMEngine.from_engine_args(args), **kwargs)
 
     # -- what handlers read -------------------------------------------------
 
     @property
-    def tokenizer(self):
+    def tokenizer(self):  # type: ignore[override]
         return self.engine.tokenizer
 
     @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
+    def input_processor(self):  # type: ignore[override]
+        return self.engine.input_processor
 
     @property
-    def input_processor(self):
-        return self.engine.input_processor
+    def model(self) -> ServedModel:  # type: ignore[override]
+        """Read from the engine each time (a test may change its EOS ids)."""
+        engine = self.engine
+        return ServedModel(
+            args=engine.args, vocab_size=engine.model_config.vocab_size,
+            max_model_len=engine.max_model_len,
+            max_num_seqs=engine.scheduler_config.max_num_seqs,
+            eos_token_ids=tuple(engine.eos_token_ids),
+            lora_enabled=getattr(engine, "lora_store", None) is not None)
+
+    def describe(self) -> str | None:
+        describe = getattr(self.engine, "describe", None)
+        return describe() if describe is not None else None
 
     @property
     def is_running(self) -> bool:
@@ -143,21 +136,6 @@ class AsyncLLMEngine:
         """Runs ``callback(error)`` (on the loop thread) if the loop dies."""
         self._death_callbacks.append(callback)
 
-    def queue_full(self) -> bool:
-        return (self.max_num_waiting is not None
-                and self.num_waiting() >= self.max_num_waiting)
-
-    async def run_blocking(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` on a worker thread: tokenizing, rendering
-        or detokenizing a large input must not stall the event loop."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    _PREPROCESS_THREADS, thread_name_prefix="jaxinfer-preprocess")
-            pool = self._pool
-        return await asyncio.get_running_loop().run_in_executor(
-            pool, functools.partial(fn, *args, **kwargs))
-
     def num_waiting(self) -> int:
         """Requests not yet running: queued adds plus the scheduler's waiting
         queue (read without a lock; a length is enough here)."""
@@ -172,10 +150,6 @@ class AsyncLLMEngine:
                                             name="jaxinfer-engine-loop")
             self._thread.start()
 
-    def stop_accepting(self) -> None:
-        """New requests get ServerShuttingDownError; running ones go on."""
-        self.accepting = False
-
     def fail_all(self, error: BaseException) -> None:
         """Aborts every request in flight, answering each with ``error``
         (the end of a shutdown grace period). Thread-safe."""
@@ -187,9 +161,7 @@ class AsyncLLMEngine:
             self._commands.put(("stop",))
             self._thread.join(timeout)
             self._thread = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._stop_pool()
         stop_engine = getattr(self.engine, "shutdown", None)
         if stop_engine is not None:  # worker processes (Ray, data parallel)
             stop_engine()
@@ -207,7 +179,7 @@ class AsyncLLMEngine:
         InvalidRequestError (400), QueueFullError or
         ServerShuttingDownError (503), or EngineDeadError (500)."""
         self.start()
-        self._check_admission()
+        self.check_admission()
         with self._lock:
             self._pending += 1  # counts toward the queue limit from now on
         queued = False
@@ -221,7 +193,7 @@ class AsyncLLMEngine:
             stream = RequestStream(request_id, asyncio.get_running_loop())
             arrival = time.time() if arrival_time is None else arrival_time
             with self._lock:  # the loop's last drain (_close) runs under it
-                self._check_admission(count_queue=False)  # it counts us now
+                self.check_admission(count_queue=False)  # it counts us now
                 if self._closed:
                     raise ServerShuttingDownError("the engine loop has stopped")
                 self._commands.put(("add", stream, dataclasses.replace(
@@ -239,59 +211,26 @@ class AsyncLLMEngine:
         assert ack is _ACK, ack
         return stream
 
-    def _check_admission(self, count_queue: bool = True) -> None:
-        if self.dead_error is not None:
-            raise EngineDeadError(self.health())
-        if not self.accepting:
-            raise ServerShuttingDownError(
-                "the server is shutting down and takes no new requests; "
-                "retry on another replica or after the restart")
-        if count_queue and self.queue_full():
-            raise QueueFullError(
-                f"the server queue is full ({self.max_num_waiting} requests "
-                f"waiting, the --max-num-waiting limit); retry later")
-
-    async def generate(self, prompt: Any, params: SamplingParams,
-                       request_id: str,
-                       arrival_time: float | None = None, priority: int = 0,
-                       lora_request: LoRARequest | None = None
-                       ) -> AsyncIterator[RequestOutput]:
-        """Yields the request's DELTA outputs; the last one has
-        ``finished=True``. Leaving early (cancel, close) aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, arrival_time,
-                                        lora_request=lora_request,
-                                        priority=priority)
-        async for out in self.iterate(stream):
-            yield out
-
-    async def iterate(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
-        """The outputs of an added request; leaving early aborts it."""
-        try:
-            while True:
-                out = await stream.get()
-                yield out
-                if out.finished:
-                    return
-        finally:
-            if not stream.finished:
-                self.abort(stream.request_id)
-
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; a finished request is left alone."""
         self._commands.put(("abort", request_id))
 
     # -- LoRA adapters (the store is thread-safe: no trip through the loop) --
 
-    async def add_lora(self, lora_request: LoRARequest) -> bool:
+    async def add_lora(self, lora_request: LoRARequest) -> LoRARequest:
         """Reads and checks an adapter on a worker thread; raises the typed
         LoRA errors (400, or 404 for a missing folder)."""
-        return await self.run_blocking(self.engine.add_lora, lora_request)
+        await self.run_blocking(self.engine.add_lora, lora_request)
+        return lora_request
 
-    def remove_lora(self, lora_int_id: int) -> bool:
+    async def remove_lora(self, lora_int_id: int) -> bool:
         return self.engine.remove_lora(lora_int_id)
 
-    def list_loras(self) -> set[int]:
+    async def list_loras(self) -> set[int]:
         return self.engine.list_loras()
+
+    async def render_metrics(self) -> bytes:
+        return self.metrics.render()
 
     # -- the loop thread --------------------------------------------------------
 
@@ -322,7 +261,7 @@ class AsyncLLMEngine:
                         self._do_abort(cmd[1])
                 if engine.has_unfinished_requests():
                     self._dispatch(engine.step())
-                self.metrics.record_engine_stats(self._stats())
+                self.metrics.record_engine_stats(engine_stats(engine))
         except BaseException as e:  # a bug: fail every request, loudly
             logger.exception("engine loop stopped")
             self._die(e)
@@ -334,7 +273,7 @@ class AsyncLLMEngine:
         for callback in self._death_callbacks:
             try:
                 callback(error)
-            except Exception:  # noqa: BLE001 - the others must still run
+            except Exception:
                 logger.exception("engine death callback failed")
 
     def _close(self, error: BaseException) -> None:
@@ -362,18 +301,6 @@ class AsyncLLMEngine:
         self._streams.clear()
         self._timings.clear()
 
-    def _stats(self):
-        """The engine's stats, with the prefix-cache totals read from the KV
-        manager when ``get_stats`` does not carry them."""
-        stats = self.engine.get_stats()
-        if getattr(stats, "prefix_cache_queries", None) is None:
-            kv = self.engine.scheduler.kv
-            stats = types.SimpleNamespace(
-                **vars(stats),
-                prefix_cache_queries=getattr(kv, "prefix_cache_queries", None),
-                prefix_cache_hits=getattr(kv, "prefix_cache_hits", None))
-        return stats
-
     def _do_add(self, stream: RequestStream, request: ProcessedInput,
                 arrival: float, priority: int = 0) -> None:
         with self._lock:
@@ -381,7 +308,7 @@ class AsyncLLMEngine:
         try:
             self.engine.add_request(stream.request_id, request,
                                     arrival_time=arrival, priority=priority)
-        except Exception as e:  # noqa: BLE001 - fails this request alone
+        except Exception as e:
             if not isinstance(e, ValueError):
                 logger.exception("request %s failed while being added",
                                  stream.request_id)
@@ -434,12 +361,21 @@ class AsyncLLMEngine:
                 pass
 
 
+def engine_stats(engine):
+    """The engine's stats, with the prefix-cache totals read from the KV
+    manager when ``get_stats`` does not carry them."""
+    stats = engine.get_stats()
+    if getattr(stats, "prefix_cache_queries", None) is None:
+        kv = engine.scheduler.kv
+        stats = types.SimpleNamespace(
+            **vars(stats),
+            prefix_cache_queries=getattr(kv, "prefix_cache_queries", None),
+            prefix_cache_hits=getattr(kv, "prefix_cache_hits", None))
+    return stats
+
+
 def _kv_cache_dtype(engine) -> str:
     """The KV pages' dtype (read from worker 0 when the pages live there)."""
     remote = getattr(engine.runner, "kv_cache_dtype", None)
     return remote if remote is not None else str(engine.runner.kv_pages[0][0].dtype)
 
-
-def _put_all(batch) -> None:
-    for stream, item in batch:
-        stream.queue.put_nowait(item)

@@ -21,14 +21,18 @@ class IncrementalDetokenizer:
                  params: SamplingParams):
         self.params = params
         self._backend = getattr(tokenizer, "backend_tokenizer", None) or \
-            getattr(tokenizer, "_tokenizer")
+            tokenizer._tokenizer
         self._stream = DecodeStream(
             ids=list(prompt_token_ids[-_PRIME_TOKENS:]),
             skip_special_tokens=params.skip_special_tokens)
         self.text = ""
+        if not isinstance(params.stop, list):  # SamplingParams.__post_init__
+            raise TypeError("SamplingParams.stop is not a list: "
+                            f"{type(params.stop).__name__}")
+        self._stops: list[str] = params.stop
         # Longest stop string minus one: text that may still become a stop
         # match and is therefore held back from streaming.
-        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self._holdback = max((len(s) for s in self._stops), default=1) - 1
         self.stop_reason: str | None = None
         self._num_tokens = 0  # stop strings count only after min_tokens (vLLM)
         # spaces_between_special_tokens=False (vLLM's fast detokenizer): a
@@ -57,7 +61,7 @@ class IncrementalDetokenizer:
             return False
         start = max(0, len(self.text) - self._holdback)
         self.text += piece
-        for stop in self.params.stop:
+        for stop in self._stops:
             idx = self.text.find(stop, start)
             if idx != -1:
                 end = idx + len(stop) if self.params.include_stop_str_in_output else idx

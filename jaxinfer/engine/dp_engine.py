@@ -24,8 +24,10 @@ from ..distributed.parallel_config import check_fits
 from ..errors import InvalidRequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..spec_decode.stats import SpecDecodeStats
 from .dp_router import DataParallelRouter
 from .input_processor import ProcessedInput
+from .parallel_sampling import parent_id
 
 
 class DataParallelEngine:
@@ -102,6 +104,9 @@ class DataParallelEngine:
         by_replica: dict[int, list[str]] = {}
         for rid in request_ids:
             i = self.owner.pop(rid, None)
+            if i is None:  # one sample of a running n > 1 request
+                parent = parent_id(rid)
+                i = None if parent is None else self.owner.get(parent)
             if i is not None:
                 by_replica.setdefault(i, []).append(rid)
         for i, ids in by_replica.items():
@@ -124,7 +129,10 @@ class DataParallelEngine:
         """The replicas' stats summed (usage: their mean)."""
         stats = [r.get_stats() for r in self.replicas]
         total = {f.name: sum(getattr(s, f.name) for s in stats)
-                 for f in dataclasses.fields(stats[0])}
+                 for f in dataclasses.fields(stats[0])
+                 if f.name != "spec_decode"}
+        total["spec_decode"] = SpecDecodeStats.merged(
+            [s.spec_decode for s in stats])
         total["kv_cache_usage"] /= len(stats)
         queries = total["prefix_cache_queries"]
         total["prefix_cache_hit_rate"] = (total["prefix_cache_hits"] / queries

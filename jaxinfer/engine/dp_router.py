@@ -20,7 +20,7 @@ imbalance bound caps what any prefix can cost in queueing.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..core.block_pool import BlockHash, hash_block
 
@@ -70,9 +70,10 @@ class DataParallelRouter:
         least = min(loads)
         best, best_blocks = -1, 0
         for r in range(self.num_replicas):
+            def routed_here(h: BlockHash, r: int = r) -> bool:
+                return self._recent.get(h) == r
             blocks = max(leading_matches(hashes, cached[r]),
-                         leading_matches(hashes,
-                                         lambda h, r=r: self._recent.get(h) == r))
+                         leading_matches(hashes, routed_here))
             if blocks > best_blocks:
                 best, best_blocks = r, blocks
         if (best >= 0 and best_blocks >= self.min_share * len(hashes)

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
 from ..lora.errors import LoRANotEnabledError
-from ..lora.peft_format import LoRAAdapter
 from ..lora.request import LoRARequest
-from ..lora.store import AdapterStore
-from ..sampling_params import SamplingParams
+from ..pooling.params import PoolingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
+from ..structured.grammar import GrammarCompiler
+
+if TYPE_CHECKING:  # adapters live in the engine; a front end never loads one
+    from ..lora.peft_format import LoRAAdapter
+    from ..lora.store import AdapterStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,9 @@ class ProcessedInput:
     # prompt_token_ids; in prompt order.
     mm_inputs: tuple = ()
     lora: LoRAAdapter | None = None  # its LoRA adapter, read and checked
+    # A pooling request (its prompt is prefilled and pooled, nothing is
+    # sampled; ``params`` then only carries truncation); None: generate.
+    pooling: PoolingParams | None = None
 
 
 def check_text(field: str, value: Any) -> str:
@@ -91,14 +98,30 @@ def check_context_length(prompt_len: int, max_tokens: int | None,
             f"Reduce the prompt or max_tokens.")
 
 
+def check_widths(params: SamplingParams, vocab_size: int) -> None:
+    """Per-token lists are capped at the vocabulary (one entry per token):
+    the step pads them to widths fixed at start (worker/sampler_widths.py),
+    so a longer list could not be served without a new program."""
+    for field, value in (("allowed_token_ids", params.allowed_token_ids),
+                         ("logit_bias", params.logit_bias)):
+        if value is not None and len(value) > vocab_size:
+            raise InvalidRequestError(
+                f"{field} holds {len(value)} entries; at most {vocab_size} "
+                f"(the vocabulary size) are served: drop the repeated ids")
+
+
 class InputProcessor:
     """Checks and tokenizes requests for one served model."""
 
     def __init__(self, tokenizer, *, vocab_size: int, max_model_len: int,
                  max_logprobs: int, max_num_seqs: int, images=None,
                  architecture: str = "the model",
-                 lora_store: AdapterStore | None = None):
+                 lora_store: AdapterStore | None = None,
+                 grammars: GrammarCompiler | None = None):
         self.tokenizer = tokenizer
+        # Compiles structured-output constraints (cached per spec); None:
+        # the engine refuses them.
+        self.grammars = grammars
         self.lora_store = lora_store  # None: the engine runs without LoRA
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -106,6 +129,8 @@ class InputProcessor:
         self.max_num_seqs = max_num_seqs
         # jaxinfer.multimodal.processor.ImageProcessor; None: text only.
         self.images = images
+        if images is not None:
+            images.max_model_len = max_model_len
         self.architecture = architecture
 
     def check_takes_images(self, what: str) -> None:
@@ -178,6 +203,7 @@ class InputProcessor:
             params.verify_for_model(self.vocab_size, self.max_logprobs)
         except ValueError as e:
             raise InvalidRequestError(str(e)) from None
+        check_widths(params, self.vocab_size)
         for i, s in enumerate(params.stop or ()):
             check_text(f"stop[{i}]", s)
         for i, w in enumerate(params.bad_words or ()):
@@ -188,6 +214,15 @@ class InputProcessor:
         except Exception as e:  # noqa: BLE001 - a word the tokenizer refuses
             raise InvalidRequestError(
                 f"bad_words could not be tokenized: {e}") from None
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidRequestError(
+                    "structured outputs need the engine's grammar compiler; "
+                    "this input processor has none")
+            # Compiled (or found in the cache) here, on the caller's thread:
+            # a schema the library refuses fails before the request queues.
+            params.set_compiled_grammar(
+                self.grammars.compile(params.structured_outputs))
         return params
 
     def load_lora(self, lora_request: Any) -> LoRAAdapter | None:
@@ -242,3 +277,32 @@ class InputProcessor:
                 f"{self.max_model_len - 1} tokens or raise max_model_len")
         return ProcessedInput(text, ids, self.check_params(params), mm_inputs,
                               self.load_lora(lora_request))
+
+    def process_pooling(self, prompt: Any, params: PoolingParams | None = None,
+                        add_special_tokens: bool = True) -> ProcessedInput:
+        """The whole check of one pooling request (text or token ids only);
+        raises InvalidRequestError. The prompt may fill the context: no
+        token follows it."""
+        if params is None:
+            params = PoolingParams()
+        if not isinstance(params, PoolingParams):
+            raise InvalidRequestError(
+                f"pooling params must be a PoolingParams, got "
+                f"{type(params).__name__}")
+        if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+            raise InvalidRequestError(
+                "multi_modal_data: a pooling model embeds text only")
+        text, ids = self.tokenize_prompt(prompt, add_special_tokens)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # vLLM: the last k
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        if len(ids) > self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, but max_model_len is "
+                f"{self.max_model_len}: shorten it (or set "
+                "truncate_prompt_tokens) or raise max_model_len")
+        # Internal: a prefill with nothing to sample or detokenize.
+        prefill = SamplingParams(max_tokens=1, detokenize=False,
+                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        return ProcessedInput(text, ids, prefill, pooling=params.clone())

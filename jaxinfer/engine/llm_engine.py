@@ -9,27 +9,35 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxinfer.models import resolve_dtype, resolve_model, resolve_tokenizer
 
 from ..config import EngineArgs, derived_max_model_len
 from ..core.scheduler import Scheduler
+from ..core.scheduler_output import SchedulerOutput
 from ..distributed.parallel_config import check_fits
 from ..distributed.step_broadcast import runner_class
-from ..errors import InvalidConfigError, InvalidRequestError
+from ..errors import InvalidConfigError, InvalidRequestError, UnsupportedFeatureError
 from ..lora.errors import LoRANotEnabledError
 from ..lora.request import LoRARequest
+from ..lora.store import AdapterStore
 from ..multimodal.processor import make_image_processor
-from ..outputs import RequestOutput
+from ..outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics, RequestOutput
+from ..pooling.engine_checks import check_runner, pooling_engine
+from ..pooling.rows import finish_pooled
 from ..request import Request, RequestStatus
 from ..sampling_params import SamplingParams
+from ..spec_decode.stats import SpecDecodeStats
+from ..structured.grammar import GrammarCompiler
 from ..tokenizer import load_tokenizer
-from ..worker.executable_cache import executable_cache_for
-from ..worker.warmup import enable_compilation_cache, warm_up
+from ..worker.model_runner import InFlightStep
+from ..worker.runner_output import ModelRunnerOutput
+from ..worker.warmup import enable_compilation_cache
 from .input_processor import InputProcessor, ProcessedInput
 from .output_processor import OutputProcessor
 from .parallel_sampling import ParallelSampling
-from .step_timeline import CompileClock, StepRecord, StepTimeline, step_shape
+from .step_timeline import CompileClock, StepTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,12 @@ class EngineStats:
     num_generation_tokens: int  # tokens sampled
     num_steps: int = 0  # steps run
     last_step_tokens: int = 0  # tokens the latest step scheduled
+    num_step_programs: int = 0  # step programs built or run so far
+    num_known_step_programs: int = 0  # the enumerated set they stay within
+    num_compiles: int = 0  # XLA compiles (and compilation-cache loads) so far
+    compile_seconds: float = 0.0  # time spent on them
+    # Speculative decoding (None when off): drafts and acceptance so far.
+    spec_decode: SpecDecodeStats | None = None
 
 
 class LLMEngine:
@@ -76,7 +90,17 @@ class LLMEngine:
             resolve_tokenizer(args.tokenizer) if args.tokenizer else self.files.tokenizer)
         self.compilation_cache_dir = enable_compilation_cache(
             args.compilation_cache_dir)
+        CompileClock.install()  # the compile counter /metrics reports
         self.lora_config = args.lora_config()  # None: LoRA off
+        # A pooling engine's PoolerConfig (jaxinfer/pooling/); None: generate.
+        self.pooler = pooling_engine(args, self.files, jax.process_count())
+        self.speculative = args.speculative()  # None: off
+        self._check_speculative()
+        self.spec_stats = (None if self.speculative is None else
+                           SpecDecodeStats(
+                               self.speculative.num_speculative_tokens))
+        self.warmup = args.resolved_warmup(jax.default_backend(),
+                                           pooling=self.pooler is not None)
         # A DistributedRunner when the program spans several processes.
         self.runner = runner_class()(
             self.files, self.dtype, self.scheduler_config, self.cache_config,
@@ -87,7 +111,10 @@ class LLMEngine:
             devices=devices, lora_config=self.lora_config,
             # Without warm-up, a first request's programs build while the
             # weights load (build_ahead.py).
-            build_first=not args.warmup)
+            build_first=not self.warmup and self.pooler is None,
+            pooling=self.pooler,
+            num_speculative_tokens=(0 if self.speculative is None else
+                                    self.speculative.num_speculative_tokens))
         # Loaded adapters in host memory (jaxinfer/lora/store.py).
         self.lora_store = self.runner.lora.store if self.runner.lora else None
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size
@@ -101,13 +128,13 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.scheduler_config, self.cache_config, self.runner.num_blocks,
             self.runner.num_host_blocks, self.runner.num_encoder_slots,
-            max_loras=self.lora_config.max_loras if self.lora_config else None)
+            max_loras=self.lora_config.max_loras if self.lora_config else None,
+            speculative_config=self.speculative)
         self.image_processor = make_image_processor(
             self.files, args, self.tokenizer)  # None: the model takes text only
         self.warmup_programs, self.warmup_seconds = (
-            warm_up(self.runner, executables=executable_cache_for(
-                self.runner, self.compilation_cache_dir))
-            if args.warmup else (0, 0.0))
+            self.runner.warm_up(self.compilation_cache_dir)
+            if self.warmup else (0, 0.0))
         self.num_prompt_tokens = self.num_generation_tokens = 0
         self.num_steps = self.last_step_tokens = 0
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -120,13 +147,33 @@ class LLMEngine:
         # --profile-steps: one JSON line per step (step_timeline.py).
         self.timeline = (StepTimeline(args.profile_steps)
                          if args.profile_steps else None)
-        self._inflight = None  # a dispatched step whose tokens are unread
+        # A dispatched step whose tokens are unread (overlapped steps).
+        self._inflight: InFlightStep | None = None
+        # Outputs of the step in flight when it was read early, to fill the
+        # next step's grammar masks (_fill_token_masks); returned by step().
+        self._read_early: list[RequestOutput] = []
         # (SchedulerOutput, preemptions) scheduled but not yet dispatched:
-        # step() returned the step in flight's tokens first (see step()).
-        self._deferred = None
+        # the last call returned the step in flight's tokens first.
+        self._deferred: tuple[SchedulerOutput, int] | None = None
+        self._step = (self._overlapped_step if args.async_scheduling
+                      else self._plain_step)
+
+    def _check_speculative(self) -> None:
+        """Engine-wide combinations speculative decoding does not serve."""
+        if self.speculative is None:
+            return
+        if self.pooler is not None:
+            raise UnsupportedFeatureError(
+                "speculative_config", "speculative decoding in a pooling "
+                "engine", "pooling samples nothing: drop speculative_config")
+        if jax.process_count() > 1:
+            raise UnsupportedFeatureError(
+                "speculative_config", "speculative decoding over several "
+                "processes", "run it on one process (tensor parallelism "
+                "within one host is served)")
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         """The engine the args describe: one replica, a data-parallel front
         over several, or a multi-process / Ray engine
         (jaxinfer/distributed/launch.py)."""
@@ -156,7 +203,10 @@ class LLMEngine:
             max_num_seqs=self.scheduler_config.max_num_seqs,
             images=self.image_processor,
             architecture=self.model_config.architecture,
-            lora_store=self.lora_store)
+            lora_store=self.lora_store,
+            grammars=GrammarCompiler(self.tokenizer,
+                                     self.model_config.vocab_size,
+                                     self.eos_token_ids))
 
     def add_request(self, request_id: str | None, prompt: Any,
                     params: SamplingParams | None = None,
@@ -171,7 +221,13 @@ class LLMEngine:
             prompt = self.input_processor.process(prompt, params,
                                                   lora_request=lora_request)
         text, ids, params = prompt.prompt, prompt.prompt_token_ids, prompt.params
+        if self.speculative is not None and params.structured_outputs is not None:
+            raise UnsupportedFeatureError(
+                "structured_outputs", "structured output together with "
+                "speculative decoding", "send the request to an engine "
+                "started without speculative_config")
         adapter = prompt.lora
+        check_runner(self.pooler, prompt.pooling, self.model_config.hidden_size)
         if priority != 0 and self.scheduler_config.policy != "priority":
             # As vLLM: a priority an fcfs engine would not honour is refused.
             raise InvalidRequestError(
@@ -190,12 +246,17 @@ class LLMEngine:
                       mm_inputs=prompt.mm_inputs,
                       # Pages computed under an adapter are its own.
                       extra_keys=None if adapter is None else ("lora", adapter.key),
-                      lora_request=None if adapter is None else adapter.request)
+                      lora_request=None if adapter is None else adapter.request,
+                      pooling_params=prompt.pooling,
+                      skip_prefix_cache=(prompt.pooling is not None
+                                         and self.pooler is not None
+                                         and self.pooler.pools_every_token))
         for r in self.parallel.add(req):  # n > 1: n ordinary requests
             if adapter is not None:  # held in host memory until it finishes
-                self.lora_store.acquire(r.request_id, adapter)
+                self._lora("a LoRA adapter").acquire(r.request_id, adapter)
             self.scheduler.add_request(r)
-            self.output_processor.add_request(r)
+            if r.pooling_params is None:
+                self.output_processor.add_request(r)
         self.num_prompt_tokens += len(ids)
         return request_id
 
@@ -212,84 +273,109 @@ class LLMEngine:
 
     # -- the loop ---------------------------------------------------------
 
+    def step(self) -> list[RequestOutput]:
+        """One engine step: `_plain_step`, or `_overlapped_step` under
+        async_scheduling (chosen at start)."""
+        return self._step()
+
+    def _plain_step(self) -> list[RequestOutput]:
+        """Schedule a step, run it, and read its tokens."""
+        t0 = time.perf_counter()
+        inflight = self._dispatch(*self._schedule(), t0)
+        return [] if inflight is None else self._finish(inflight)
+
+    def _fill_token_masks(self, sched_out: SchedulerOutput,
+                          bitmask: np.ndarray) -> None:
+        """Between a step's forward and sampler programs: reads the step
+        still in flight (its tokens advance the grammars) and fills the
+        constrained rows' masks, while the device runs the forward pass.
+        So a batch under grammars keeps the host/device overlap."""
+        self._read_early += self._finish_inflight()
+        self.scheduler.fill_token_masks(sched_out, bitmask)
+
+    def _take_read_early(self) -> list[RequestOutput]:
+        outputs, self._read_early = self._read_early, []
+        return outputs
+
+    def _overlapped_step(self) -> list[RequestOutput]:
+        """Step N+1 is scheduled and enqueued before step N's tokens are
+        read, so the device never waits on the host; those tokens feed N+1
+        on the device, and a request that stopped at N drops its N+1
+        token. A step whose bucket has no program yet is held back one
+        call: building it takes far longer than the step in flight, whose
+        tokens are returned first."""
+        overlap = self._overlap_ok()
+        outputs: list[RequestOutput] = []
+        if not overlap:
+            outputs += self._finish_inflight()
+        t0 = time.perf_counter()
+        scheduled, self._deferred = self._deferred or self._schedule(), None
+        if (self._inflight is not None
+                and self.runner.programs.will_build(scheduled[0])):
+            self._deferred = scheduled
+            return outputs + self._finish_inflight()
+        inflight = self._dispatch(*scheduled, t0)
+        outputs += self._take_read_early() + self._finish_inflight()
+        if inflight is not None and overlap:
+            self._inflight = inflight
+        elif inflight is not None:
+            outputs += self._finish(inflight)
+        return outputs
+
     def _overlap_ok(self) -> bool:
         """Whether the next step may be scheduled before the last one's
         tokens are read: not when a request's inputs depend on every token
         (Request.needs_known_tokens)."""
-        if not self.args.async_scheduling:
+        if not self.args.async_scheduling or self.speculative is not None:
+            # Speculation drafts from every known token, and how many a step
+            # emits is known only when it is read.
             return False
         return not any(r.needs_known_tokens for r in self.scheduler.running)
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step. With overlap (async_scheduling), step N+1 is
-        scheduled and enqueued before step N's tokens are read, so the
-        device never waits on the host; those tokens feed N+1 on the
-        device, and a request that stopped at N drops its N+1 token."""
-        outputs: list[RequestOutput] = []
-        overlap = self._overlap_ok()
-        if self._inflight is not None and not overlap:
-            outputs += self._finish(self._inflight)
-            self._inflight = None
-        t0 = time.perf_counter()
-        if self._deferred is not None:  # scheduled by the last call
-            (sched_out, preempted), self._deferred = self._deferred, None
-        else:
-            preempted_before = self.scheduler.num_preemptions
-            sched_out = self.scheduler.schedule()
-            preempted = self.scheduler.num_preemptions - preempted_before
-            if self.lora_store is not None:  # their adapters may be evicted now
-                self.lora_store.release(sched_out.finished_ids)
-            if (self._inflight is not None
-                    and self.runner.builds_program(sched_out)):
-                # Building the step's program (tracing, then compiling or
-                # reading the compilation cache) takes far longer than the
-                # step in flight: return that step's tokens now, and
-                # dispatch this one on the next call. A new request's first
-                # token would otherwise wait for the first decode program
-                # (about 0.5 s on CPU, from the cache).
-                self._deferred = (sched_out, preempted)
-                outputs += self._finish(self._inflight)
-                self._inflight = None
-                return outputs
-        inflight = None
-        if not sched_out.is_empty:
-            self.num_steps += 1
-            self.last_step_tokens = sched_out.num_scheduled_tokens
-            compile_before = CompileClock.read() if self.timeline else None
-            # A first request other than start_first's guess: the guess's
-            # queued builds would only compete with this step's own.
-            self.runner.build_ahead.drop_missed_first(sched_out)
-            inflight = self.runner.dispatch(sched_out)
-            # The decode bucket after this step builds in the background
-            # while it runs, when not built yet (worker/build_ahead.py).
-            self.runner.build_ahead.request(sched_out)
-            inflight.host_s = time.perf_counter() - t0
-            if compile_before is not None:  # compiles of this dispatch alone
-                after = CompileClock.read()
-                inflight.compiled = (after[0] - compile_before[0],
-                                     after[1] - compile_before[1])
-            inflight.preempted = preempted
-            pool = self.scheduler.kv.pool
-            inflight.queue = (pool.num_blocks - 1 - pool.num_free,
-                              self.scheduler.num_running,
-                              self.scheduler.num_waiting)
-        if self._inflight is not None:
-            outputs += self._finish(self._inflight)
-        self._inflight = None
-        if inflight is not None:
-            if overlap:
-                self._inflight = inflight
-            else:
-                outputs += self._finish(inflight)
-        return outputs
+    def _schedule(self) -> tuple[SchedulerOutput, int]:
+        """The next step, and how many requests its scheduling preempted."""
+        preempted_before = self.scheduler.num_preemptions
+        sched_out = self.scheduler.schedule()
+        if self.lora_store is not None:  # their adapters may be evicted now
+            self.lora_store.release(sched_out.finished_ids)
+        return sched_out, self.scheduler.num_preemptions - preempted_before
 
-    def _finish(self, inflight) -> list[RequestOutput]:
+    def _dispatch(self, sched_out: SchedulerOutput, preempted: int,
+                  t0: float) -> InFlightStep | None:
+        """Enqueues a scheduled step (None: nothing to do). ``t0``: when
+        the engine began on it, for the step timeline."""
+        if sched_out.is_empty:
+            return None
+        self.num_steps += 1
+        self.last_step_tokens = sched_out.num_scheduled_tokens
+        timeline = self.timeline if sched_out.scheduled else None
+        compile_before = CompileClock.read() if timeline else (0.0, 0)
+        inflight = self.runner.dispatch(
+            sched_out, functools.partial(self._fill_token_masks, sched_out))
+        if timeline is not None:
+            pool = self.scheduler.kv.pool
+            timeline.dispatched(
+                inflight, time.perf_counter() - t0, compile_before, preempted,
+                (pool.num_blocks - 1 - pool.num_free,
+                 self.scheduler.num_running, self.scheduler.num_waiting))
+        return inflight
+
+    def _finish_inflight(self) -> list[RequestOutput]:
+        """Reads the step in flight, if any."""
+        inflight, self._inflight = self._inflight, None
+        return [] if inflight is None else self._finish(inflight)
+
+    def _finish(self, inflight: InFlightStep) -> list[RequestOutput]:
         """Reads a dispatched step's tokens and turns them into outputs."""
         runner_out = self.runner.collect(inflight)
         t0 = time.perf_counter()
         sched_out = inflight.out
-        if sched_out.num_steps > 1:
-            updated = self._take_window(sched_out, runner_out.sampled)
+        if self.pooler is not None:
+            return self._pooled_outputs(sched_out, runner_out.pooled)
+        if self.speculative is not None:
+            updated = self._take_verified(sched_out, runner_out)
+        elif sched_out.num_steps > 1:
+            updated = self._take_window(sched_out, runner_out.window)
         else:
             updated = self.scheduler.update_from_output(sched_out,
                                                         runner_out.sampled)
@@ -305,8 +391,28 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         if self.timeline is not None and sched_out.scheduled:
-            inflight.host_s += time.perf_counter() - t0
-            self._record_step(inflight)
+            self.timeline.collected(inflight, time.perf_counter() - t0)
+        return outputs
+
+    def _pooled_outputs(self, sched_out, pooled: dict) -> list:
+        """A pooling engine's step: each prompt whose last chunk ran is
+        finished, and its vector finished by its own PoolingParams."""
+        pooler = self.pooler
+        if pooler is None:
+            raise RuntimeError("pooled outputs from a generating engine")
+        outputs = []
+        for req in self.scheduler.update_from_output(sched_out, {}):
+            vector = pooled.get(req.request_id)
+            if vector is None or req.pooling_params is None:
+                raise RuntimeError(f"request {req.request_id} finished "
+                                   "without its pooled vector")
+            outputs.append(PoolingRequestOutput(
+                req.request_id,
+                PoolingOutput(finish_pooled(vector, req.pooling_params, pooler)),
+                req.prompt_token_ids, True,
+                metrics=RequestMetrics(req.arrival_time,
+                                       req.first_scheduled_time,
+                                       finished_time=req.finished_time)))
         return outputs
 
     def _take_window(self, sched_out, sampled: dict[str, list[int]]) -> list:
@@ -327,21 +433,39 @@ class LLMEngine:
                 seen[req.request_id] = req
         return list(seen.values())
 
-    def _record_step(self, inflight) -> None:
-        compile_s, compiles = inflight.compiled
-        T, S, P, decode_only = inflight.dims
-        compile_ms = 1e3 * compile_s
-        self.timeline.add(StepRecord(
-            step=len(self.timeline.records),
-            t_start_s=inflight.dispatched_at - self.timeline._t0, T=T, S=S,
-            P=P, decode_only=decode_only, **step_shape(inflight.out.scheduled),
-            host_ms=max(1e3 * inflight.host_s - compile_ms, 0.0),
-            device_ms=1e3 * (inflight.ready_at - inflight.device_start),
-            compile_ms=compile_ms,
-            compiles=compiles,
-            preempted=inflight.preempted, pages_in_use=inflight.queue[0],
-            running=inflight.queue[1], waiting=inflight.queue[2],
-            num_steps=inflight.out.num_steps))
+    def _take_verified(self, sched_out: SchedulerOutput,
+                       runner_out: ModelRunnerOutput) -> list[Request]:
+        """A speculative step's tokens (each row's accepted drafts and one
+        more), one position at a time as single steps would take them:
+        appended, logprobs recorded, every stop checked, tokens after a
+        stop dropped; then rejected drafts give their pages back. Returns
+        each request that got a token, once."""
+        verified = runner_out.verified
+        seen: dict[str, Request] = {}
+        width = max((len(t) for t in verified.values()), default=0)
+        for i in range(max(width, 1)):  # once at least: prompt logprobs
+            step = ModelRunnerOutput(
+                {rid: toks[i] for rid, toks in verified.items()
+                 if len(toks) > i},
+                logprobs={rid: rows.slice(i, i + 1) for rid, rows in
+                          runner_out.logprobs.items() if len(rows) > i},
+                prompt_logprobs=runner_out.prompt_logprobs if i == 0 else {})
+            updated = self.scheduler.update_from_output(sched_out,
+                                                        step.sampled)
+            self.num_generation_tokens += len(updated)
+            self.output_processor.record_logprobs(step, updated)
+            for req in updated:
+                if self.output_processor.detokenize(req):
+                    self.scheduler.finish_requests(req.request_id,
+                                                   RequestStatus.FINISHED_STOPPED)
+                seen[req.request_id] = req
+        self.scheduler.reject_drafts(sched_out)
+        if self.spec_stats is not None:
+            for sr in sched_out.scheduled:
+                toks = verified.get(sr.request_id)
+                if sr.num_draft_tokens and toks is not None:
+                    self.spec_stats.record(sr.num_draft_tokens, len(toks) - 1)
+        return list(seen.values())
 
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv
@@ -354,11 +478,24 @@ class LLMEngine:
             num_preemptions=s.num_preemptions, num_swap_outs=s.num_swap_outs,
             num_prompt_tokens=self.num_prompt_tokens,
             num_generation_tokens=self.num_generation_tokens,
-            num_steps=self.num_steps, last_step_tokens=self.last_step_tokens)
+            num_steps=self.num_steps, last_step_tokens=self.last_step_tokens,
+            spec_decode=(None if self.spec_stats is None else
+                         dataclasses.replace(self.spec_stats, accepted_per_pos=list(
+                             self.spec_stats.accepted_per_pos))),
+            **self._program_stats())
+
+    def _program_stats(self) -> dict:
+        programs = getattr(self.runner, "programs", None)
+        if programs is None:  # a remote runner's programs are not here
+            return {}
+        seconds, count = CompileClock.read()
+        return dict(num_step_programs=programs.num_programs,
+                    num_known_step_programs=len(programs.known_keys() or ()),
+                    num_compiles=count, compile_seconds=seconds)
 
     # -- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ----------
 
-    def _lora(self, what: str):
+    def _lora(self, what: str) -> AdapterStore:
         if self.lora_store is None:
             raise LoRANotEnabledError(
                 f"{what} needs LoRA: start the engine with enable_lora=True "

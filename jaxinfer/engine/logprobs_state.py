@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..logprobs import LogprobRows, PromptLogprobs, SampleLogprobs
+from ..logprobs import Logprob, LogprobRows, PromptLogprobs, SampleLogprobs, decode_entry
 from ..sampling_params import SamplingParams
 
 
@@ -19,16 +19,30 @@ class LogprobsState:
         self._prompt_sent = 0
 
     def add_sample(self, rows: LogprobRows) -> None:
+        if self.k is None:
+            return
+        self.add_entry(rows.to_dict(0, self.k), int(rows.token_ids[0, 0]))
+
+    def add_entry(self, entry: dict[int, Logprob], token_id: int) -> None:
+        """One sampled token's logprobs (the chosen ``token_id`` and the top
+        k), decoded here when the request shows text: the engine's rows and
+        a front end's copy of an engine core's entries both arrive here."""
         if self.logprobs is None:
             return
-        self.logprobs.append(rows.to_dict(0, self.k, self.decode))
-        self.cumulative += float(rows.logprobs[0, 0])
+        if self.cumulative is None:
+            raise RuntimeError("sample logprobs kept without a sum")
+        if self.decode is not None:
+            decode_entry(entry, self.decode)
+        self.logprobs.append(entry)
+        self.cumulative += float(entry[token_id].logprob)
 
     def add_prompt(self, first: int, rows: LogprobRows) -> None:
         """Rows scoring prompt tokens first, first + 1, ...; positions already
         held (a chunk recomputed after preemption) are skipped."""
         if self.prompt is None:
             return
+        if self.prompt_k is None:
+            raise RuntimeError("prompt logprobs kept without a count")
         for r in range(len(rows)):
             if first + r == len(self.prompt):
                 self.prompt.append(rows.to_dict(r, self.prompt_k, self.decode))

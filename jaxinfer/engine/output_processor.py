@@ -1,13 +1,42 @@
-"""Turns updated requests into vLLM `RequestOutput`s (text, stops, kinds)."""
+"""Turns updated requests into vLLM `RequestOutput`s (text, stops, kinds).
+
+The one place for a request's text: the engine runs it over its
+`Request`s (`LLM`, the single-process server), and the front end of a
+multi-process server over its copies of the engine core's samples
+(`frontend_text.py`), so both trim text, hold back stop-string prefixes
+and decode logprob tokens alike.
+"""
 
 from __future__ import annotations
 
-from ..logprobs import make_decoder
+from typing import Protocol
+
+from ..logprobs import Logprob, PromptLogprobs, decode_entry, make_decoder
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ..request import Request
-from ..sampling_params import RequestOutputKind
+from ..request import RequestStatus
+from ..sampling_params import RequestOutputKind, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .logprobs_state import LogprobsState
+
+
+class Sample(Protocol):
+    """What output processing reads of one sequence (a `Request`)."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    output_token_ids: list[int]
+    status: RequestStatus
+    stop_reason: int | str | None
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float | None
+    num_cached_tokens: int
+
+    @property
+    def is_finished(self) -> bool: ...
 
 
 class OutputProcessor:
@@ -18,7 +47,13 @@ class OutputProcessor:
         self._logprobs: dict[str, LogprobsState] = {}
         self._decode = make_decoder(tokenizer)
 
-    def add_request(self, req: Request) -> None:
+    @property
+    def num_requests(self) -> int:
+        """Requests whose output state is kept (each until it finishes or
+        is aborted)."""
+        return len(self._sent)
+
+    def add_request(self, req: Sample) -> None:
         if req.sampling_params.detokenize:
             self._detok[req.request_id] = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, req.sampling_params)
@@ -28,7 +63,7 @@ class OutputProcessor:
             self._logprobs[req.request_id] = LogprobsState(
                 sp, self._decode if sp.detokenize else None)
 
-    def record_logprobs(self, runner_out, updated: list[Request]) -> None:
+    def record_logprobs(self, runner_out, updated: list) -> None:
         """Keeps the step's logprobs of requests that asked: sampled-token
         rows only for requests that got their token (``updated``)."""
         for rid, (first, rows) in runner_out.prompt_logprobs.items():
@@ -41,6 +76,24 @@ class OutputProcessor:
             if rows is not None and state is not None:
                 state.add_sample(rows)
 
+    def record_entry(self, req: Sample, entry: dict[int, Logprob],
+                     token_id: int) -> None:
+        """One sampled token's logprobs as an engine core sent them
+        (undecoded), for a request that asked."""
+        state = self._logprobs.get(req.request_id)
+        if state is not None:
+            state.add_entry(entry, token_id)
+
+    def decode_prompt_logprobs(self, req: Sample, entries: PromptLogprobs
+                               ) -> PromptLogprobs:
+        """An engine core's prompt logprobs with their tokens decoded (in
+        place), when the request shows text."""
+        if req.sampling_params.detokenize:
+            for entry in entries:
+                if entry is not None:
+                    decode_entry(entry, self._decode)
+        return entries
+
     def abort_requests(self, request_ids) -> None:
         """Drops the state of requests that end without a final output."""
         for rid in request_ids:
@@ -48,7 +101,7 @@ class OutputProcessor:
             self._sent.pop(rid, None)
             self._logprobs.pop(rid, None)
 
-    def detokenize(self, req: Request, new_tokens: int = 1) -> bool:
+    def detokenize(self, req: Sample, new_tokens: int = 1) -> bool:
         """Feeds the request's newest tokens to its detokenizer; returns True
         when a stop string matched (the caller then finishes the request)."""
         detok = self._detok.get(req.request_id)
@@ -60,7 +113,7 @@ class OutputProcessor:
                 return True
         return False
 
-    def make_output(self, req: Request) -> RequestOutput | None:
+    def make_output(self, req: Sample) -> RequestOutput | None:
         """The output to emit now; None when its output_kind says not yet."""
         sp = req.sampling_params
         finished = req.is_finished

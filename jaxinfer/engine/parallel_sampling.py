@@ -19,9 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..logprobs import PromptLogprobs
 from ..outputs import CompletionOutput, RequestOutput
 from ..request import Request
 from ..sampling_params import RequestOutputKind, SamplingParams
+
+
+def child_id(index: int, request_id: str) -> str:
+    """The id of sample ``index`` of a request."""
+    return f"{index}_{request_id}"
+
+
+def parent_id(request_id: str) -> str | None:
+    """The request a `child_id` belongs to; None for an id of another
+    form."""
+    head, sep, rest = request_id.partition("_")
+    return rest if sep and head.isdigit() and rest else None
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -38,11 +51,12 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     child = dataclasses.replace(params, n=1, best_of=None, seed=seed,
                                 logprobs=logprobs, output_kind=kind)
     child._bad_words_token_ids = params.bad_words_token_ids
+    child.set_compiled_grammar(params.compiled_grammar)
     return child
 
 
 def make_child(req: Request, index: int, params: SamplingParams) -> Request:
-    child = Request(f"{index}_{req.request_id}", req.prompt_token_ids,
+    child = Request(child_id(index, req.request_id), req.prompt_token_ids,
                     child_params(params, index), req.eos_token_ids,
                     arrival_time=req.arrival_time, priority=req.priority,
                     prompt=req.prompt, extra_keys=req.extra_keys,
@@ -63,7 +77,7 @@ class ParentRequest:
                      else RequestOutputKind.FINAL_ONLY)
         self.completions: dict[int, CompletionOutput] = {}
         self.finished: set[int] = set()
-        self.prompt_logprobs = None  # child 0's (only it scores the prompt)
+        self.prompt_logprobs: PromptLogprobs | None = None  # child 0's (only it scores the prompt)
 
     def merge(self, index: int, out: RequestOutput) -> RequestOutput | None:
         """One child's output -> the parent's output to emit (or None)."""
@@ -91,8 +105,8 @@ class ParentRequest:
                                    prompt_logprobs=prompt_lp)
 
     def _best(self) -> list[CompletionOutput]:
-        ranked = sorted(self.completions.values(),
-                        key=lambda c: c.cumulative_logprob, reverse=True)
+        ranked = sorted(self.completions.values(), key=_cumulative_logprob,
+                        reverse=True)
         best = []
         for i, comp in enumerate(ranked[:self.keep]):
             comp = dataclasses.replace(comp, index=i)
@@ -100,6 +114,13 @@ class ParentRequest:
                 comp.logprobs = None
             best.append(comp)
         return best
+
+
+def _cumulative_logprob(comp: CompletionOutput) -> float:
+    if comp.cumulative_logprob is None:  # child_params asks for logprobs
+        raise RuntimeError(f"sample {comp.index} of a best_of request has "
+                           "no cumulative logprob to rank it by")
+    return comp.cumulative_logprob
 
 
 class ParallelSampling:
@@ -136,8 +157,8 @@ class ParallelSampling:
                 out.append(rid)
                 continue
             for i in range(parent.n):
-                self.child_of.pop(f"{i}_{rid}", None)
-                out.append(f"{i}_{rid}")
+                self.child_of.pop(child_id(i, rid), None)
+                out.append(child_id(i, rid))
         return out
 
     def merge(self, out: RequestOutput | None) -> RequestOutput | None:
@@ -148,5 +169,5 @@ class ParallelSampling:
         if merged is not None and merged.finished:
             self.parents.pop(parent.request_id, None)
             for i in range(parent.n):
-                self.child_of.pop(f"{i}_{parent.request_id}", None)
+                self.child_of.pop(child_id(i, parent.request_id), None)
         return merged

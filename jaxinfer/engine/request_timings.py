@@ -6,7 +6,7 @@ metric names). Used by the engine loop thread only."""
 from __future__ import annotations
 
 from ..metrics import EngineMetrics
-from ..outputs import RequestOutput
+from ..outputs import PoolingRequestOutput, RequestOutput
 from ..sampling_params import SamplingParams
 
 
@@ -36,14 +36,29 @@ class RequestTimings:
         self._trackers.pop(request_id, None)
         self.metrics.record_finished("abort")
 
+    def stopped(self, request_id: str, now: float) -> None:
+        """A request its front end finished on a stop string (the engine
+        was told to free it, so no finished output comes)."""
+        tr = self._trackers.pop(request_id, None)
+        if tr is not None:
+            self.metrics.e2e_request_latency.observe(now - tr.arrival)
+        self.metrics.record_finished("stop")
+
     def clear(self) -> None:
         """Every request failed at once (the loop stopped)."""
         self._trackers.clear()
 
-    def observe(self, out: RequestOutput, now: float) -> None:
+    def observe(self, out: RequestOutput | PoolingRequestOutput,
+                now: float) -> None:
         """One output delta of a tracked request, received at ``now``."""
         m, tr = self.metrics, self._trackers.get(out.request_id)
         if tr is None:
+            return
+        if isinstance(out, PoolingRequestOutput):  # one output, no tokens
+            self._trackers.pop(out.request_id, None)
+            m.prompt_tokens.inc(len(out.prompt_token_ids))
+            m.e2e_request_latency.observe(now - tr.arrival)
+            m.record_finished("stop")
             return
         new_tokens = sum(len(c.token_ids) for c in out.outputs)
         if new_tokens:

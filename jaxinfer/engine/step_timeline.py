@@ -44,10 +44,10 @@ class CompileClock:
                 return
             cls._installed = True
 
-        def listener(event, duration, **_):
+        def listener(event: str, duration_secs: float, **_: str | int) -> None:
             if event.startswith(_COMPILE_EVENT_PREFIXES):
                 with cls._lock:
-                    cls._seconds += duration
+                    cls._seconds += duration_secs
                     if event in _COMPILE_EVENTS_COUNTED:
                         cls._count += 1
         jax.monitoring.register_event_duration_secs_listener(listener)
@@ -84,8 +84,24 @@ class StepRecord:
     num_steps: int = 1
 
 
+@dataclasses.dataclass
+class _Dispatched:
+    """What the engine knew of a step when it dispatched it."""
+    host_s: float  # scheduling and dispatching it, compiles included
+    compile_s: float  # compiling / loading programs while dispatching it
+    compiles: int
+    preempted: int
+    pages_in_use: int
+    running: int
+    waiting: int
+
+
 class StepTimeline:
-    """Collects StepRecords and writes them as JSON lines to ``path``."""
+    """Collects StepRecords and writes them as JSON lines to ``path``.
+
+    A step is recorded in two parts: `dispatched` when the engine has
+    enqueued it, `collected` when its tokens have been turned into
+    outputs; the device times come from the runner's in-flight step."""
 
     def __init__(self, path: str):
         CompileClock.install()
@@ -93,6 +109,37 @@ class StepTimeline:
         self.records: list[StepRecord] = []
         self._t0 = time.perf_counter()
         self._file = open(path, "w")
+        # id(in-flight step) -> its dispatch, until it is collected.
+        self._open: dict[int, _Dispatched] = {}
+
+    def dispatched(self, step, host_s: float,
+                   compile_before: tuple[float, int], preempted: int,
+                   queue: tuple[int, int, int]) -> None:
+        """``step``: the runner's InFlightStep; ``compile_before``:
+        `CompileClock.read()` before its dispatch; ``queue``: pages in use,
+        requests running and waiting when it was scheduled."""
+        seconds, count = CompileClock.read()
+        self._open[id(step)] = _Dispatched(
+            host_s, seconds - compile_before[0], count - compile_before[1],
+            preempted, *queue)
+
+    def collected(self, step, host_s: float) -> None:
+        """Records a step whose outputs took ``host_s`` to make."""
+        d = self._open.pop(id(step), None)
+        if d is None:  # dispatched before this timeline started
+            return
+        compile_ms = 1e3 * d.compile_s
+        bucket = step.dims
+        self.add(StepRecord(
+            step=len(self.records), t_start_s=step.dispatched_at - self._t0,
+            T=bucket.tokens, S=bucket.seqs, P=bucket.pages,
+            decode_only=bucket.decode_only, **step_shape(step.out.scheduled),
+            host_ms=max(1e3 * (d.host_s + host_s) - compile_ms, 0.0),
+            device_ms=1e3 * (step.ready_at - step.device_start),
+            compile_ms=compile_ms, compiles=d.compiles,
+            preempted=d.preempted, pages_in_use=d.pages_in_use,
+            running=d.running, waiting=d.waiting,
+            num_steps=step.out.num_steps))
 
     def restart(self) -> None:
         """Drops what was recorded so far (a benchmark's untimed part)."""

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import FastAPI, Request
@@ -29,9 +30,9 @@ from ..engine.input_processor import check_context_length
 from ..errors import ServingError, http_status
 from ..sampling_params import SamplingParams
 from .http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from .json_body import JSONBodyRoute
 from .openai.errors import error_headers
-from .openai.protocol import (FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN,
-                              RequestModel, TokenId)
+from .openai.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, RequestModel, TokenId
 from .openai.serving_engine import cancel_on_disconnect, engine_lifespan
 from .server_runner import DEFAULT_GRACE_PERIOD_S, run_server
 
@@ -89,7 +90,8 @@ class GenerateRequest(RequestModel):
         return SamplingParams.from_optional(**fields)
 
 
-def _error(message: str, status: int, headers: dict | None = None) -> JSONResponse:
+def _error(message: str, status: int,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status,
                         headers={**error_headers(status), **(headers or {})})
 
@@ -106,6 +108,7 @@ def build_app(engine: AsyncLLMEngine, owns_engine: bool = True,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="jaxinfer simple API server",
                   lifespan=engine_lifespan(engine, owns_engine))
+    app.router.route_class = JSONBodyRoute  # depth and encoding limits
     app.add_middleware(RequestGuard, engine=engine, max_body_bytes=max_body_bytes,
                        generation_paths=frozenset({"/generate"}), respond=_error)
 
@@ -171,6 +174,7 @@ def build_app(engine: AsyncLLMEngine, owns_engine: bool = True,
 
 def main(argv=None) -> int:
     from .cli import add_engine_args, engine_args_from
+    from .connections import add_connection_flags, limits_from
     parser = argparse.ArgumentParser(prog="python -m jaxinfer.entrypoints.api_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -179,13 +183,15 @@ def main(argv=None) -> int:
                         default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--shutdown-grace-period", type=float,
                         default=DEFAULT_GRACE_PERIOD_S)
+    add_connection_flags(parser)
     add_engine_args(parser)
     ns = parser.parse_args(argv)
+    limits = limits_from(ns)
     engine = AsyncLLMEngine.from_engine_args(engine_args_from(ns),
                                              max_num_waiting=ns.max_num_waiting)
     app = build_app(engine, max_body_bytes=ns.max_request_body_bytes)
     return run_server(app, engine, host=ns.host, port=ns.port,
-                      grace_period=ns.shutdown_grace_period)
+                      grace_period=ns.shutdown_grace_period, limits=limits)
 
 
 if __name__ == "__main__":

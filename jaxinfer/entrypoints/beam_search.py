@@ -142,7 +142,7 @@ async def beam_search_async(engine, prompt_ids: list[int],
     """The same search over an ``AsyncLLMEngine`` (the server's
     ``use_beam_search``): each step's beams run as concurrent requests."""
     import asyncio
-    state = BeamSearchState([prompt_ids], params, engine.engine.eos_token_ids)
+    state = BeamSearchState([prompt_ids], params, engine.model.eos_token_ids)
 
     async def one(i: int, beam: BeamSearchSequence):
         last = None

@@ -11,7 +11,8 @@ ones. ``sharegpt-synthetic`` draws lengths with ShareGPT's means (~215 in /
 ~200 out) and a long tail, without the dataset (nothing is downloaded).
 Compilation stays out of the numbers: the engine warms up every shape bucket
 once untimed first (``--warmup dry-run``, the default; ``--warmup buckets``
-compiles every shape bucket instead). ``--output-json`` writes the parameters, every repeat and the results.
+compiles every shape bucket instead). ``--output-json`` writes the parameters,
+every repeat and the results.
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def run_throughput(ns) -> int:
     n_in = sum(len(o.prompt_token_ids) for o in outs)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     record = _record(ns, "throughput", llm, {
-        # BENCHMARKS.md `idle`: the rest of the wall time is host work the
-        # device waited for (scheduling, packing, outputs).
+        # The `idle` workload of docs/benchmarking.md: the rest of the wall
+        # time is host work the device waited for (scheduling, packing,
+        # outputs).
         "device_busy_fraction": runner.device_seconds / elapsed,
         "elapsed_s": elapsed, "num_requests": len(outs),
         "prompt_tokens": n_in, "output_tokens": n_out,

@@ -28,6 +28,9 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (),
         flag = "--" + field.name.replace("_", "-")
         meta = field.metadata
         names = (flag, *meta.get("aliases", ()))
+        if not isinstance(field.type, str):  # config.py's postponed annotations
+            raise TypeError(f"EngineArgs.{field.name}: annotation {field.type!r} "
+                            "is not a string")
         kind = _flag_type(field.type)
         kwargs = {"dest": field.name,
                   "default": (defaults or {}).get(field.name, field.default),
@@ -53,8 +56,9 @@ def engine_args_from(ns: argparse.Namespace, **overrides):
 def generate_engine_args(ns: argparse.Namespace):
     """`generate`'s EngineArgs. Its prompts run one at a time, so it asks
     for one sequence slot unless ``--max-num-seqs`` is given: the CPU KV
-    pool is sized by slots (8 x max_model_len by default: 756 MB for the
-    embedded model, whose allocation was 0.3 s of every start)."""
+    pool is sized by slots (8 x max_model_len by default), and allocating
+    and zeroing a pool eight times too large is a noticeable part of a
+    start."""
     return engine_args_from(
         ns, **({"max_num_seqs": 1} if ns.max_num_seqs is None else {}))
 
@@ -106,7 +110,8 @@ def _generate(ns: argparse.Namespace) -> int:
                 print(piece.text, end="", flush=True)
         total = time.perf_counter() - t1
         print()
-        rate = (n - 1) / (total - first) if n > 1 and total > first else 0.0
+        rate = ((n - 1) / (total - first)
+                if first is not None and n > 1 and total > first else 0.0)
         status.say(f"{n} tokens in {total:.1f}s (first after {first or 0:.1f}s, "
                    f"then {rate:.1f} tok/s)")
     return 0
@@ -158,8 +163,8 @@ def main(argv=None) -> int:
 def console_main() -> None:
     """The `jaxinfer` executable. After `generate` the process ends without
     the interpreter's teardown: freeing JAX's runtime and unloading modules
-    takes about 0.6 s on a 2-core CPU, a tenth of a warm run, and everything
-    was already written (streams flushed, atexit handlers run, compiled
+    is a sizeable share of a short warm run, and everything was already
+    written (streams flushed, atexit handlers run, compiled
     programs saved when they were built). Other commands exit normally."""
     import atexit
     argv = sys.argv[1:]

@@ -28,6 +28,7 @@ def convert(model: str, output: str, dtype: str = "auto",
     None: the checkpoint's own quantization, if any)."""
     from jaxinfer.models import load_params, resolve_dtype, resolve_model
     from jaxinfer.models.orbax_checkpoint import save_params
+
     from ..config import check_quantization
     from ..tokenizer import load_tokenizer
     if quantization is not None:

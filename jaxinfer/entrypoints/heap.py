@@ -4,7 +4,7 @@ Importing JAX, Flax and the engine leaves hundreds of thousands of objects
 that Python's cyclic collector tracks and that live as long as the process.
 Every collection of the oldest generation walks all of them: a long pause
 on the host, during which an overlapped engine has one step queued and the
-device then idles (docs/performance.md section 13 has the timelines).
+device then idles (docs/performance.md, "Keeping the device busy").
 `gc.freeze` moves what exists at start into a generation the collector
 never walks, as vLLM does for its engine process.
 

@@ -11,13 +11,15 @@ OpenAI server and `/generate`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+
+from starlette.types import ASGIApp
 
 # The default request-body limit: far above any prompt that fits a context
 # window as text or token ids, far below what would stall the server.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
-Respond = Callable[[str, int], object]  # (message, status) -> an ASGI response
+Respond = Callable[[str, int], ASGIApp]  # (message, status) -> an ASGI response
 
 
 class RequestGuard:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..config import EngineArgs
 from ..engine.llm_engine import LLMEngine
 from ..fast_tokenizer import hf_tokenizer
 from ..lora.request import LoRARequest, per_prompt
-from ..outputs import RequestOutput
+from ..outputs import (
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
+from ..pooling.params import PoolingParams
 from ..sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -28,7 +35,7 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLM":
+    def from_engine_args(cls, args: EngineArgs) -> LLM:
         llm = cls.__new__(cls)
         llm.llm_engine = LLMEngine.from_engine_args(args)
         return llm
@@ -38,7 +45,8 @@ class LLM:
         GGUF tokenizer without it: fast_tokenizer.py)."""
         return hf_tokenizer(self.llm_engine.tokenizer)
 
-    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate(self, prompts,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
@@ -150,7 +158,8 @@ class LLM:
                 placeholder=inputs.images.placeholder if inputs.images else "",
                 allowed_local_media_path=engine.args.allowed_local_media_path,
                 on_first_image=lambda: inputs.check_takes_images(
-                    "an image content part"))
+                    "an image content part"),
+                check_count=inputs.images.check_count if inputs.images else None)
             prompt: dict = {"prompt_token_ids": _as_ids(tok.apply_chat_template(
                 conv, chat_template=chat_template, tokenize=True,
                 add_generation_prompt=add_generation_prompt))}
@@ -159,6 +168,43 @@ class LLM:
             prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
+
+    # -- pooling models (runner="pooling"; entrypoints/llm_pooling.py) ------
+
+    def encode(self, prompts, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               use_tqdm: bool = True, lora_request: LoRARequest | None = None,
+               pooling_task: str | None = None,
+               truncate_prompt_tokens: int | None = None
+               ) -> list[PoolingRequestOutput]:
+        """Pools each prompt (prompts as in `generate`): a
+        `PoolingRequestOutput` whose ``outputs.data`` is the pooled vector,
+        finished as ``pooling_params`` say (normalized unless
+        ``normalize=False``)."""
+        from . import llm_pooling
+        return llm_pooling.run_pooling(
+            self, prompts, pooling_params, pooling_task or "encode", use_tqdm,
+            lora_request, truncate_prompt_tokens)
+
+    def embed(self, prompts, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool = True, lora_request: LoRARequest | None = None,
+              truncate_prompt_tokens: int | None = None
+              ) -> list[EmbeddingRequestOutput]:
+        """One `EmbeddingRequestOutput` per prompt (``outputs.embedding``:
+        a list of floats)."""
+        from . import llm_pooling
+        return llm_pooling.embed(self, prompts, pooling_params, use_tqdm,
+                                 lora_request, truncate_prompt_tokens)
+
+    def score(self, data_1, data_2, truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool = True,
+              pooling_params: PoolingParams | None = None,
+              lora_request: LoRARequest | None = None
+              ) -> list[ScoringRequestOutput]:
+        """The cosine similarity of the embeddings of each pair: one text
+        against each of ``data_2``, or two lists pairwise."""
+        from . import llm_pooling
+        return llm_pooling.score(self, data_1, data_2, pooling_params,
+                                 use_tqdm, lora_request, truncate_prompt_tokens)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

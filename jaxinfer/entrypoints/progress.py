@@ -36,7 +36,7 @@ class Status:
     @contextlib.contextmanager
     def running(self, what: str, after: float = 0.0):
         done = threading.Event()
-        shown = []
+        shown: list[float] = []
         t0 = time.perf_counter()
 
         def tick():

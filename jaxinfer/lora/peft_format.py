@@ -19,14 +19,20 @@ import json
 import math
 import os
 import re
+import struct
 from typing import Any
 
 import jax
 import numpy as np
 
-from .errors import (LoRAAdapterNotFoundError, LoRAError, LoRARankError,
-                     LoRAShapeMismatchError, UnknownLoRAModuleError,
-                     UnsupportedLoRAAdapterError)
+from .errors import (
+    LoRAAdapterNotFoundError,
+    LoRAError,
+    LoRARankError,
+    LoRAShapeMismatchError,
+    UnknownLoRAModuleError,
+    UnsupportedLoRAAdapterError,
+)
 from .layout import SlotLayout
 from .request import LoRARequest
 
@@ -93,33 +99,30 @@ def adapter_key(request: LoRARequest) -> tuple | None:
 
 
 def _fail_if_missing(path: str, request: LoRARequest) -> None:
-    if not os.path.isdir(path):
+    """One answer for a path that is not an adapter folder, whatever is
+    missing (the folder, its config or its weights): the answer must not
+    tell a client which folders exist on the server."""
+    if not (os.path.isfile(os.path.join(path, CONFIG_FILE))
+            and os.path.isfile(os.path.join(path, WEIGHTS_FILE))):
         raise LoRAAdapterNotFoundError(
-            f"No adapter found for LoRA adapter {request.lora_name!r}: "
-            f"{path!r} is not a local folder (jaxinfer never downloads; give "
-            f"the folder holding {CONFIG_FILE} and {WEIGHTS_FILE})")
-    if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
-        raise LoRAAdapterNotFoundError(
-            f"No adapter found for LoRA adapter {request.lora_name!r}: "
-            f"{path} has no {CONFIG_FILE}")
-    if not os.path.isfile(os.path.join(path, WEIGHTS_FILE)):
-        if os.path.isfile(os.path.join(path, PICKLE_FILE)):
-            raise UnsupportedLoRAAdapterError(
-                f"LoRA adapter {request.lora_name!r}: {path} holds "
-                f"{PICKLE_FILE} (a PyTorch pickle), which jaxinfer does not "
-                f"read: save it with safe_serialization=True ({WEIGHTS_FILE})")
-        raise LoRAAdapterNotFoundError(
-            f"No adapter found for LoRA adapter {request.lora_name!r}: "
-            f"{path} has no {WEIGHTS_FILE}")
+            f"No adapter found for LoRA adapter {request.lora_name!r}: the "
+            f"lora_path must be a local folder holding {CONFIG_FILE} and "
+            f"{WEIGHTS_FILE} (jaxinfer never downloads, and does not read "
+            f"PyTorch pickles ({PICKLE_FILE}): save adapters with "
+            "safe_serialization=True)")
 
 
 def read_config(path: str, request: LoRARequest) -> dict:
     try:
         with open(os.path.join(path, CONFIG_FILE)) as f:
             config = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except json.JSONDecodeError as e:
         raise LoRAError(f"LoRA adapter {request.lora_name!r}: {CONFIG_FILE} "
-                        f"is not readable JSON: {e}") from None
+                        f"is not readable JSON: {e.msg} (line {e.lineno})"
+                        ) from None
+    except (OSError, UnicodeDecodeError):
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: {CONFIG_FILE} "
+                        "is not readable JSON") from None
     if not isinstance(config, dict):
         raise LoRAError(f"LoRA adapter {request.lora_name!r}: {CONFIG_FILE} "
                         "must hold a JSON object")
@@ -178,6 +181,83 @@ def _pattern_value(patterns: dict | None, module: str, default):
     return default
 
 
+# The dtypes adapters are saved in, by their safetensors names, and sizes.
+DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def max_header_bytes(layout: SlotLayout) -> int:
+    """A generous bound on the JSON header of an adapter of this model:
+    two tensor entries per target layer plus metadata."""
+    return (1 << 16) + 2 * 512 * len(layout.targets)
+
+
+def max_weights_bytes(layout: SlotLayout) -> int:
+    """The largest weights file an adapter of this model can need: every
+    target layer adapted at max_lora_rank, in float32, and its header."""
+    return 8 + max_header_bytes(layout) + DTYPE_BYTES["F32"] * layout.size
+
+
+def read_header(path: str, request: LoRARequest, layout: SlotLayout
+                ) -> dict[str, tuple[int, ...]]:
+    """The weights file's tensor shapes, from its safetensors header alone
+    (8 bytes of header length, then JSON naming each tensor's dtype, shape
+    and byte range): a file larger than any adapter of this model, or one
+    whose header is malformed, is refused before a tensor is read."""
+    name = request.lora_name
+    limit = max_weights_bytes(layout)
+
+    def bad(why: str) -> LoRAError:
+        return LoRAError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} is not a "
+                         f"valid safetensors file ({why})")
+    try:
+        with open(os.path.join(path, WEIGHTS_FILE), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise LoRAError(
+                    f"LoRA adapter {name!r}: {WEIGHTS_FILE} is {size} bytes, "
+                    f"more than any adapter of this model needs ({limit} "
+                    f"bytes: every target layer at max_lora_rank="
+                    f"{layout.rank} in float32): is it an adapter of another "
+                    "model, or of a higher rank?")
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad("shorter than its 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(max_header_bytes(layout), size - 8):
+                raise bad(f"a header of {n} bytes")
+            header = json.loads(f.read(n))
+    except OSError:
+        raise LoRAError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} could not "
+                        "be read") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise bad("its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    shapes = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(shape, list) or not all(
+                isinstance(d, int) and d >= 0 for d in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets)):
+            raise bad(f"tensor {key[:200]!r} has no valid shape and offsets")
+        dtype = entry.get("dtype")
+        if dtype not in DTYPE_BYTES:
+            raise LoRAError(
+                f"LoRA adapter {name!r}: tensor {key[:200]!r} is {dtype!r}; "
+                f"adapter weights are read as {', '.join(DTYPE_BYTES)}")
+        begin, end = offsets
+        if (not 0 <= begin <= end or 8 + n + end > size
+                or end - begin != math.prod(shape) * DTYPE_BYTES[dtype]):
+            raise bad(f"tensor {key[:200]!r}: its byte range does not match "
+                      "its shape or the file")
+        shapes[key] = tuple(shape)
+    return shapes
+
+
 def _read_tensors(path: str, request: LoRARequest) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     file = os.path.join(path, WEIGHTS_FILE)
@@ -189,16 +269,20 @@ def _read_tensors(path: str, request: LoRARequest) -> dict[str, np.ndarray]:
             with jax.default_device(jax.devices("cpu")[0]):
                 with safe_open(file, framework="flax") as f:
                     return {k: np.asarray(f.get_tensor(k)) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-        raise LoRAError(f"LoRA adapter {request.lora_name!r}: {file} is not a "
-                        f"readable safetensors file: {e}") from None
+    except OSError:  # its text names the file
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: {WEIGHTS_FILE} "
+                        "could not be read") from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise LoRAError(f"LoRA adapter {request.lora_name!r}: {WEIGHTS_FILE} "
+                        f"is not a readable safetensors file: {e}") from None
 
 
-def _pairs(tensors: dict, layout: SlotLayout, request: LoRARequest
-           ) -> dict[str, dict[str, np.ndarray]]:
-    """{HF module: {"A": ..., "B": ...}}, refusing every other tensor."""
+def _pairs(tensors: dict[str, Any], layout: SlotLayout, request: LoRARequest
+           ) -> dict[str, dict[str, Any]]:
+    """{HF module: {"A": ..., "B": ...}} of the tensors (or of their
+    shapes), refusing every other tensor."""
     name = request.lora_name
-    pairs: dict[str, dict[str, np.ndarray]] = {}
+    pairs: dict[str, dict[str, Any]] = {}
     for key, value in tensors.items():
         bare = key[len(PREFIX):] if key.startswith(PREFIX) else key
         short = bare.split(".lora_", 1)[0].rsplit(".", 1)[-1]
@@ -242,39 +326,54 @@ def _num_layers(layout: SlotLayout) -> int:
     return max(layers) + 1 if layers else 0
 
 
+def _check_shapes(module: str, a_shape: tuple, b_shape: tuple,
+                  layout: SlotLayout, config: dict, name: str) -> int:
+    """The pair's rank, once its shapes fit the model's layer, its config
+    and max_lora_rank."""
+    t = layout.spans[module].target
+    r = a_shape[0] if a_shape else 0
+    if (len(a_shape) != 2 or len(b_shape) != 2 or a_shape[1] != t.in_features
+            or tuple(b_shape) != (t.out_features, r)):
+        raise LoRAShapeMismatchError(
+            f"LoRA adapter {name!r}: {module} has lora_A {tuple(a_shape)} and "
+            f"lora_B {tuple(b_shape)}; this model's layer needs [r, "
+            f"{t.in_features}] and [{t.out_features}, r]: is it an "
+            "adapter of another model?")
+    want = _pattern_value(config.get("rank_pattern"), module, config["r"])
+    if r != want:
+        raise LoRAShapeMismatchError(
+            f"LoRA adapter {name!r}: {module} has rank {r}, but its "
+            f"{CONFIG_FILE} says {want} (r / rank_pattern)")
+    if r > layout.rank:
+        raise LoRARankError(
+            f"LoRA adapter {name!r} has rank {r} ({module}), above "
+            f"max_lora_rank={layout.rank}: start the engine with "
+            f"max_lora_rank >= {r} (--max-lora-rank)")
+    return r
+
+
 def load_peft_adapter(request: LoRARequest, layout: SlotLayout,
                       dtype) -> LoRAAdapter:
-    """Reads, checks and converts one adapter (host memory only)."""
+    """Reads, checks and converts one adapter (host memory only). Every
+    check that the weights file's header allows runs before any tensor
+    is read (`read_header`)."""
     path = request.lora_path
     _fail_if_missing(path, request)
     config = read_config(path, request)
     _check_target_modules(config, layout, request)
-    pairs = _pairs(_read_tensors(path, request), layout, request)
     name = request.lora_name
+    for module, pair in _pairs(read_header(path, request, layout), layout,
+                               request).items():
+        _check_shapes(module, pair["A"], pair["B"], layout, config, name)
+    pairs = _pairs(_read_tensors(path, request), layout, request)
     flat = np.zeros(layout.size, np.float32)
     top_rank = 0
     for module, pair in pairs.items():
         span = layout.spans[module]
         t = span.target
         a, b = pair["A"].astype(np.float32), pair["B"].astype(np.float32)
-        r = a.shape[0]
-        if (a.ndim != 2 or b.ndim != 2 or a.shape[1] != t.in_features
-                or b.shape != (t.out_features, r)):
-            raise LoRAShapeMismatchError(
-                f"LoRA adapter {name!r}: {module} has lora_A {a.shape} and "
-                f"lora_B {b.shape}; this model's layer needs [r, "
-                f"{t.in_features}] and [{t.out_features}, r]: is it an "
-                "adapter of another model?")
-        want = _pattern_value(config.get("rank_pattern"), module, config["r"])
-        if r != want:
-            raise LoRAShapeMismatchError(
-                f"LoRA adapter {name!r}: {module} has rank {r}, but its "
-                f"{CONFIG_FILE} says {want} (r / rank_pattern)")
-        if r > layout.rank:
-            raise LoRARankError(
-                f"LoRA adapter {name!r} has rank {r} ({module}), above "
-                f"max_lora_rank={layout.rank}: start the engine with "
-                f"max_lora_rank >= {r} (--max-lora-rank)")
+        # Again on the tensors read: the file may have changed since.
+        r = _check_shapes(module, a.shape, b.shape, layout, config, name)
         top_rank = max(top_rank, r)
         alpha = _pattern_value(config.get("alpha_pattern"), module,
                                config.get("lora_alpha", config["r"]))
@@ -289,7 +388,7 @@ def load_peft_adapter(request: LoRARequest, layout: SlotLayout,
     if key is None:  # the folder changed while it was read
         raise LoRAAdapterNotFoundError(
             f"No adapter found for LoRA adapter {name!r}: {WEIGHTS_FILE} "
-            f"vanished from {path} while it was read")
+            "vanished while it was read")
     return LoRAAdapter(request=request, key=key, rank=top_rank,
                        modules=tuple(sorted(pairs)),
                        flat=flat.astype(np.dtype(dtype)))

@@ -9,9 +9,9 @@ flat buffer (`SlotLayout`) and one jitted in-place update (the pool is
 donated), queued on the device stream before the step that reads it.
 
 On a GPU the host copies of adapters live in pinned (page-locked) host
-memory (`stage`), so that copy is one DMA at the link's full rate:
-from pageable NumPy memory the 84 MB of a rank-16 llama3-8b adapter
-took about 13 ms, 1.3 decode steps of S=64 (`benchmarks/lora_step.py`).
+memory (`stage`), so that copy is one DMA at the link's full rate;
+from pageable NumPy memory it is staged through a bounce buffer and a
+slot load stalls the step loop for more than a decode step.
 """
 
 from __future__ import annotations

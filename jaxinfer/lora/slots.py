@@ -10,7 +10,7 @@ step's adapters always fit. Pure Python; the runner copies the weights.
 from __future__ import annotations
 
 import collections
-from typing import Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 
 class SlotTable:

@@ -16,10 +16,11 @@ content, as LLaVA's does). ``auto`` reads the template to tell which.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import InvalidRequestError, UnsupportedFeatureError
-from .media import check_image, load_image_url
+from .media import check_image, check_images, open_image_url
 
 CONTENT_FORMATS = ("auto", "string", "openai")
 # Parts that would carry media jaxinfer does not take.
@@ -53,23 +54,50 @@ def detect_content_format(template: Any) -> str:
 
 
 def _image_of(part: dict, kind: str, where: str, allowed_local_media_path: str):
+    """The part's image, opened (header checked) but not decoded."""
     if kind == "image_pil":
         return check_image(part.get("image_pil"), f"{where}.image_pil")
     spec = part.get("image_url")
     url = spec.get("url") if isinstance(spec, dict) else spec
-    return load_image_url(url, allowed_local_media_path, f"{where}.image_url.url")
+    return open_image_url(url, allowed_local_media_path, f"{where}.image_url.url")
+
+
+def _part_kind(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind is None and isinstance(part, dict) and "image_url" in part:
+        kind = "image_url"  # vLLM's short form {"image_url": url}
+    return kind
+
+
+def count_images(messages: list[dict]) -> int:
+    return sum(_part_kind(part) in ("image_url", "image_pil")
+               for message in messages if isinstance(message, dict)
+               and isinstance(message.get("content"), list)
+               for part in message["content"])
 
 
 def parse_chat_messages(messages: list[dict], *, content_format: str,
                         placeholder: str, allowed_local_media_path: str = "",
-                        on_first_image: Callable[[], None] | None = None
+                        on_first_image: Callable[[], None] | None = None,
+                        check_count: Callable[[int], None] | None = None
                         ) -> tuple[list[dict], list]:
-    """(messages for the template, their images in order). ``on_first_image``
-    runs before any image is loaded (a text-only model refuses there, so
-    it is the model, not the URL, that the error names)."""
+    """(messages for the template, their images in order, decoded).
+
+    Before any image is opened, ``on_first_image`` runs if there is one (a
+    text-only model refuses there, so it is the model, not the URL, that
+    the error names) and ``check_count`` with their number; then every
+    image's header is read and the sizes checked, and only then are they
+    decoded (`media.check_images`)."""
     if content_format not in CONTENT_FORMATS[1:]:
         raise ValueError(f"content_format must be 'string' or 'openai', got "
                          f"{content_format!r}")
+    n_total = count_images(messages)
+    if n_total:
+        if on_first_image is not None:
+            on_first_image()
+        if check_count is not None:
+            check_count(n_total)
+    fields: list[str] = []
     out, images = [], []
     for m, message in enumerate(messages):
         msg = dict(message)
@@ -86,17 +114,14 @@ def parse_chat_messages(messages: list[dict], *, content_format: str,
         texts, parts, n_images = [], [], 0
         for p, part in enumerate(content):
             where = f"messages[{m}].content[{p}]"
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind is None and isinstance(part, dict) and "image_url" in part:
-                kind = "image_url"  # vLLM's short form {"image_url": url}
+            kind = _part_kind(part)
             if kind == "text":
                 texts.append(part.get("text", ""))
                 parts.append({"type": "text", "text": part.get("text", "")})
             elif kind in ("image_url", "image_pil"):
-                if on_first_image is not None and not images:
-                    on_first_image()
                 images.append(_image_of(part, kind, where,
                                         allowed_local_media_path))
+                fields.append(where)
                 parts.append({"type": "image"})
                 n_images += 1
             elif kind in REFUSED_PARTS:
@@ -113,7 +138,7 @@ def parse_chat_messages(messages: list[dict], *, content_format: str,
             msg["content"] = _string_content("\n".join(texts), n_images,
                                              placeholder, f"messages[{m}]")
         out.append(msg)
-    return out, images
+    return out, check_images(images, fields)
 
 
 def _string_content(text: str, n_images: int, placeholder: str,

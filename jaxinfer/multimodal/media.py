@@ -5,9 +5,11 @@ Remote URLs are refused: jaxinfer never fetches anything at run time, and
 a server that fetched client-chosen URLs would reach whatever its network
 reaches. Local files are read only inside the allowed folder (vLLM's
 ``--allowed-local-media-path``), resolved after following links, so
-``..`` or a symlink cannot leave it. Every image is decoded completely
-here, so a corrupt or truncated one fails its own request with a 400,
-never the engine.
+``..`` or a symlink cannot leave it. The images of a prompt are first
+opened (PIL reads only the header) and their sizes checked, each and all
+together, so an image bomb is refused before a pixel is decoded; then
+each is decoded completely here, so a corrupt or truncated one fails its
+own request with a 400, never the engine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ from ..errors import InvalidRequestError
 # frame a vision tower would be shown; the tower sees a few hundred pixels
 # a side anyway.
 MAX_IMAGE_PIXELS = 1 << 25
+# All images of one prompt together, also checked from their headers
+# before any is decoded: what one request may make the server decode
+# (4 bytes a pixel at most: RGBA).
+MAX_PROMPT_IMAGE_PIXELS = 1 << 26
+# A local file (file:// URL) is read only up to this size; data URLs are
+# bounded by the request body limit.
+MAX_IMAGE_FILE_BYTES = 1 << 25
+
+
+def _check_size(image: Any, field: str) -> None:
+    w, h = image.size
+    if w < 1 or h < 1:
+        raise InvalidRequestError(f"{field} is empty ({w} x {h} pixels)")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InvalidRequestError(
+            f"{field} is {w} x {h} = {w * h} pixels; at most "
+            f"{MAX_IMAGE_PIXELS} are accepted: send a smaller image (the "
+            "model resizes it to its own input size anyway)")
 
 
 def check_image(image: Any, field: str):
@@ -37,14 +57,7 @@ def check_image(image: Any, field: str):
     if not isinstance(image, Image.Image):
         raise InvalidRequestError(
             f"{field} must be a PIL.Image.Image, got {type(image).__name__}")
-    w, h = image.size
-    if w < 1 or h < 1:
-        raise InvalidRequestError(f"{field} is empty ({w} x {h} pixels)")
-    if w * h > MAX_IMAGE_PIXELS:
-        raise InvalidRequestError(
-            f"{field} is {w} x {h} = {w * h} pixels; at most "
-            f"{MAX_IMAGE_PIXELS} are accepted: send a smaller image (the "
-            "model resizes it to its own input size anyway)")
+    _check_size(image, field)
     try:
         image.load()
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds
@@ -53,21 +66,40 @@ def check_image(image: Any, field: str):
     return image
 
 
-def decode_image_bytes(data: bytes, field: str):
-    """Bytes of an image file (PNG, JPEG, ...) -> a decoded PIL image."""
+def check_images(images: list, fields: list[str]) -> list:
+    """Images (opened, maybe not yet decoded) checked together: each
+    within the size limit and all within ``MAX_PROMPT_IMAGE_PIXELS``, from
+    their headers, before any is decoded; then decoded (`check_image`)."""
+    from PIL import Image
+    total = 0
+    for image, field in zip(images, fields):
+        if isinstance(image, Image.Image):
+            _check_size(image, field)
+            total += image.size[0] * image.size[1]
+    if total > MAX_PROMPT_IMAGE_PIXELS:
+        raise InvalidRequestError(
+            f"the prompt's {len(images)} images hold {total} pixels; at most "
+            f"{MAX_PROMPT_IMAGE_PIXELS} are accepted in one prompt: send "
+            "fewer or smaller images")
+    return [check_image(image, field) for image, field in zip(images, fields)]
+
+
+def open_image_bytes(data: bytes, field: str):
+    """Bytes of an image file (PNG, JPEG, ...) -> a PIL image whose header
+    is read and checked (size) but whose pixels are not decoded yet."""
     from PIL import Image
     try:
         image = Image.open(io.BytesIO(data))
     except Exception as e:  # noqa: BLE001 - not an image PIL can open
         raise InvalidRequestError(
             f"{field} is not an image PIL can read: {e}") from None
-    # The size is known from the header; check it before decoding pixels.
-    w, h = image.size
-    if w * h > MAX_IMAGE_PIXELS:
-        raise InvalidRequestError(
-            f"{field} is {w} x {h} = {w * h} pixels; at most "
-            f"{MAX_IMAGE_PIXELS} are accepted: send a smaller image")
-    return check_image(image, field)
+    _check_size(image, field)  # from the header, before decoding pixels
+    return image
+
+
+def decode_image_bytes(data: bytes, field: str):
+    """Bytes of an image file (PNG, JPEG, ...) -> a decoded PIL image."""
+    return check_image(open_image_bytes(data, field), field)
 
 
 def _data_url(url: str, field: str):
@@ -90,7 +122,7 @@ def _data_url(url: str, field: str):
     except (binascii.Error, ValueError) as e:
         raise InvalidRequestError(
             f"{field} holds invalid base64 data: {e}") from None
-    return decode_image_bytes(data, field)
+    return open_image_bytes(data, field)
 
 
 def _file_url(url: str, allowed_local_media_path: str, field: str):
@@ -104,20 +136,42 @@ def _file_url(url: str, allowed_local_media_path: str, field: str):
         raise InvalidRequestError(
             f"{field}: a file URL must name a local path (file:///path), "
             f"got host {parsed.netloc!r}")
+    # The answers name the rule broken, never the path resolved (it would
+    # show where links lead and how the server's disk is laid out).
     path = os.path.realpath(urllib.request.url2pathname(parsed.path))
     root = os.path.realpath(allowed_local_media_path)
     if os.path.commonpath([root, path]) != root:
         raise InvalidRequestError(
-            f"{field}: {path} is outside the allowed local media path {root}")
+            f"{field}: the file is outside the allowed local media path "
+            "(--allowed-local-media-path; links are followed before the "
+            "check)")
     if not os.path.isfile(path):
-        raise InvalidRequestError(f"{field}: no such file {path}")
-    with open(path, "rb") as f:
-        return decode_image_bytes(f.read(), field)
+        raise InvalidRequestError(
+            f"{field}: no such file under the allowed local media path")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_IMAGE_FILE_BYTES + 1)
+    except OSError:
+        raise InvalidRequestError(f"{field}: the file could not be read"
+                                  ) from None
+    if len(data) > MAX_IMAGE_FILE_BYTES:
+        raise InvalidRequestError(
+            f"{field}: the file is over {MAX_IMAGE_FILE_BYTES} bytes; send a "
+            "smaller image")
+    return open_image_bytes(data, field)
 
 
 def load_image_url(url: Any, allowed_local_media_path: str = "",
                    field: str = "image_url.url"):
     """An ``image_url`` part's URL -> a decoded PIL image."""
+    return check_image(open_image_url(url, allowed_local_media_path, field),
+                       field)
+
+
+def open_image_url(url: Any, allowed_local_media_path: str = "",
+                   field: str = "image_url.url"):
+    """An ``image_url`` part's URL -> a PIL image, its header checked
+    (`open_image_bytes`), not decoded yet."""
     if not isinstance(url, str) or not url:
         raise InvalidRequestError(f"{field} must be a non-empty string")
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""

@@ -26,7 +26,7 @@ from jaxinfer.models.errors import CheckpointError
 from ..errors import InvalidRequestError
 from .inputs import MultiModalInput
 from .limits import limit_for
-from .media import check_image, image_hash
+from .media import check_images, image_hash
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def load_hf_image_processor(model_dir: str):
     try:
         return AutoImageProcessor.from_pretrained(model_dir,
                                                   local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure is the folder's
+    except Exception as e:
         raise CheckpointError(f"{model_dir}: the image processor could not "
                               f"be loaded: {e}") from e
 
@@ -61,10 +61,13 @@ class ImageProcessor:
     spec: ImageInput  # the model's placeholder id, tokens and pixels per image
     limits: dict[str, int]  # limit_mm_per_prompt
     placeholder: str = "<image>"  # the token's text, for chat messages
+    # The engine's context length (set by the InputProcessor): images whose
+    # placeholders alone cannot fit it are refused before they are read.
+    max_model_len: int | None = None
 
     @classmethod
     def for_model(cls, model_dir: str, spec: ImageInput, limits: dict[str, int],
-                  tokenizer=None) -> "ImageProcessor":
+                  tokenizer=None) -> ImageProcessor:
         proc = cls(load_hf_image_processor(model_dir), spec, limits)
         if tokenizer is not None:
             text = tokenizer.convert_ids_to_tokens(spec.token_id)
@@ -96,6 +99,23 @@ class ImageProcessor:
     def max_images(self) -> int:
         return limit_for(self.limits, "image")
 
+    def check_count(self, n: int) -> None:
+        """Refuses ``n`` images over limit_mm_per_prompt, or more than the
+        context holds (each takes tokens_per_image tokens and the prompt
+        needs room for one more token): checked before any is decoded."""
+        if n > self.max_images:
+            raise InvalidRequestError(
+                f"At most {self.max_images} image(s) may be provided in one "
+                f"prompt, got {n}: send fewer, or raise limit_mm_per_prompt "
+                f"(--limit-mm-per-prompt '{{\"image\": {n}}}')")
+        N = self.spec.tokens_per_image
+        if self.max_model_len is not None and n * N >= self.max_model_len:
+            fit = (self.max_model_len - 1) // N
+            raise InvalidRequestError(
+                f"{n} image(s) take {n * N} tokens ({N} each), but "
+                f"max_model_len is {self.max_model_len}: at most {fit} "
+                "fit in one prompt; send fewer")
+
     def images_of(self, data: Any) -> list:
         """``multi_modal_data`` -> its checked images (PIL, in order)."""
         if not isinstance(data, dict):
@@ -112,14 +132,9 @@ class ImageProcessor:
             return []
         if not isinstance(images, (list, tuple)):
             images = [images]
-        if len(images) > self.max_images:
-            raise InvalidRequestError(
-                f"At most {self.max_images} image(s) may be provided in one "
-                f"prompt, got {len(images)}: send fewer, or raise "
-                f"limit_mm_per_prompt (--limit-mm-per-prompt "
-                f"'{{\"image\": {len(images)}}}')")
-        return [check_image(img, f"multi_modal_data['image'][{i}]")
-                for i, img in enumerate(images)]
+        self.check_count(len(images))
+        return check_images(list(images), [f"multi_modal_data['image'][{i}]"
+                                           for i in range(len(images))])
 
     def expand(self, ids: list[int], num_images: int
                ) -> tuple[list[int], list[int]]:

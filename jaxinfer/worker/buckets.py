@@ -1,16 +1,16 @@
 """Shape buckets: a server compiles a bounded, small set of step programs.
 
 A step is padded to a bucket (T tokens, S sequences, P pages per sequence,
-decode_only). Every compiled program of an 8B model takes seconds to build,
-so the set is kept to what costs nothing to pad:
+decode_only). Every compiled program of a large model takes seconds to
+build, so the set is kept to what costs little to pad:
 
 - Decode-only steps (one token per sequence): S on a power-of-two ladder,
   T = S (at least the token floor). Their cost follows S (the batch's
   matmuls and sampler), so S keeps its ladder. On CPU (``small_decode``)
   the ladder starts at one sequence and T = S (for models of at least
-  10M parameters, `model_runner.SMALL_DECODE_MIN_PARAMS`): XLA CPU runs a one-row dot
-  as a matrix-vector product, about 3x faster than the same dot padded to
-  16 rows, so a single stream (the README's first command) decodes alone.
+  `step_programs.SMALL_DECODE_MIN_PARAMS`): XLA CPU runs a one-row dot
+  as a matrix-vector product, much faster than the same dot padded to 16
+  rows, so a single stream decodes alone.
 - Steps with prefill rows: T on a power-of-two ladder and S = min(T,
   max_num_seqs): a row per possible sequence costs a logits row, little
   next to the T tokens' matmuls, and a second ladder would multiply the
@@ -23,6 +23,15 @@ so the set is kept to what costs nothing to pad:
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
+
+
+class Bucket(NamedTuple):
+    """The padded shape a step runs in; static to its programs."""
+    tokens: int  # T: token rows
+    seqs: int  # S: sequence rows (block tables, logits rows)
+    pages: int  # P: pages per sequence (block table width)
+    decode_only: bool  # every sequence brings one token
 
 
 def _pow2_ladder(lo: int, hi: int) -> tuple[int, ...]:
@@ -51,7 +60,7 @@ class Buckets:
     @classmethod
     def make(cls, max_num_batched_tokens: int, max_num_seqs: int,
              max_pages_per_seq: int, fixed_pages: bool = False,
-             small_decode: bool = False) -> "Buckets":
+             small_decode: bool = False) -> Buckets:
         pages = ((max_pages_per_seq,) if fixed_pages else
                  _pow2_ladder(min(4, max_pages_per_seq), max_pages_per_seq))
         tokens = _pow2_ladder(min(16, max_num_batched_tokens),
@@ -75,11 +84,24 @@ class Buckets:
         T = _round_up(num_tokens, self.tokens)
         return T, min(T, self.max_num_seqs), P
 
-    def all_shapes(self) -> list[tuple[int, int, int, bool]]:
-        """Every (T, S, P, decode_only) a step can land in."""
+    def bucket(self, num_tokens: int, num_seqs: int, num_pages: int,
+               all_sample: bool = True) -> Bucket:
+        """The bucket of a step of ``num_seqs`` sequences bringing
+        ``num_tokens`` tokens over at most ``num_pages`` pages each.
+        ``all_sample``: every row ends at its request's last known token.
+        A one-token row inside a prompt makes a prefill bucket, so a
+        decode-only bucket never scores prompt tokens and needs no
+        prompt-logprob variant."""
+        decode_only = num_tokens == num_seqs and all_sample
+        return Bucket(*self.pick(num_tokens, num_seqs, num_pages, decode_only),
+                      decode_only)
+
+    def all_shapes(self) -> list[Bucket]:
+        """Every bucket a step can land in."""
         out = []
         for p in self.pages:
-            out += [(max(s, self.decode_floor), s, p, True) for s in self.seqs]
-            out += [(t, min(t, self.max_num_seqs), p, False)
+            out += [Bucket(max(s, self.decode_floor), s, p, True)
+                    for s in self.seqs]
+            out += [Bucket(t, min(t, self.max_num_seqs), p, False)
                     for t in self.tokens]
         return out

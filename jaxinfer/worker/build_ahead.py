@@ -3,13 +3,13 @@
 Without warm-up, a step program is built (traced, then compiled or read
 from the compilation cache) when the first step of its bucket is
 dispatched. A new request's prefill and its first decode step land in two
-buckets, so a `generate` waited for two builds one after the other (most
-of a warm cache's build is reading the cache; docs/performance.md section
-18 has the timings). The decode bucket that follows a step
-is known when that step is scheduled: its sampling rows, one token each,
-one position further. So `BuildAhead` starts that program's build on a
-background thread before the step is dispatched, and the runner takes the
-result when the decode step comes (`take`). The two builds overlap (the
+buckets, so a `generate` would wait for two builds one after the other
+(even from a warm compilation cache, reading it takes time). The decode
+bucket that follows a step is known when that step is scheduled: its
+sampling rows, one token each, one position further. So `BuildAhead`
+starts that program's build on a background thread before the step is
+dispatched, and `StepPrograms` takes the result when the decode step
+comes (`take`). The two builds overlap (the
 reads and XLA compiles run outside the GIL, on the host's other core), as
 does the build with the device's work.
 
@@ -23,12 +23,12 @@ sampled sampler of each) from the params' and pages' expected shapes
 while the weights load, on CPU, where nothing else uses the second core
 then. A guess: the runner checks it against what was loaded
 (`confirm_first`), and a first request of another shape builds its own
-programs as before, the guess's builds not yet started cancelled
+programs, the guess's builds not yet started cancelled
 (`drop_missed_first`).
 
 Single-step forward programs only: multi-step windows and steps with LoRA
-adapters build on first use as before (their keys depend on what the
-scheduler picks), and with warm-up everything is already built.
+adapters build on first use (their keys depend on what the scheduler
+picks), and with warm-up everything is already built.
 ``JAXINFER_BUILD_AHEAD=0`` turns it off (each program builds on first use).
 """
 
@@ -40,29 +40,34 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import jax
+
 from ..core.kv_cache_manager import cdiv
-from ..core.scheduler_output import SchedulerOutput
+from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..sampling_params import SamplingParams
-from .packing import pack_step
-from .warmup import dummy_batch, sampling_metadata_for
+from . import warmup
+from .buckets import Bucket, Buckets
+from .program_keys import FORWARD, ModelProgram, ProgramBuild, ProgramKey
+
+if TYPE_CHECKING:
+    from .step_programs import DeviceState, StepPrograms
 
 logger = logging.getLogger(__name__)
 
 # How many tokens ahead a running sequence's next page bucket is built.
 LOOKAHEAD_TOKENS = 32
 
-# Python's thread switch interval while builds run (the default is 5 ms).
-# The build thread traces (holding the GIL) while the main thread places
-# weights or steps, which drops the GIL around each copy or program run
-# and then waits up to a whole interval to get it back; a tenth of the
-# default interval kept weight placement close to its time without builds
-# beside it (docs/performance.md, section 19).
+# Python's thread switch interval while builds run (a tenth of the
+# default). The build thread traces (holding the GIL) while the main thread
+# places weights or steps, which drops the GIL around each copy or program
+# run and then waits up to a whole interval to get it back: a short
+# interval keeps the main thread's work from stretching behind a build.
 SWITCH_INTERVAL_S = 0.0005
 _switch_lock = threading.Lock()
 _builds_running = 0
-_saved_interval = None
+_saved_interval = sys.getswitchinterval()  # restored when builds stop
 
 
 def _build_started() -> None:
@@ -94,13 +99,11 @@ def _env_allows() -> bool:
     return os.environ.get("JAXINFER_BUILD_AHEAD", "1") != "0"
 
 
-def first_request_buckets(runner) -> list[tuple]:
-    """(T, S, P, decode_only) of a first request whose prompt fits the
-    smallest token bucket: its prefill step, then its decode steps (the
-    first page bucket)."""
-    b = runner.buckets
-    return [(*b.pick(b.tokens[0], 1, 1, False), False),
-            (*b.pick(1, 1, 1, True), True)]
+def first_request_buckets(buckets: Buckets) -> list[Bucket]:
+    """The buckets of a first request whose prompt fits the smallest token
+    bucket: its prefill step, then its decode steps (the first page
+    bucket)."""
+    return [buckets.bucket(buckets.tokens[0], 1, 1), buckets.bucket(1, 1, 1)]
 
 
 def _same_layout(expected, actual) -> bool:
@@ -108,7 +111,8 @@ def _same_layout(expected, actual) -> bool:
     same shape, dtype and (equivalent) sharding."""
     e_leaves, e_def = jax.tree_util.tree_flatten(expected)
     a_leaves, a_def = jax.tree_util.tree_flatten(actual)
-    if e_def != a_def:
+    # jaxlib ships PyTreeDef without stubs; it compares by structure.
+    if e_def != a_def:  # type: ignore[operator]
         return False
     for e, a in zip(e_leaves, a_leaves):
         if e.shape != a.shape or e.dtype != a.dtype:
@@ -118,7 +122,7 @@ def _same_layout(expected, actual) -> bool:
     return True
 
 
-def _abstract(tree):
+def abstract(tree):
     """Arrays -> ShapeDtypeStructs (with their shardings): lowering reads
     nothing else, and a donated page pool may be gone by the time the
     background thread lowers."""
@@ -131,13 +135,13 @@ def _abstract(tree):
 
 class BuildAhead:
     """Background builds of upcoming decode buckets' forward programs for
-    one `ModelRunner`; one worker thread (builds queue behind each other)."""
+    one `StepPrograms`; one worker thread (builds queue behind each other)."""
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, programs: StepPrograms):
+        self.programs = programs
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._building: dict[tuple, concurrent.futures.Future] = {}
-        self._seen: set[tuple] = set()  # buckets already looked at
+        self._building: dict[ProgramKey, concurrent.futures.Future] = {}
+        self._seen: set[Bucket] = set()  # buckets already looked at
         # Decided at the first request and fixed for the runner's life, so
         # the per-step call returns at once where nothing is ever built
         # ahead; warm-up clears it (`stop`).
@@ -152,16 +156,19 @@ class BuildAhead:
         """Nothing more to build ahead (warm-up built every bucket)."""
         self.enabled = False
 
-    def decode_buckets_after(self, out: SchedulerOutput) -> list[tuple]:
-        """The decode-only buckets (T, S, P, True) that follow ``out``: its
-        sampling rows that decode again, one position further and
-        LOOKAHEAD_TOKENS further (no further than their max_tokens)."""
-        runner = self.runner
+    def decode_buckets_after(self, out: SchedulerOutput,
+                             requests: dict[str, NewRequestData]
+                             ) -> list[Bucket]:
+        """The decode-only buckets that follow ``out``: its sampling rows
+        that decode again, one position further and LOOKAHEAD_TOKENS
+        further (no further than their max_tokens). ``requests``: what the
+        runner knows of each request."""
+        programs = self.programs
         # Each sampling row's end: the last position whose K/V a decode
         # step writes (its last token's is never written).
         ends = {}
         for s in out.scheduled:
-            req = runner.requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if req is None:
                 continue
             if not s.sample:
@@ -171,7 +178,7 @@ class BuildAhead:
                 # sampling rows (and maybe its wider pages): a guess from
                 # here is a build no step takes.
                 return []
-            end = runner.scheduler_config.max_model_len
+            end = programs.scheduler_config.max_model_len
             max_tokens = req.sampling_params.max_tokens
             if max_tokens is not None:
                 end = min(end, req.num_prompt_tokens + max_tokens - 1)
@@ -180,95 +187,78 @@ class BuildAhead:
         if not ends:
             return []
         n = len(ends)
-        out_dims = []
+        buckets: list[Bucket] = []
         for ahead in (1, LOOKAHEAD_TOKENS):
-            pages = max(cdiv(min(pos + ahead, end), runner.block_size)
+            pages = max(cdiv(min(pos + ahead, end), programs.block_size)
                         for pos, end in ends.values())
-            dims = (*runner.buckets.pick(n, n, pages, True), True)
-            if dims not in out_dims:
-                out_dims.append(dims)
-        return out_dims
+            bucket = programs.buckets.bucket(n, n, pages)
+            if bucket not in buckets:
+                buckets.append(bucket)
+        return buckets
 
     def _allowed(self) -> bool:
         """Decided once, at the first call, and fixed for the runner's life,
         so the per-step call returns at once where nothing is ever built
         ahead."""
-        runner = self.runner
         if self.enabled is None:
-            self.enabled = (_env_allows() and runner.lora is None and
-                            runner.scheduler_config.num_scheduler_steps == 1)
+            self.enabled = (
+                _env_allows() and self.programs.lora_config is None
+                and self.programs.scheduler_config.num_scheduler_steps == 1
+                # Its forward programs score one row per sequence.
+                and not self.programs.num_speculative_tokens)
         return self.enabled
 
-    def _forward_build(self, dims, state: dict | None = None) -> tuple:
-        """(program key, jitted forward, its static and abstract args) of
-        a text-only step in bucket ``dims`` (``state``: see
-        `ModelRunner.forward_args`)."""
-        runner = self.runner
-        input_ids, positions, md, logits_idx = dummy_batch(*dims[:3])
-        packed = pack_step(input_ids, positions, md, None)
-        fwd = runner.forward_args(packed, logits_idx, state=state)
-        return (runner.forward_key(dims, fwd), runner.forward_program(dims),
-                (dims, *_abstract(fwd)))
-
-    def _submit(self, key, jitted, args) -> None:
-        """Lowers and compiles ``jitted`` for ``args`` (static ones first,
-        then ShapeDtypeStructs) on the worker thread, under ``key``."""
+    def _submit(self, key: ProgramKey, build: ProgramBuild) -> None:
+        """Lowers and compiles ``build`` on the worker thread, from its
+        arguments' ShapeDtypeStructs, under ``key``."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="jaxinfer-build-ahead")
+        args = abstract(build.args)
 
-        def build():
+        def compile_it():
             try:
                 t0 = time.perf_counter()
-                program = jitted.lower(*args).compile()
-                logger.debug("built %s ahead in %.2fs", key[:2],
-                             time.perf_counter() - t0)
+                program = build.jitted.lower(*build.static, *args).compile()
+                logger.debug("built %s %s ahead in %.2fs", key.kind,
+                             key[1], time.perf_counter() - t0)
                 return program
             finally:
                 _build_done()
         _build_started()
-        self._building[key] = self._pool.submit(build)
+        self._building[key] = self._pool.submit(compile_it)
 
-    def start_first(self, state: dict) -> bool:
+    def start_first(self, state: DeviceState) -> bool:
         """Starts building a first request's programs (`first_request_buckets`
         with each `FIRST_SAMPLING` sampler) from ``state``, the runner's
-        `expected_state` (the params and pages as they will be). Returns
+        expected state (the params and pages as they will be). Returns
         whether it started (not when building ahead is off). Called before
-        the weights load (the runner has no LoRA slots yet: only runners
-        without them call this)."""
-        runner = self.runner
+        the weights load."""
+        programs = self.programs
         if not _env_allows():
             return False
-        buckets = first_request_buckets(runner)
-        todo = {}  # key -> (jitted, static and abstract args), in build order
-
-        def forward(dims):
-            key, jitted, args = self._forward_build(dims, state)
-            todo[key] = (jitted, args)
-
-        def samplers(S):
-            for sp in FIRST_SAMPLING:
-                smp = runner.sample_args(runner.logits_struct(S), None,
-                                         sampling_metadata_for(runner, sp, S),
-                                         None)
-                todo.setdefault(runner.sample_key(None, smp),
-                                (runner._sample, (None, *_abstract(smp))))
+        buckets = first_request_buckets(programs.buckets)
+        todo: dict[ProgramKey, ProgramBuild] = {}  # in build order
         # In the order the first request needs them: the prefill and its
         # samplers (greedy or sampled: small builds) give the first token,
         # then the decode bucket and its samplers. Everything is laid out
         # before the first build starts, so a failure here leaves nothing
         # half-queued.
         try:
-            for dims in buckets:
-                forward(dims)
-                samplers(dims[1])
-        except Exception:  # noqa: BLE001 - a guess never fails the engine
+            for bucket in buckets:
+                key, build = warmup.forward_build(programs, bucket, state)
+                todo[key] = build
+                for sp in FIRST_SAMPLING:
+                    key, build = warmup.sample_build(programs, bucket.seqs, sp,
+                                                     state.prev_tokens)
+                    todo.setdefault(key, build)
+        except Exception:
             logger.warning("could not lay out a first request's programs; "
                            "they build on first use", exc_info=True)
             return False
-        for key, (jitted, args) in todo.items():
-            self._submit(key, jitted, args)
-        self._first = ([k for k in todo if k[0] == "forward"], state)
+        for key, build in todo.items():
+            self._submit(key, build)
+        self._first = ([k for k in todo if k.kind == FORWARD], state)
         self._first_guess = (buckets[0], list(todo))
         return True
 
@@ -281,8 +271,8 @@ class BuildAhead:
             return 0
         guessed, keys = self._first_guess
         self._first_guess = None
-        dims = self.runner.step_dims(out)
-        if dims == guessed:
+        bucket = self.programs.bucket(out)
+        if bucket == guessed:
             return 0
         cancelled = 0
         for key in keys:
@@ -293,7 +283,7 @@ class BuildAhead:
                 _build_done()
                 cancelled += 1
         logger.debug("first step in bucket %s, not %s: cancelled %d builds",
-                     dims, guessed, cancelled)
+                     bucket, guessed, cancelled)
         return cancelled
 
     def confirm_first(self, params, kv_pages) -> bool:
@@ -301,10 +291,13 @@ class BuildAhead:
         ``kv_pages`` (as loaded and allocated) have the layout
         `start_first` expected, else drops them (those steps build their
         programs as usual). The samplers read neither and stay."""
+        if self._first is None:
+            raise RuntimeError("confirm_first without a start_first that "
+                               "returned True")
         forward_keys, expected = self._first
         self._first = None
-        same = (_same_layout(expected["params"], params)
-                and _same_layout(expected["kv_pages"], kv_pages))
+        same = (_same_layout(expected.params, params)
+                and _same_layout(expected.kv_pages, kv_pages))
         if not same:
             logger.info("the weights or pages loaded in another layout than "
                         "expected: a first request builds its programs on "
@@ -313,24 +306,25 @@ class BuildAhead:
                 self._building.pop(key, None)
         return same
 
-    def request(self, out: SchedulerOutput) -> None:
+    def request(self, out: SchedulerOutput, state: DeviceState,
+                requests: dict[str, NewRequestData]) -> None:
         """Starts building the programs of the decode buckets after ``out``
         that are neither built nor being built."""
-        runner = self.runner
+        programs = self.programs
         if not self._allowed() or out.num_steps > 1:
             return
-        for dims in self.decode_buckets_after(out):
-            if dims in self._seen:
+        for bucket in self.decode_buckets_after(out, requests):
+            if bucket in self._seen:
                 continue
-            self._seen.add(dims)
-            if ("forward", dims) in runner._buckets_run:
+            self._seen.add(bucket)
+            if programs.has_run(ModelProgram(1, bucket)):
                 continue
-            key, jitted, args = self._forward_build(dims)
-            if key in runner.programs or key in self._building:
+            key, build = warmup.forward_build(programs, bucket, state)
+            if key in programs.built or key in self._building:
                 continue
-            self._submit(key, jitted, args)
+            self._submit(key, build)
 
-    def take(self, key):
+    def take(self, key: ProgramKey):
         """The program built ahead for ``key`` (waiting for its build), or
         None when none was started or its build failed (the caller builds
         it as usual)."""
@@ -339,7 +333,7 @@ class BuildAhead:
             return None
         try:
             return future.result()
-        except Exception:  # noqa: BLE001 - the step builds it itself
+        except Exception:
             logger.warning("building a decode program ahead failed; building "
                            "it on first use instead", exc_info=True)
             return None

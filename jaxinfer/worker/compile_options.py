@@ -1,10 +1,9 @@
 """XLA compiler options of the few-row step programs on CPU.
 
-XLA CPU hands matrix products to YNNPACK by default (jaxlib 0.10-0.11).
-For the few-row products of a decode batch its own dot emitter is faster,
-with the same greedy tokens; for wide products of many rows YNNPACK is
-faster (the layers' products break even near 64 rows, and a wide logits
-product is much slower outside it). So steps with more than
+XLA CPU hands matrix products to YNNPACK by default. For the few-row
+products of a decode batch its own dot emitter is faster, with the same
+greedy tokens; for wide products of many rows YNNPACK is faster (a wide
+logits product most of all). So steps with more than
 PREFILL_OPTIONS_MAX_TOKENS prefill tokens and decode buckets outside
 DECODE_OPTIONS_ROWS sequences keep the default, and the other programs
 are compiled with YNNPACK kept for reductions alone (the CPU lm_head,
@@ -13,9 +12,7 @@ Multi-step windows keep the default too.
 
 Small prefill buckets take the options for two reasons: their products are
 few-row too, and a program's first run sets up its YNNPACK products, which
-delayed the first token of the README's command. The timings are in
-docs/performance.md, sections 16 (decode) and 20 (prefill), with the
-results files that hold them.
+delays a first token.
 
 Passed per program (``jax.jit(..., compiler_options=...)``), not through
 ``XLA_FLAGS``: nothing else in the process changes, and an XLA that does
@@ -33,13 +30,12 @@ from importlib import metadata
 CPU_DECODE_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 # Decode buckets of this many sequences take the options (first, last):
-# the range where they were measured faster (performance.md section 16;
-# one row was even, two and 64 slower).
+# the rows where XLA's dot emitter is the faster one.
 DECODE_OPTIONS_ROWS = (4, 32)
 # Prefill buckets of at most this many tokens take the options too.
 PREFILL_OPTIONS_MAX_TOKENS = 32
-# jaxlib (major, minor) versions known to take the option: 0.10 timed here,
-# 0.11 (the GPU machine's) checked to accept it and drop YNNPACK's products.
+# jaxlib (major, minor) versions known to take the option and to drop
+# YNNPACK's products under it.
 MEASURED_JAXLIB = ((0, 10), (0, 11))
 ENV = "JAXINFER_CPU_DECODE_DOTS"  # "xla" (default) or "ynnpack"
 

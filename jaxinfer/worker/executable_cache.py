@@ -1,7 +1,7 @@
 """Compiled step programs kept on disk, so that a warm start skips tracing
 and lowering as well as XLA (the persistent compilation cache only skips
-XLA: docs/performance.md, section 5, measured about 1.6 s per program of
-lowering plus cache reading on the H200, 87 s of a warm start).
+XLA, and lowering a large model's step programs again takes most of a warm
+start).
 
 Warm-up saves each program it compiles (`jax.experimental.serialize_executable`)
 under a fingerprint of everything a program depends on besides its own
@@ -13,10 +13,15 @@ old entry is never read for a different program; an entry that does not
 load is deleted and compiled again.
 
 Programs loaded or compiled in this process are also kept in memory and
-handed to later engines of the same fingerprint as they are: on CPU
-(jaxlib 0.10) an executable deserialized in the process that compiled it
-failed at run time (``NOT_FOUND: Function wrapped_iota not found``), so
+handed to later engines of the same fingerprint as they are: on CPU an
+executable deserialized in the process that compiled it can fail at run
+time (``NOT_FOUND: Function wrapped_iota not found``), so
 an engine never reads back what its own process wrote.
+
+The folder keeps the programs of the KEEP_FINGERPRINTS newest
+fingerprints: each upgrade or model change starts a new one, and older
+ones are deleted when a new one is first written, so the disk use is
+bounded.
 
 Pytree structures do not serialize; each entry keeps an example of its
 input and output trees (the structures with int leaves) and rebuilds them.
@@ -31,12 +36,16 @@ import logging
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 
 import jax
 
 logger = logging.getLogger(__name__)
 
 ENTRY_SUFFIX = ".exe"
+
+# Fingerprint folders kept on disk (the newest by last write).
+KEEP_FINGERPRINTS = 4
 
 # (fingerprint, program key digest) -> executable, for this process.
 _IN_PROCESS: dict[tuple[str, str], object] = {}
@@ -65,22 +74,25 @@ def _layout(tree) -> str:
     return repr((treedef, [one(x) for x in leaves]))
 
 
-def runner_fingerprint(runner) -> str:
-    """What a runner's programs depend on besides their program keys."""
+def programs_fingerprint(programs, state) -> str:
+    """What a `StepPrograms`' programs depend on besides their keys: the
+    platform, jaxinfer's source, the model and engine configs and the
+    layouts of the device state (`DeviceState`) they read."""
     import jaxlib
+    model = programs.model
     parts = [jax.__version__, getattr(jaxlib, "__version__", ""),
              jax.default_backend(), jax.process_index(), jax.process_count(),
              repr([(d.platform, d.device_kind, d.id) for d in jax.devices()]),
              os.environ.get("XLA_FLAGS", ""), source_digest(),
-             repr(runner.cfg), str(runner.dtype), repr(runner.backend),
-             runner.block_size, repr(runner.placement.mesh),
-             _layout(runner.params), _layout(runner.kv_pages),
-             _layout(runner.constants), _layout(runner.prev_tokens),
-             repr(runner.scheduler_config), repr(runner.cache_config),
-             # Decode programs' XLA options (compile_options.py).
-             repr(getattr(runner, "decode_options", None)),
+             repr(model.cfg), str(model.dtype), repr(model.backend),
+             programs.block_size, repr(programs.placement.mesh),
+             _layout(state.params), _layout(state.kv_pages),
+             _layout(state.constants), _layout(state.prev_tokens),
+             repr(programs.scheduler_config), repr(programs.cache_config),
+             # Few-row programs' XLA options (compile_options.py).
+             repr(programs.decode_options),
              # LoRA slots' ranks and targets shape the adapter programs.
-             repr(getattr(runner.lora, "config", None))]
+             repr(programs.lora_config)]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
@@ -89,7 +101,7 @@ def _kernel_runtimes() -> None:
     """Mosaic GPU kernels find their host runtime through an environment
     variable that importing ``jax.experimental.mosaic.gpu`` sets; a program
     loaded before anything lowered a kernel in this process failed with
-    "Failed to lookup host symbol ... anonymous_mosaic_gpu" (H200, jax 0.11)."""
+    "Failed to lookup host symbol ... anonymous_mosaic_gpu"."""
     if jax.default_backend() == "gpu":
         try:
             importlib.import_module("jax.experimental.mosaic.gpu")
@@ -134,7 +146,7 @@ class ExecutableCache:
                 entry["executable"],
                 jax.tree_util.tree_structure(entry["in_example"]),
                 jax.tree_util.tree_structure(entry["out_example"]))
-        except Exception as e:  # whatever a damaged or stale entry raises
+        except Exception as e:  # noqa: BLE001 - whatever a damaged or stale entry raises
             logger.warning("dropping the unreadable saved program %s (%s: %s)",
                            path, type(e).__name__, e)
             try:
@@ -161,7 +173,10 @@ class ExecutableCache:
             logger.warning("not saving a step program (%s: %s)",
                            type(e).__name__, e)
             return
-        os.makedirs(self.directory, exist_ok=True)
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            prune_fingerprints(os.path.dirname(self.directory),
+                               keep=self.fingerprint)
         fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -176,11 +191,37 @@ class ExecutableCache:
                 pass
 
 
-def executable_cache_for(runner, compilation_cache_dir: str | None,
+def prune_fingerprints(root: str, keep: str,
+                       limit: int = KEEP_FINGERPRINTS) -> list[str]:
+    """Deletes all but the ``limit`` most recently written fingerprint
+    folders under ``root`` (``keep`` always stays); returns those deleted.
+    A folder another process is still writing may go: its entries are
+    then compiled again, never read half-written."""
+    import shutil
+    try:
+        names = [n for n in os.listdir(root)
+                 if os.path.isdir(os.path.join(root, n))]
+    except OSError:
+        return []
+    names.sort(key=lambda n: (n == keep, os.path.getmtime(
+        os.path.join(root, n))), reverse=True)
+    gone = names[limit:]
+    for name in gone:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    if gone:
+        logger.info("deleted %d saved step-program folders of older "
+                    "fingerprints under %s", len(gone), root)
+    return gone
+
+
+def executable_cache_for(fingerprint: Callable[[], str],
+                         compilation_cache_dir: str | None,
                          enabled: bool | None = None) -> ExecutableCache | None:
-    """The runner's cache in ``<compilation_cache_dir>/executables``, or
-    None when there is no compilation cache or it is off. ``enabled``
-    None: on GPU only (``$JAXINFER_EXECUTABLE_CACHE`` = 1 or 0 overrides)."""
+    """The cache in ``<compilation_cache_dir>/executables`` for the
+    programs ``fingerprint()`` names (`programs_fingerprint`; called only
+    when the cache is on), or None when there is no compilation cache or
+    the cache is off. ``enabled`` None: on GPU only
+    (``$JAXINFER_EXECUTABLE_CACHE`` = 1 or 0 overrides)."""
     if not compilation_cache_dir:
         return None
     if enabled is None:
@@ -192,4 +233,4 @@ def executable_cache_for(runner, compilation_cache_dir: str | None,
     if not enabled:
         return None
     return ExecutableCache(os.path.join(compilation_cache_dir, "executables"),
-                           runner_fingerprint(runner))
+                           fingerprint())

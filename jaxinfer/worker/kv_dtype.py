@@ -44,9 +44,8 @@ def page_bytes(num_layers: int, block_size: int, num_kv_heads: int,
 
 # The Triton kernels address a layer's K or V page array ([K, pages, B, H]
 # on one device) with 32-bit element offsets, so an array of 2**31 elements
-# or more faults (CUDA illegal address). Seen on the H200: fp8 pages of an
-# 8-layer, 4-kv-head model at gpu_memory_utilization=0.5 (about 400,000
-# pages, 3.3e9 elements per array); bf16 pages, half as many, ran.
+# or more faults (CUDA illegal address). fp8 pages reach it first: a page
+# costs half the bytes of a bf16 one, so the same memory holds twice as many.
 MAX_PAGE_ARRAY_ELEMENTS = 2**31 - 1
 
 

@@ -14,14 +14,13 @@ import numpy as np
 
 from jaxinfer.models import AttentionMetadata
 
-
 # Every field starts on a 256-byte boundary of the buffer: the Mosaic GPU
 # kernels check that each operand is 256-byte aligned, and XLA may hand a
 # kernel a slice of this buffer (the block table, say) without copying it.
 ALIGN = 64  # int32 elements = 256 bytes
 
 
-@functools.lru_cache(maxsize=None)  # a few buckets; pack_step runs per step
+@functools.cache  # a few buckets; pack_step runs per step
 def _layout(dims: tuple[int, int, int]):
     """(offset, size) of each field for bucket (T, S, P), and the length."""
     T, S, P = dims

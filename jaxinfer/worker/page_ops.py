@@ -38,7 +38,7 @@ class PageMover:
         self.ladder = _pow2_ladder(8, max(8, 1 << (num_pages - 1).bit_length()))
         self._gather = jax.jit(_gather)
         self._scatter = jax.jit(_scatter, donate_argnums=(0,))
-        self._host: list[np.ndarray] | None = None
+        self._host: list[tuple[np.ndarray, ...]] | None = None
 
     def _pad(self, ids: list[int]) -> np.ndarray:
         out = np.zeros(_round_up(len(ids), self.ladder), np.int32)

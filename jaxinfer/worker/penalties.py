@@ -14,6 +14,10 @@ complete when this step samples), plus, when a request gets a fresh slot,
 every earlier token (prompt pages from the prefix cache or a fork, tokens
 recomputed after preemption). `reset_slots` zeroes fresh slots first. Nothing
 per vocabulary entry crosses the host; the host sends O(new tokens) ids.
+Every count array has one width known at start (`sampling_inputs`): a
+step's own tokens fit it, and a fresh slot's earlier tokens go through
+`count_tokens` beforehand in chunks of that width, so no request's length
+shapes a program.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxinfer.models.attention import StepArray
+
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["output_counts", "prompt_mask"], meta_fields=[])
@@ -33,7 +39,7 @@ class PenaltyState:
     prompt_mask: jax.Array  # [R, V] bool
 
     @classmethod
-    def zeros(cls, rows: int, vocab: int) -> "PenaltyState":
+    def zeros(cls, rows: int, vocab: int) -> PenaltyState:
         return cls(jnp.zeros((rows, vocab), jnp.int32),
                    jnp.zeros((rows, vocab), jnp.bool_))
 
@@ -44,25 +50,34 @@ class PenaltyState:
                                 "count_is_output"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class PenaltyParams:
-    slots: jax.Array  # [S] int32 state row of each sampled row (scratch if none)
-    presence: jax.Array  # [S] float32; 0 = off
-    frequency: jax.Array  # [S] float32; 0 = off
-    repetition: jax.Array  # [S] float32; 1 = off
-    reset_slots: jax.Array  # [S] int32 rows to zero before counting (scratch = none)
-    count_ids: jax.Array  # [C] int32 tokens to count this step
-    count_slots: jax.Array  # [C] int32 their rows (scratch for padding)
-    count_is_output: jax.Array  # [C] bool generated (True) or prompt token
+    slots: StepArray  # [S] int32 state row of each sampled row (scratch if none)
+    presence: StepArray  # [S] float32; 0 = off
+    frequency: StepArray  # [S] float32; 0 = off
+    repetition: StepArray  # [S] float32; 1 = off
+    reset_slots: StepArray  # [S] int32 rows to zero before counting (scratch = none)
+    count_ids: StepArray  # [C] int32 tokens to count this step
+    count_slots: StepArray  # [C] int32 their rows (scratch for padding)
+    count_is_output: StepArray  # [C] bool generated (True) or prompt token
+
+
+def count_tokens(state: PenaltyState, reset_slots, count_ids, count_slots,
+                 count_is_output) -> PenaltyState:
+    """Zeroes the rows ``reset_slots`` [R'] and counts ``count_ids`` [C]
+    into rows ``count_slots`` [C] (outputs into the counts, prompt tokens
+    into the mask; padding ids V are dropped)."""
+    counts = state.output_counts.at[reset_slots].set(0)
+    mask = state.prompt_mask.at[reset_slots].set(False)
+    counts = counts.at[count_slots, count_ids].add(
+        count_is_output.astype(jnp.int32), mode="drop")
+    vocab = mask.shape[-1]
+    prompt_ids = jnp.where(count_is_output, vocab, count_ids)
+    mask = mask.at[count_slots, prompt_ids].set(True, mode="drop")
+    return PenaltyState(counts, mask)
 
 
 def update_penalty_state(state: PenaltyState, p: PenaltyParams) -> PenaltyState:
-    counts = state.output_counts.at[p.reset_slots].set(0)
-    mask = state.prompt_mask.at[p.reset_slots].set(False)
-    counts = counts.at[p.count_slots, p.count_ids].add(
-        p.count_is_output.astype(jnp.int32), mode="drop")
-    vocab = mask.shape[-1]
-    prompt_ids = jnp.where(p.count_is_output, vocab, p.count_ids)
-    mask = mask.at[p.count_slots, prompt_ids].set(True, mode="drop")
-    return PenaltyState(counts, mask)
+    return count_tokens(state, p.reset_slots, p.count_ids, p.count_slots,
+                        p.count_is_output)
 
 
 def apply_penalties(logits: jax.Array, state: PenaltyState,

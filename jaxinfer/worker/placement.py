@@ -9,6 +9,8 @@ into slot arrays sharded on "stage" (``jaxinfer.sharding.pipeline``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +19,7 @@ from flax import linen as nn
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.pallas_kernels import kv_pages_shape
 from jaxinfer.pallas_kernels.kv_cache import page_scales_shape
-from jaxinfer.sharding import (kv_pages_sharding, make_mesh, param_shardings,
-                               replicated)
-from jaxinfer.sharding import pipeline
+from jaxinfer.sharding import kv_pages_sharding, make_mesh, param_shardings, pipeline, replicated
 
 from ..errors import InvalidConfigError
 
@@ -69,7 +69,7 @@ class Placement:
         return heads * self.pipeline_stages
 
     def place_param(self, path, array, dtype) -> jax.Array:
-        node = self.param_shardings
+        node: Any = self.param_shardings  # walked down to a leaf
         for key in path:
             node = node[key]
         host = np.asarray(array).astype(jnp.dtype(dtype), copy=False)
@@ -79,7 +79,7 @@ class Placement:
         """A stand-in for a param held by no device of this process (a
         pipeline stage on another host), so its tensor is never read;
         None for a param this process holds."""
-        node = self.param_shardings
+        node: Any = self.param_shardings  # walked down to a leaf
         for key in path:
             node = node[key]
         if node.addressable_devices:
@@ -106,8 +106,8 @@ class Placement:
                    dtype):
         """(page array shape, scale array shape or None, arrays of each
         kind): what `zeros_kv` allocates."""
-        shape = kv_pages_shape(num_pages, block_size, self.cfg.num_kv_heads,
-                               self.cfg.head_dim)
+        shape: tuple[int, ...] = kv_pages_shape(
+            num_pages, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
         pairs = num_layers
         if self.pipeline_stages > 1:  # one [pp, ...] pair per slot
             shape = (self.pipeline_stages, *shape)

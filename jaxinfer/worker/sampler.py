@@ -1,8 +1,10 @@
 """Token sampling inside the jitted step, vectorized over the batch.
 
-The order is vLLM V1's: logprobs from the raw logits; allowed-token whitelist,
-bad words and min_tokens (banned ids), logit bias; repetition / frequency /
-presence penalties; greedy argmax; temperature, min-p, top-k, top-p; a draw.
+The order is vLLM V1's: logprobs from the raw logits; the token mask (a
+structured-output grammar, the allowed-token whitelist, bad words and
+min_tokens, folded into one packed mask on the host); logit bias;
+repetition / frequency / presence penalties; greedy argmax; temperature,
+min-p, top-k, top-p; a draw.
 
 Every per-request parameter is an array row. A feature that no request of the
 batch uses is None in `SamplingMetadata`: the pytree then has another
@@ -20,14 +22,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jaxinfer.models.attention import StepArray
+
 from .logprob_ops import LogprobArrays, gather_logprobs
-from .penalties import (PenaltyParams, PenaltyState, apply_penalties,
-                        update_penalty_state)
-from .top_candidates import (BLOCK_SIZE, KEPT_BLOCKS, count_at_least,
-                             top_candidates)
+from .penalties import PenaltyParams, PenaltyState, apply_penalties, update_penalty_state
+from .top_candidates import BLOCK_SIZE, KEPT_BLOCKS, count_at_least, top_candidates
 
 _FIELDS = ["temperature", "seeds", "positions", "top_k", "top_p", "min_p",
-           "allowed_ids", "banned_ids", "bias_ids", "bias_values", "penalties"]
+           "bias_ids", "bias_values", "penalties",
+           "token_bitmask"]
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=_FIELDS,
@@ -35,18 +38,21 @@ _FIELDS = ["temperature", "seeds", "positions", "top_k", "top_p", "min_p",
 @dataclasses.dataclass(frozen=True)
 class SamplingMetadata:
     # None = every row greedy (no draw at all).
-    temperature: jax.Array | None = None  # [S] float32; 0 = greedy row
-    seeds: jax.Array | None = None  # [S] uint32 per-request stream seed
-    positions: jax.Array | None = None  # [S] int32 output index being drawn
-    top_k: jax.Array | None = None  # [S] int32; <= 0 = off
-    top_p: jax.Array | None = None  # [S] float32; 1 = off
-    min_p: jax.Array | None = None  # [S] float32; 0 = off
-    # Padded id lists; the pad value is V (out of range, dropped).
-    allowed_ids: jax.Array | None = None  # [S, A] int32; row of all V = no limit
-    banned_ids: jax.Array | None = None  # [S, W] int32 (bad words, min_tokens)
-    bias_ids: jax.Array | None = None  # [S, Kb] int32
-    bias_values: jax.Array | None = None  # [S, Kb] float32
+    temperature: StepArray | None = None  # [S] float32; 0 = greedy row
+    seeds: StepArray | None = None  # [S] uint32 per-request stream seed
+    positions: StepArray | None = None  # [S] int32 output index being drawn
+    top_k: StepArray | None = None  # [S] int32; <= 0 = off
+    top_p: StepArray | None = None  # [S] float32; 1 = off
+    min_p: StepArray | None = None  # [S] float32; 0 = off
+    # Padded bias lists (sampler_widths.bias_widths); the pad id is V (out
+    # of range, dropped).
+    bias_ids: StepArray | None = None  # [S, Kb] int32
+    bias_values: StepArray | None = None  # [S, Kb] float32
     penalties: PenaltyParams | None = None
+    # [S, ceil(V / 32)] int32, bit t % 32 of word t // 32 set when token t
+    # may be sampled (grammar, allowed ids, less banned ids); rows without
+    # a limit all -1.
+    token_bitmask: StepArray | None = None
 
 
 @functools.partial(jax.tree_util.register_dataclass,
@@ -66,29 +72,43 @@ def _scatter_rows(shape, ids, values, fill, mode_add: bool):
     return at.add(values, mode="drop") if mode_add else at.set(values, mode="drop")
 
 
+def apply_token_bitmask(logits: jax.Array, words: StepArray) -> jax.Array:
+    """logits [S, V] with the tokens each row's packed mask [S, W] leaves
+    out at -inf (a row of all-ones words passes unchanged)."""
+    vocab = logits.shape[-1]
+    ids = jnp.arange(vocab, dtype=jnp.int32)
+    word = jnp.take(words, ids // 32, axis=1)  # [S, V]
+    allowed = ((word >> (ids % 32)) & 1) != 0
+    return jnp.where(allowed, logits, -jnp.inf)
+
+
 def process_logits(logits: jax.Array, md: SamplingMetadata,
                    state: PenaltyState | None) -> jax.Array:
-    """Whitelist, bans, bias and penalties (the argmax-changing steps)."""
+    """Token mask, bias and penalties (the argmax-changing steps)."""
     logits = logits.astype(jnp.float32)
     shape = logits.shape
-    if md.allowed_ids is not None:
-        vocab = shape[-1]
-        allowed = _scatter_rows(shape, md.allowed_ids, True, False, False)
-        unlimited = jnp.all(md.allowed_ids >= vocab, axis=-1, keepdims=True)
-        logits = jnp.where(allowed | unlimited, logits, -jnp.inf)
-    if md.banned_ids is not None:
-        banned = _scatter_rows(shape, md.banned_ids, True, False, False)
-        logits = jnp.where(banned, -jnp.inf, logits)
+    if md.token_bitmask is not None:
+        logits = apply_token_bitmask(logits, md.token_bitmask)
     if md.bias_ids is not None:
         logits = logits + _scatter_rows(shape, md.bias_ids, md.bias_values,
                                         0.0, True)
     if md.penalties is not None:
+        if state is None:
+            raise ValueError("SamplingMetadata.penalties without a PenaltyState")
         logits = apply_penalties(logits, state, md.penalties)
     return logits
 
 
+def _temperatures(md: SamplingMetadata) -> StepArray:
+    if md.temperature is None:
+        raise ValueError("filtering logits of an all-greedy batch "
+                         "(SamplingMetadata.temperature is None)")
+    return md.temperature
+
+
 def _temperature_and_min_p(logits: jax.Array, md: SamplingMetadata):
-    temp = jnp.where(md.temperature > 0, md.temperature, 1.0)
+    temperature = _temperatures(md)
+    temp = jnp.where(temperature > 0, temperature, 1.0)
     x = logits / temp[:, None]
     if md.min_p is not None:
         # p < min_p * p_max  <=>  x < x_max + log(min_p); min_p = 0 keeps all.
@@ -148,8 +168,8 @@ def _smallest_key_where(fits, hi: jax.Array) -> jax.Array:
 def _filter_by_bisection(x: jax.Array, md: SamplingMetadata) -> jax.Array:
     """What `_filter_by_sorting_rows` keeps, found by bisecting on the
     threshold instead of sorting: 64 passes over each row, each a compare
-    and a sum. XLA's CPU sort of [8, 49152] float32 takes about 195 ms
-    (2-core machine), these passes a few ms; GPUs keep the sort.
+    and a sum. On CPU XLA's sort of a batch of vocabulary-wide rows costs
+    ten times these passes; GPUs keep the sort, which is faster there.
 
     Top-k keeps the entries >= the k-th largest: the smallest key K with
     fewer than k entries above it. Top-p keeps the entries >= the smallest
@@ -245,7 +265,7 @@ def filter_logits(logits: jax.Array, md: SamplingMetadata, *,
         return x
     threshold, exact = _threshold_from_candidates(x, md, kept_blocks,
                                                   block_size)
-    undecided = jnp.any(~exact & (md.temperature > 0))
+    undecided = jnp.any(~exact & (_temperatures(md) > 0))
     return jax.lax.cond(
         undecided, lambda: _filter_whole_rows(x, md),
         lambda: jnp.where(x >= threshold[:, None], x, -jnp.inf))
@@ -276,5 +296,6 @@ def sample(logits: jax.Array, md: SamplingMetadata,
 
 
 __all__ = ["SamplingMetadata", "SamplerOutput", "PenaltyParams",
+           "apply_token_bitmask",
            "PenaltyState", "sample", "process_logits", "filter_logits",
            "update_penalty_state"]

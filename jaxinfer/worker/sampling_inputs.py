@@ -1,18 +1,30 @@
 """Host side of sampling: one step's requests -> `SamplingMetadata` arrays.
 
-Runs once per step over the scheduled requests (O(requests + new tokens),
-never O(vocabulary)), from the step's rows and what the runner was sent of
-each request when it joined the batch (`NewRequestData`), never from the
-scheduler's own request objects. Features no request uses stay None, which selects a
-cheaper compiled variant of the step. Also plans prompt logprobs: which
-positions of the step's tokens need them and which prompt token each one
-scores.
+Runs once per step over the scheduled requests, from the step's rows and
+what the runner was sent of each request when it joined the batch
+(`NewRequestData`), never from the scheduler's own request objects. Also
+plans prompt logprobs: which positions of the step's tokens need them and
+which prompt token each one scores.
+
+Nothing a request sends may shape a compiled program, so each step takes
+one of two tiers, each with shapes known at start (`sampler_widths`):
+
+- plain: greedy, sampled, or sampled with top-k / top-p / min-p; features
+  no row uses stay None (a cheaper compiled variant) -- the common case.
+- full: every feature present at once (off values where unused): the
+  filters, one packed token mask [S, ceil(V / 32)] into which allowed ids,
+  bans (bad words, min_tokens) and grammar masks are folded on the host,
+  logit bias padded to a width of `sampler_widths.bias_widths`, penalties
+  with count arrays of one fixed width, and top logprobs. Any row that
+  needs one of them puts the step in this tier.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,28 +33,39 @@ from ..logprobs import LogprobRows
 from .penalties import PenaltyParams
 from .runner_output import ModelRunnerOutput
 from .sampler import SamplerOutput, SamplingMetadata
+from .sampler_widths import bias_width, mask_words
 
 
-def _pow2(n: int, floor: int = 1) -> int:
-    v = floor
-    while v < n:
-        v *= 2
-    return v
-
-
-# Id lists (allowed, banned, biased) pad to a power of two of at least this
-# many: each width is its own compiled step, and a [S, 16] scatter costs no
-# more than a [S, 1] one, so short lists share one program.
-LIST_WIDTH_FLOOR = 16
-
-
-def _pad_lists(rows: list[list[int]], S: int, pad: int, dtype=np.int32,
-               floor: int = LIST_WIDTH_FLOOR) -> np.ndarray:
-    width = _pow2(max((len(r) for r in rows), default=1), floor)
+def _pad_lists(rows: Sequence[Sequence[float] | np.ndarray], S: int,
+               width: int, pad: float,
+               dtype=np.int32) -> np.ndarray:
     out = np.full((S, width), pad, dtype)
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out
+
+
+def _bits(ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(word index, bit) of each token id in a packed mask."""
+    a = np.asarray(ids, np.int64)
+    return a >> 5, (np.uint32(1) << (a & 31).astype(np.uint32))
+
+
+class RowArrays(NamedTuple):
+    """A request's request-shaped sampling inputs, as arrays."""
+    bias_ids: np.ndarray  # [n] int32
+    bias_values: np.ndarray  # [n] float32
+    allowed: np.ndarray | None  # [words] uint32 packed mask, or None
+
+
+@dataclasses.dataclass
+class CountChunk:
+    """Tokens counted into the penalty state before a step (a fresh slot's
+    earlier tokens), in the fixed count width."""
+    reset_slots: np.ndarray  # [max_num_seqs] int32 rows to zero first (scratch: none)
+    count_ids: np.ndarray  # [C] int32 (V: padding)
+    count_slots: np.ndarray  # [C] int32
+    count_is_output: np.ndarray  # [C] bool
 
 
 class PenaltySlots:
@@ -89,11 +112,32 @@ def _has_penalties(sp) -> bool:
             or sp.repetition_penalty != 1.0)
 
 
+def needs_full_tier(sched: list[ScheduledRequest], sps,
+                    wants_logprobs: Sequence[bool]) -> bool:
+    """Whether a step's rows need the full sampler tier (module docstring)."""
+    return (any(wants_logprobs)
+            or any(sp.allowed_token_ids or sp.logit_bias or _has_penalties(sp)
+                   for sp in sps)
+            or any(s.banned_ids or s.constrained for s in sched))
+
+
 class SamplingInputs:
-    def __init__(self, vocab_size: int, max_num_seqs: int, engine_seed: int):
+    def __init__(self, vocab_size: int, max_num_seqs: int, engine_seed: int,
+                 count_width: int = 2048):
         self.vocab = vocab_size
         self.engine_seed = engine_seed
         self.slots = PenaltySlots(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
+        # C of every penalty count array: a step's own tokens fit it (the
+        # scheduler's max_num_batched_tokens).
+        self.count_width = count_width
+        # Fresh slots' earlier tokens, for the runner to count before the
+        # step (`take_count_chunks`).
+        self._chunks: list[CountChunk] = []
+        # Per request, its logit bias as arrays and its allowed ids as a
+        # packed mask row: built once, not at every step (a bias over the
+        # whole vocabulary is tens of thousands of entries).
+        self._rows: dict[str, RowArrays] = {}
 
     def request_seed(self, request_id: str, sp) -> int:
         if sp.seed is not None:
@@ -103,61 +147,115 @@ class SamplingInputs:
     def release(self, request_ids) -> None:
         for rid in request_ids:
             self.slots.release(rid)
+            self._rows.pop(rid, None)
+
+    def _row_arrays(self, request_id: str, sp) -> RowArrays:
+        row = self._rows.get(request_id)
+        if row is None:
+            bias = sp.logit_bias or {}
+            allowed = None
+            if sp.allowed_token_ids:
+                allowed = np.zeros(mask_words(self.vocab), np.uint32)
+                words, bits = _bits(sp.allowed_token_ids)
+                np.bitwise_or.at(allowed, words, bits)
+            row = self._rows[request_id] = RowArrays(
+                np.fromiter(bias.keys(), np.int32, len(bias)),
+                np.fromiter(bias.values(), np.float32, len(bias)), allowed)
+        return row
+
+    def take_count_chunks(self) -> list[CountChunk]:
+        """The counting the last `build` left to run before its step."""
+        chunks, self._chunks = self._chunks, []
+        return chunks
 
     def build(self, sched: list[ScheduledRequest],
-              requests: dict[str, NewRequestData], S: int) -> SamplingMetadata:
+              requests: dict[str, NewRequestData], S: int,
+              wants_logprobs: Sequence[bool] = ()) -> SamplingMetadata:
         """``requests``: what the runner knows of each request (sent once,
-        when it joined the batch); the rows carry the rest."""
+        when it joined the batch); the rows carry the rest.
+        ``wants_logprobs[i]``: row i returns top logprobs (full tier)."""
         reqs = [requests[s.request_id] for s in sched]
         sps = [r.sampling_params for r in reqs]
-        n = len(reqs)
-        V = self.vocab
-        kw = {}
+        if needs_full_tier(sched, sps, wants_logprobs):
+            return self._full(sched, reqs, requests, S)
+        kw: dict[str, Any] = {}  # SamplingMetadata's fields in use
         if any(not sp.greedy for sp in sps):
-            temp = np.zeros(S, np.float32)
-            seeds = np.zeros(S, np.uint32)
-            pos = np.zeros(S, np.int32)
-            for i, (s, sp) in enumerate(zip(sched, sps)):
-                temp[i] = 0.0 if sp.greedy else sp.temperature
-                seeds[i] = self.request_seed(s.request_id, sp)
-                pos[i] = s.sample_index
-            kw.update(temperature=temp, seeds=seeds, positions=pos)
+            kw.update(self._draw_rows(sched, sps, S))
             if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p > 0.0
                    for sp in sps):
                 # The three filters travel together (off values where unused):
                 # one compiled variant, which warm-up covers, instead of
-                # seven; an unused filter costs little (sampler-h200.json).
-                kw["top_k"] = np.pad(np.array([max(sp.top_k, 0) for sp in sps],
-                                              np.int32), (0, S - n))
-                kw["top_p"] = np.pad(np.array([sp.top_p for sp in sps],
-                                              np.float32), (0, S - n),
-                                     constant_values=1.0)
-                kw["min_p"] = np.pad(np.array([sp.min_p for sp in sps],
-                                              np.float32), (0, S - n))
-        if (any(sp.allowed_token_ids or sp.logit_bias for sp in sps)
-                or any(s.banned_ids for s in sched)):
-            # The three id lists travel together (empty rows where unused:
-            # all-pad allowed rows mean no limit): one compiled variant for
-            # any mix of them instead of seven.
-            kw["allowed_ids"] = _pad_lists(
-                [sp.allowed_token_ids or [] for sp in sps], S, V)
-            kw["banned_ids"] = _pad_lists([s.banned_ids for s in sched], S, V)
-            items = [list((sp.logit_bias or {}).items()) for sp in sps]
-            kw["bias_ids"] = _pad_lists([[k for k, _ in it] for it in items], S, V)
-            kw["bias_values"] = _pad_lists([[v for _, v in it] for it in items],
-                                           S, 0.0, np.float32)
-        if any(_has_penalties(sp) for sp in sps):
-            kw["penalties"] = self._penalties(sched, reqs, requests, S)
+                # seven; an unused filter is cheap (docs/performance.md, "The sampler").
+                kw.update(self._filters(sps, S))
         return SamplingMetadata(**kw)
 
+    def _draw_rows(self, sched, sps, S) -> dict[str, np.ndarray]:
+        temp = np.zeros(S, np.float32)
+        seeds = np.zeros(S, np.uint32)
+        pos = np.zeros(S, np.int32)
+        for i, (s, sp) in enumerate(zip(sched, sps)):
+            temp[i] = 0.0 if sp.greedy else sp.temperature
+            seeds[i] = self.request_seed(s.request_id, sp)
+            pos[i] = s.sample_index
+        return dict(temperature=temp, seeds=seeds, positions=pos)
+
+    @staticmethod
+    def _filters(sps, S) -> dict[str, np.ndarray]:
+        n = len(sps)
+        return dict(
+            top_k=np.pad(np.array([max(sp.top_k, 0) for sp in sps], np.int32),
+                         (0, S - n)),
+            top_p=np.pad(np.array([sp.top_p for sp in sps], np.float32),
+                         (0, S - n), constant_values=1.0),
+            min_p=np.pad(np.array([sp.min_p for sp in sps], np.float32),
+                         (0, S - n)))
+
+    def _full(self, sched, reqs, requests, S) -> SamplingMetadata:
+        """Every feature present, each in its fixed shape."""
+        sps = [r.sampling_params for r in reqs]
+        rows = [self._row_arrays(s.request_id, sp) for s, sp in zip(sched, sps)]
+        width = bias_width(max((len(r.bias_ids) for r in rows), default=0),
+                           self.vocab)
+        return SamplingMetadata(
+            **self._draw_rows(sched, sps, S), **self._filters(sps, S),
+            bias_ids=_pad_lists([r.bias_ids for r in rows], S, width,
+                                self.vocab),
+            bias_values=_pad_lists([r.bias_values for r in rows], S, width,
+                                   0.0, np.float32),
+            penalties=self._penalties(sched, reqs, requests, S),
+            token_bitmask=self._token_mask(sched, sps, S))
+
+    def _token_mask(self, sched: list[ScheduledRequest], sps, S: int
+                    ) -> np.ndarray:
+        """[S, words] int32: per row the tokens it may sample (its allowed
+        ids) less its banned ids; all ones (every token) for rows without a
+        limit and for the padding. A constrained row's grammar mask is
+        ANDed in once the forward pass is enqueued
+        (Scheduler.fill_token_masks)."""
+        out = np.full((S, mask_words(self.vocab)), 0xFFFFFFFF, np.uint32)
+        for i, (s, sp) in enumerate(zip(sched, sps)):
+            if sp.allowed_token_ids:
+                out[i] &= self._row_arrays(s.request_id, sp).allowed
+            if s.banned_ids:
+                words, bits = _bits(s.banned_ids)
+                np.bitwise_and.at(out[i], words, ~bits)
+        return out.view(np.int32)
+
     def _penalties(self, sched, reqs, requests, S) -> PenaltyParams:
+        """Every row's penalties (off values and the scratch slot for rows
+        without); the step's own tokens of penalized rows in the fixed
+        count width. A row whose slot is fresh has it zeroed and its
+        earlier tokens counted by `take_count_chunks` first."""
         scratch = self.slots.scratch
         slots = np.full(S, scratch, np.int32)
-        reset = np.full(S, scratch, np.int32)
         pres = np.zeros(S, np.float32)
         freq = np.zeros(S, np.float32)
         rep = np.ones(S, np.float32)
-        ids, cslots, is_out = [], [], []
+        ids: list[int] = []
+        cslots: list[int] = []
+        is_out: list[bool] = []
+        resets: list[int] = []
+        earlier: tuple[list[int], list[int], list[bool]] = ([], [], [])
         for i, (s, req) in enumerate(zip(sched, reqs)):
             sp = req.sampling_params
             if not _has_penalties(sp):
@@ -166,32 +264,59 @@ class SamplingInputs:
             slots[i] = slot
             pres[i], freq[i] = sp.presence_penalty, sp.frequency_penalty
             rep[i] = sp.repetition_penalty
-            start = s.start_pos
-            toks = list(s.token_ids)
-            if fresh:  # a request (re)joining: every token before this chunk
-                reset[i] = slot
-                toks = req.token_ids[:start] + toks
-                start = 0
-            ids.extend(toks)
-            cslots.extend([slot] * len(toks))
             p = req.num_prompt_tokens
-            is_out.extend(start + j >= p for j in range(len(toks)))
-        C = _pow2(len(ids), 16)
+            if fresh:  # a request (re)joining: every token before this chunk
+                resets.append(slot)
+                before = req.token_ids[:s.start_pos]
+                earlier[0].extend(before)
+                earlier[1].extend([slot] * len(before))
+                earlier[2].extend(j >= p for j in range(len(before)))
+            ids.extend(s.token_ids)
+            cslots.extend([slot] * len(s.token_ids))
+            is_out.extend(s.start_pos + j >= p for j in range(len(s.token_ids)))
+        if resets:
+            self._count_chunks(resets, *earlier)
+        count_ids, count_slots, count_out = self._count_arrays(ids, cslots,
+                                                               is_out)
+        none = np.full(S, scratch, np.int32)  # resets ran with the chunks
+        return PenaltyParams(slots, pres, freq, rep, none, count_ids,
+                             count_slots, count_out)
+
+    def _count_arrays(self, ids, slots, is_out):
+        C = self.count_width
+        if len(ids) > C:
+            raise RuntimeError(  # the scheduler's token budget bounds a step
+                f"{len(ids)} tokens to count in one step, over {C}")
         count_ids = np.full(C, self.vocab, np.int32)
-        count_slots = np.full(C, scratch, np.int32)
+        count_slots = np.full(C, self.slots.scratch, np.int32)
         count_out = np.zeros(C, np.bool_)
         count_ids[:len(ids)] = ids
-        count_slots[:len(ids)] = cslots
+        count_slots[:len(ids)] = slots
         count_out[:len(ids)] = is_out
-        return PenaltyParams(slots, pres, freq, rep, reset, count_ids,
-                             count_slots, count_out)
+        return count_ids, count_slots, count_out
+
+    def _count_chunks(self, resets, ids, slots, is_out) -> None:
+        """Queues the fresh slots' resets and earlier tokens, C at a time."""
+        reset = np.full(self.max_num_seqs, self.slots.scratch, np.int32)
+        reset[:len(resets)] = resets
+        C = self.count_width
+        for start in range(0, max(len(ids), 1), C):
+            chunk = self._count_arrays(ids[start:start + C],
+                                       slots[start:start + C],
+                                       is_out[start:start + C])
+            self._chunks.append(CountChunk(reset, *chunk))
+            reset = np.full(self.max_num_seqs, self.slots.scratch, np.int32)
 
     @staticmethod
     def plan_prompt_logprobs(sched: list[ScheduledRequest],
-                             requests: dict[str, NewRequestData]
+                             requests: dict[str, NewRequestData], T: int
                              ) -> PromptLogprobPlan | None:
-        """Positions j of the step whose logits score prompt token j + 1."""
-        idx, tgt, spans = [], [], {}
+        """Positions j of the step whose logits score prompt token j + 1,
+        padded to the step's T token rows (at most one per token: one
+        compiled variant per bucket, whatever the prompts)."""
+        idx: list[int] = []
+        tgt: list[int] = []
+        spans: dict[str, tuple[int, int, int]] = {}
         t = 0
         for s in sched:
             req = requests[s.request_id]
@@ -207,12 +332,33 @@ class SamplingInputs:
             t += n
         if not idx:
             return None
-        Tp = _pow2(len(idx), 16)
+        Tp = T
         indices = np.zeros(Tp, np.int32)
         targets = np.zeros(Tp, np.int32)
         indices[:len(idx)] = idx
         targets[:len(tgt)] = tgt
         return PromptLogprobPlan(indices, targets, spans)
+
+    @staticmethod
+    def _collect_verified(sched, wants_logprobs, res, tokens
+                          ) -> ModelRunnerOutput:
+        """A speculative step's rows: each emits its accepted drafts and
+        one target token (spec_decode/verify.py), with a logprob row per
+        emitted token when asked for."""
+        accepted = np.asarray(res.num_accepted)
+        width = tokens.shape[1]
+        out = ModelRunnerOutput({}, verified={
+            s.request_id: tokens[i, :accepted[i] + 1].tolist()
+            for i, s in enumerate(sched) if s.sample})
+        if res.logprobs is not None:
+            rows = LogprobRows(np.asarray(res.logprobs.token_ids),
+                               np.asarray(res.logprobs.logprobs),
+                               np.asarray(res.logprobs.ranks))
+            for i, s in enumerate(sched):
+                if s.sample and wants_logprobs[i]:
+                    out.logprobs[s.request_id] = rows.slice(
+                        i * width, i * width + int(accepted[i]) + 1)
+        return out
 
     @staticmethod
     def collect(sched: list[ScheduledRequest], wants_logprobs: list[bool],
@@ -222,12 +368,19 @@ class SamplingInputs:
         per array). ``wants_logprobs[i]``: row i's request asked for the
         sampled token's logprobs."""
         tokens = np.asarray(res.token_ids)
-        if tokens.ndim == 2:  # a multi-step decode: [steps, S], rows' tokens in order
-            return ModelRunnerOutput({s.request_id: tokens[:, i].tolist()
-                                      for i, s in enumerate(sched) if s.sample})
-        out = ModelRunnerOutput({s.request_id: int(tokens[i])
-                                 for i, s in enumerate(sched) if s.sample})
-        if res.logprobs is not None:
+        verified = getattr(res, "num_accepted", None) is not None
+        if tokens.ndim == 2 and not verified:
+            # a multi-step decode: [steps, S], rows' tokens in order
+            return ModelRunnerOutput({}, window={
+                s.request_id: tokens[:, i].tolist()
+                for i, s in enumerate(sched) if s.sample})
+        if verified:
+            out = SamplingInputs._collect_verified(sched, wants_logprobs,
+                                                   res, tokens)
+        else:
+            out = ModelRunnerOutput({s.request_id: int(tokens[i])
+                                     for i, s in enumerate(sched) if s.sample})
+        if res.logprobs is not None and not verified:
             rows = LogprobRows(np.asarray(res.logprobs.token_ids),
                                np.asarray(res.logprobs.logprobs),
                                np.asarray(res.logprobs.ranks))

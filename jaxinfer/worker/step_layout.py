@@ -3,8 +3,8 @@ its bucket: token ids, positions, the attention metadata (slots, block
 tables, KV lengths, cumulative query lengths) and each sequence's logits
 row. `packing.pack_step` then flattens them into one transfer.
 
-Vectorized over requests: per-request NumPy calls cost ~8 us each, which at
-256 sequences was most of the host's share of a step.
+Vectorized over requests: a NumPy call per request costs microseconds each,
+which at hundreds of sequences would be most of the host's share of a step.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from ..request import PENDING_TOKEN
 
 
 def lay_out_step(sched, dims: tuple[int, int, int], block_size: int,
-                 prev_rows: dict[str, int]):
+                 prev_rows: dict[str, int], decode_only: bool | None = None):
     """``sched`` (ScheduledRequest list) in bucket ``dims`` = (T, S, P) ->
     (input_ids [T], positions [T], AttentionMetadata, logits_idx [S]).
     A PENDING_TOKEN input (the step before's token, not read back yet)
     becomes -1 - r, r its row in ``prev_rows``: the step reads it on the
-    device."""
+    device. ``decode_only``: the bucket's flag (default: one token per
+    row)."""
     T, S, P = dims
     B, R = block_size, len(sched)
     q_lens = np.fromiter((len(s.token_ids) for s in sched), np.int32, R)
@@ -48,8 +49,8 @@ def lay_out_step(sched, dims: tuple[int, int, int], block_size: int,
         np.int32, n_tok)
     pending = np.flatnonzero(input_ids[:n_tok] == PENDING_TOKEN)
     if pending.size:  # tokens of the step before, read on the device
-        rows = [prev_rows[sched[i].request_id] for i in seq_of[pending]]
-        input_ids[pending] = -1 - np.asarray(rows, np.int32)
+        prev = [prev_rows[sched[i].request_id] for i in seq_of[pending]]
+        input_ids[pending] = -1 - np.asarray(prev, np.int32)
     positions = np.zeros(T, np.int32)
     positions[:n_tok] = pos
     slots = np.zeros(T, np.int32)  # padding -> the null page
@@ -61,5 +62,7 @@ def lay_out_step(sched, dims: tuple[int, int, int], block_size: int,
     # One token per sequence: the attention kernels skip their prefill
     # half (a separate compiled variant of the bucket).
     md = AttentionMetadata(slots, tables, kv_lens, cu,
-                           np.array([R], np.int32), decode_only=n_tok == R)
+                           np.array([R], np.int32),
+                           decode_only=(n_tok == R if decode_only is None
+                                        else decode_only))
     return input_ids, positions, md, logits_idx

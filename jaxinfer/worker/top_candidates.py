@@ -1,8 +1,7 @@
 """The largest entries of each row of [S, V] logits without sorting the row.
 
-Sorting whole 128k-entry rows dominated the sampler on an H200 (2.2 ms of
-4.7 at S=256, benchmarks/results/sampler-h200.json). Top-k, top-p and the
-top-K logprobs only need the head of each row, so:
+Sorting whole 128k-entry rows would dominate the sampler's time on a GPU.
+Top-k, top-p and the top-K logprobs only need the head of each row, so:
 
 1. split each row into blocks of ``block_size`` consecutive entries and take
    every block's maximum (one streaming pass);
@@ -29,9 +28,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-# Measured on an H200 at [256, 128256] float32 (benchmarks/sampler_bench.py):
 # 128 blocks of 64 keep top-k exact up to k = 128 and make the sort 16x
-# shorter than the row.
+# shorter than a 128k-entry row (the fastest of the sizes benchmarks/
+# sampler_breakdown.py times).
 KEPT_BLOCKS = 128
 BLOCK_SIZE = 64
 

@@ -10,16 +10,25 @@ tensors through ``loading.linear_loader``.
 
 from __future__ import annotations
 
-from ..layers import UNQUANTIZED
+from typing import TYPE_CHECKING
+
+from ..layers import UNQUANTIZED, LinearMethod
 from .config import METHODS, QuantizationConfig, normalize_method
-from .errors import (Fp8UnsupportedDeviceError, QuantizationError,
-                     QuantizationMismatchError, UnknownQuantizationError,
-                     UnsupportedGroupSizeError,
-                     UnsupportedQuantizationConfigError)
+from .errors import (
+    Fp8UnsupportedDeviceError,
+    QuantizationError,
+    QuantizationMismatchError,
+    UnknownQuantizationError,
+    UnsupportedGroupSizeError,
+    UnsupportedQuantizationConfigError,
+)
 from .methods import Fp8Weights, GroupedWeights, Int8Weights, QuantizedLinear
 
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
-def linear_method(cfg):
+
+def linear_method(cfg: ModelConfig) -> LinearMethod:
     """The ``LinearMethod`` of the config's linear layers."""
     q = getattr(cfg, "quantization", None)
     return UNQUANTIZED if q is None else q.linear_method()

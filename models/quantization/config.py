@@ -15,7 +15,10 @@ import dataclasses
 from typing import Any
 
 from .errors import UnknownQuantizationError
-from .methods import Fp8Weights, GroupedWeights, Int8Weights
+from .methods import Fp8Weights, GroupedWeights, Int8Weights, QuantizedLinear
+
+# A linear layer's method (None: unquantized).
+Scheme = Int8Weights | Fp8Weights | GroupedWeights | None
 
 # vLLM's names jaxinfer serves, and the spellings it takes for them.
 METHODS = ("awq", "gptq", "fp8", "int8", "gguf", "compressed-tensors")
@@ -72,19 +75,19 @@ class QuantizationConfig:
     # ((param path of a linear layer, its own method or None = unquantized), ...)
     overrides: tuple = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ValueError(f"checkpoint_format {self.checkpoint_format!r} "
                              f"is not one of {', '.join(CHECKPOINT_FORMATS)}")
 
-    def method_for(self, path: tuple[str, ...]):
+    def method_for(self, path: tuple[str, ...]) -> Scheme:
         """The method of the linear layer at ``path`` (None: unquantized)."""
         for p, scheme in self.overrides:
             if p == path:
                 return scheme
         return self.scheme
 
-    def linear_method(self):
+    def linear_method(self) -> QuantizedLinear:
         from .methods import QuantizedLinear
         return QuantizedLinear(self)
 
@@ -102,14 +105,14 @@ class QuantizationConfig:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "QuantizationConfig":
+    def from_json(cls, d: dict) -> QuantizationConfig:
         return cls(method=d["quant_method"], checkpoint_format="jaxinfer",
                    scheme=_scheme_from_json(d.get("scheme")),
                    overrides=tuple((tuple(p.split("/")), _scheme_from_json(s))
                                    for p, s in d.get("overrides", ())))
 
 
-def _scheme_json(scheme) -> dict | None:
+def _scheme_json(scheme: Scheme) -> dict | None:
     if scheme is None:
         return None
     kind = next(k for k, c in SCHEMES.items() if isinstance(scheme, c))
@@ -120,7 +123,7 @@ def _scheme_json(scheme) -> dict | None:
     return {"kind": kind, **fields}
 
 
-def _scheme_from_json(d: dict | None):
+def _scheme_from_json(d: dict | None) -> Scheme:
     if d is None:
         return None
     d = dict(d)

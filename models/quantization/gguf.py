@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec import LinearLayout
 from .methods import GroupedWeights
 from .packing import pack_int4_pairs
 
@@ -107,19 +108,20 @@ def decode_blocks(kind: str, raw: np.ndarray, n_in: int) -> dict:
         # Input e of a block: half = e // 128, low bits from ql[half * 64 +
         # e % 64] >> 4 * (e % 128 // 64), high bits from qh[half * 32 +
         # e % 32] >> 2 * (e % 128 // 32).
-        lo = ql.reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], np.uint8
-                                                        ).reshape(2, 1)
-        lo = (lo & 0xF).reshape(rows, -1, 2, 128)
-        hi = qh.reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8
-                                                        ).reshape(4, 1)
-        hi = (hi & 3).reshape(rows, -1, 2, 128)
+        lo_shifts = np.array([0, 4], np.uint8).reshape(2, 1)
+        hi_shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+        lo = ((ql.reshape(rows, -1, 2, 1, 64) >> lo_shifts) & 0xF).reshape(
+            rows, -1, 2, 128)
+        hi = ((qh.reshape(rows, -1, 2, 1, 32) >> hi_shifts) & 3).reshape(
+            rows, -1, 2, 128)
         q = (lo | (hi << 4)).astype(np.int8) - np.int8(32)
         return {"codes": q.reshape(rows, n_in),
                 "scales": (d[..., None] * scales).reshape(rows, -1)}
     raise KeyError(kind)
 
 
-def read_gguf_linear(kind: str, raw: np.ndarray, layout) -> dict:
+def read_gguf_linear(kind: str, raw: np.ndarray, layout: LinearLayout
+                     ) -> dict:
     """One matrix's blocks -> the params of ``SCHEMES[kind]``."""
     import math
     O = tuple(layout.out_shape)

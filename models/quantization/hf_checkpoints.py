@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import CheckpointError, MissingWeightError, ShapeMismatchError
-from .methods import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weights, GroupedWeights
+from ..spec import LinearLayout
+from .methods import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weights, GroupedWeights, Int8Weights
 from .packing import AWQ_ORDER, pack_int4_pairs, unpack_words
 
+# A checkpoint's tensor by HF name, None where it has none.
+Get = Callable[[str], Any]
 
-def _tensor(get, name: str, shape: tuple[int, ...] | None, source: str):
+
+def _tensor(get: Get, name: str, shape: tuple[int, ...] | None,
+            source: str) -> np.ndarray:
     w = get(name)
     if w is None:
         raise MissingWeightError(
@@ -34,7 +41,7 @@ def _tensor(get, name: str, shape: tuple[int, ...] | None, source: str):
     return np.asarray(w)
 
 
-def _dims(layout):
+def _dims(layout: LinearLayout) -> tuple[tuple[int, ...], int, int]:
     return tuple(layout.out_shape), math.prod(layout.out_shape), math.prod(
         layout.in_shape)
 
@@ -43,7 +50,8 @@ def _groups(scheme: GroupedWeights, In: int) -> int:
     return 1 if scheme.group_size == -1 else In // scheme.group_size
 
 
-def _our_codes(scheme, codes_out_in: np.ndarray, O) -> np.ndarray:
+def _our_codes(scheme: GroupedWeights, codes_out_in: np.ndarray,
+               O: tuple[int, ...]) -> np.ndarray:
     """Codes [out, In] -> our qweight [*O, In/2] (4-bit) or [*O, In]."""
     codes = codes_out_in.reshape(*O, codes_out_in.shape[-1])
     if scheme.bits == 4:
@@ -51,12 +59,13 @@ def _our_codes(scheme, codes_out_in: np.ndarray, O) -> np.ndarray:
     return codes.astype(np.int8 if scheme.signed else np.uint8)
 
 
-def _per_group(x: np.ndarray, O) -> np.ndarray:
+def _per_group(x: np.ndarray, O: tuple[int, ...]) -> np.ndarray:
     """[groups, out] -> [*O, groups]."""
     return np.ascontiguousarray(x.T).reshape(*O, x.shape[0])
 
 
-def read_awq(scheme: GroupedWeights, get, prefix: str, layout, source: str):
+def read_awq(scheme: GroupedWeights, get: Get, prefix: str,
+             layout: LinearLayout, source: str) -> dict[str, np.ndarray]:
     """AutoAWQ GEMM tensors -> qweight, qzeros, scales."""
     O, out, In = _dims(layout)
     G = _groups(scheme, In)
@@ -70,8 +79,9 @@ def read_awq(scheme: GroupedWeights, get, prefix: str, layout, source: str):
             "qzeros": _per_group(zeros, O)}
 
 
-def read_gptq(scheme: GroupedWeights, get, prefix: str, layout, source: str,
-              v2: bool = False):
+def read_gptq(scheme: GroupedWeights, get: Get, prefix: str,
+              layout: LinearLayout, source: str,
+              v2: bool = False) -> dict[str, np.ndarray]:
     """AutoGPTQ tensors -> qweight, qzeros (v1's zero - 1 undone), scales,
     and perm when the rows are in act order (desc_act)."""
     O, out, In = _dims(layout)
@@ -118,7 +128,8 @@ def read_gptq(scheme: GroupedWeights, get, prefix: str, layout, source: str,
     return out_params
 
 
-def read_fp8(scheme: Fp8Weights, get, prefix: str, layout, source: str):
+def read_fp8(scheme: Fp8Weights, get: Get, prefix: str, layout: LinearLayout,
+             source: str) -> dict[str, np.ndarray]:
     """e4m3 ``weight`` [out, in] + ``weight_scale`` (per tensor: [] or [1];
     per channel: [out] or [out, 1]) + ``input_scale`` when static."""
     O, out, In = _dims(layout)
@@ -161,27 +172,31 @@ def read_fp8(scheme: Fp8Weights, get, prefix: str, layout, source: str):
 # on every platform and equal NumPy's.
 
 @functools.partial(jax.jit, static_argnames=("per_row",))
-def _amax(w, per_row: bool):
+def _amax(w: jax.Array, per_row: bool) -> jax.Array:
     return jnp.max(jnp.abs(w), axis=1) if per_row else jnp.max(jnp.abs(w))
 
 
-def _exact_div(w, scale):
+def _exact_div(w: jax.Array, scale: jax.typing.ArrayLike) -> jax.Array:
     """w / scale elementwise in IEEE division (see above)."""
     return w / jax.lax.optimization_barrier(jnp.broadcast_to(scale, w.shape))
 
 
 @jax.jit
-def _int8_codes(w, scale):  # scale [out, 1]
+def _int8_codes(w: jax.Array, scale: jax.typing.ArrayLike  # [out, 1]
+                ) -> jax.Array:
     return jnp.clip(jnp.round(_exact_div(w, scale)), -127, 127).astype(
         jnp.int8)
 
 
 @jax.jit
-def _fp8_codes(w, scale):  # scale [out, 1] or []
+def _fp8_codes(w: jax.Array, scale: jax.typing.ArrayLike  # [out, 1] or []
+               ) -> jax.Array:
     return jnp.clip(_exact_div(w, scale), -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
 
 
-def quantize_linear(scheme, get, prefix: str, layout, source: str):
+def quantize_linear(scheme: Int8Weights | Fp8Weights, get: Get, prefix: str,
+                    layout: LinearLayout, source: str
+                    ) -> dict[str, np.ndarray]:
     """The float ``weight`` [out, in] quantized to ``scheme``: int8 (amax /
     127 per output channel, round half to even) or fp8 (amax / 448 per
     tensor or channel)."""

@@ -10,18 +10,27 @@ tensor is loaded as usual).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
 from ..spec import LinearLayout, WeightSpec
-from .hf_checkpoints import quantize_linear, read_awq, read_fp8, read_gptq
+from .hf_checkpoints import Get, quantize_linear, read_awq, read_fp8, read_gptq
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
-def linear_loader(cfg, reader):
+def linear_loader(cfg: ModelConfig, reader: Any) -> Callable[..., Any] | None:
     """``load(spec, get, source) -> [(param path, array)] | None`` for the
     config's quantization; None when the model is not quantized."""
     qc = getattr(cfg, "quantization", None)
     if qc is None:
         return None
 
-    def load(spec: WeightSpec, get, source: str):
+    def load(spec: WeightSpec, get: Get, source: str
+             ) -> list[tuple[tuple[str, ...], np.ndarray]] | None:
         if not isinstance(spec.convert, LinearLayout):
             return None
         path = tuple(spec.path[:-1])

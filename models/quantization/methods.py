@@ -30,14 +30,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ..layers import (UNQUANTIZED, GatedInput, PendingProduct, ScaledProduct,
-                      param)
+from ..layers import UNQUANTIZED, GatedInput, PendingProduct, ScaledProduct, param
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from ..layers import Linear, LinearMethod
+    from .config import Scheme
+
+# A layer's weight arrays by name (what create_weights returns).
+Weights = dict[str, jax.Array]
 
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)  # 448
@@ -56,13 +63,12 @@ INT4_UNPACK = "shift"
 # Mosaic GPU kernel on Hopper where it takes the case, else the Triton one)
 # for up to this many rows, and with XLA's dequantize-then-dot above: the
 # kernels are far below the tensor cores' rate, where a prefill's bf16 dot
-# is not (pallas_kernels/NOTES.md, int4 section, has the measurements).
+# is not.
 INT4_KERNEL_MAX_ROWS = 256
 # The result dtype of the fp8 x fp8 dot, before the scales are applied:
 # "activations" (the layer's input dtype: bf16 in a bf16 model, half the
-# bytes a float32 result makes the GEMM write and the scaling read back) or
-# "float32". On the H200 the bf16 result made a W8A8 MLP pair 4-6% faster
-# at 256 and 16384 rows with the same error (fp8-gemm-forms-h200.json).
+# bytes a float32 result makes the GEMM write and the scaling read back,
+# with the same error) or "float32".
 FP8_PRODUCT_DTYPE = "activations"
 
 # The param names of the methods below: their dtypes are their own (codes,
@@ -74,24 +80,26 @@ _ZEROS = nn.initializers.zeros
 _ONES = nn.initializers.ones
 
 
-def _shapes(module):
+def _shapes(module: Linear
+            ) -> tuple[tuple[int, ...], int, tuple[str, ...], str]:
     """(out_shape, In, out_axes, in_axis) of a Linear module."""
     n_in = len(module.in_shape)
     return (tuple(module.out_shape), math.prod(module.in_shape),
             tuple(module.axes[n_in:]), module.axes[0])
 
 
-def _flat_input(module, x):
+def _flat_input(module: Linear, x: jax.Array) -> jax.Array:
     """x [..., *in_shape] -> [..., In]."""
     return _flat(x, module.in_shape)
 
 
-def _flat(x, in_shape):
+def _flat(x: jax.Array, in_shape: tuple[int, ...]) -> jax.Array:
     n_in = len(in_shape)
     return x.reshape(x.shape[:x.ndim - n_in] + (math.prod(in_shape),))
 
 
-def _dot_minor(x2, w, out_ndim: int, preferred=None):
+def _dot_minor(x2: jax.Array, w: jax.Array, out_ndim: int,
+               preferred: jax.typing.DTypeLike | None = None) -> jax.Array:
     """x2 [..., In] . w [*O, In] -> [..., *O] (contraction minor on both)."""
     return jax.lax.dot_general(
         x2, w, (((x2.ndim - 1,), (out_ndim,)), ((), ())),
@@ -108,7 +116,7 @@ class Int8Weights:
     output."""
     name = "int8"
 
-    def create_weights(self, module):
+    def create_weights(self, module: Linear) -> Weights:
         O, In, out_axes, in_axis = _shapes(module)
         return {
             "weight": param(module, "weight", O + (In,), out_axes + (in_axis,),
@@ -117,7 +125,8 @@ class Int8Weights:
                                   jnp.float32, _ONES),
         }
 
-    def apply(self, module, weights, x):
+    def apply(self, module: Linear, weights: Weights, x: jax.Array
+              ) -> jax.Array:
         x2 = _flat_input(module, x)
         w = weights["weight"].astype(x.dtype)
         y = _dot_minor(x2, w, len(module.out_shape), jnp.float32)
@@ -130,10 +139,9 @@ class Int8Weights:
 # widened to the activations' dtype.
 ACTIVATION_SCHEMES = ("per_token", "per_tensor", "static", "none")
 GATED_KERNELS = ("xla", "pallas", "pallas_interpret")
-# Steps of fewer rows quantize a gated input with XLA's fusions: with one
-# program per row, the kernel cost a llama3-8b decode step 0.46 ms at
-# S=1 and 0.2 ms at S=256 against them, and saved 6 ms of the 8 x 2048
-# prefill (quant-step-gated-kernel-h200.json).
+# Steps of fewer rows quantize a gated input with XLA's fusions: the
+# kernel's few rows per program pay off on a prefill's thousands of rows
+# and cost latency on a decode step's few.
 GATED_KERNEL_MIN_ROWS = 1024
 
 
@@ -155,7 +163,7 @@ class Fp8Weights:
     gated_kernel: str = "xla"
     name = "fp8"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_SCHEMES:
             raise ValueError(f"activation must be one of "
                              f"{', '.join(ACTIVATION_SCHEMES)}, got "
@@ -165,14 +173,15 @@ class Fp8Weights:
                              f"{', '.join(GATED_KERNELS)}, got "
                              f"{self.gated_kernel!r}")
 
-    def _gated(self, module) -> bool:
+    def _gated(self, module: Linear) -> bool:
         """Whether this layer hands on scaled products / takes gated input:
         per-token activations, per-channel weights, one output axis."""
         return (self.gated_kernel != "xla" and self.per_channel
                 and self.activation == "per_token"
                 and len(module.out_shape) == 1)
 
-    def scaled_product(self, module, weights, x) -> ScaledProduct | None:
+    def scaled_product(self, module: Linear, weights: Weights, x: jax.Array
+                       ) -> ScaledProduct | None:
         """The product before its scales (`Linear(..., scaled=True)`), or
         None where this layer does not hand one on."""
         if not self._gated(module):
@@ -182,7 +191,8 @@ class Fp8Weights:
         raw = _dot_minor(xq, weights["weight"], 1, _product_dtype(x.dtype))
         return ScaledProduct(raw, xs, weights["weight_scale"], x.dtype)
 
-    def apply_gated(self, module, weights, h: GatedInput):
+    def apply_gated(self, module: Linear, weights: Weights, h: GatedInput
+                    ) -> jax.Array | None:
         """This layer's output for the gated input ``h``, its per-token
         codes made in one pass by the Pallas kernel; None where the kernel
         does not take the case (the caller then computes ``h``)."""
@@ -199,7 +209,7 @@ class Fp8Weights:
                        _product_dtype(g.dtype)).astype(jnp.float32)
         return (y * xs * weights["weight_scale"]).astype(g.dtype)
 
-    def create_weights(self, module):
+    def create_weights(self, module: Linear) -> Weights:
         O, In, out_axes, in_axis = _shapes(module)
         out = {
             "weight": param(module, "weight", O + (In,), out_axes + (in_axis,),
@@ -214,7 +224,8 @@ class Fp8Weights:
                                        jnp.float32, _ONES)
         return out
 
-    def apply(self, module, weights, x):
+    def apply(self, module: Linear, weights: Weights, x: jax.Array
+              ) -> jax.Array:
         n_out = len(module.out_shape)
         if self.activation == "none":
             y = _dot_minor(_flat_input(module, x),
@@ -231,13 +242,16 @@ class Fp8Weights:
         return (y * xs * weights["weight_scale"]).astype(x.dtype)
 
 
-def _product_dtype(activations_dtype):
+def _product_dtype(activations_dtype: jax.typing.DTypeLike
+                   ) -> jax.typing.DTypeLike:
     """The fp8 dot's result dtype (FP8_PRODUCT_DTYPE)."""
     return (activations_dtype if FP8_PRODUCT_DTYPE == "activations"
             else jnp.dtype(FP8_PRODUCT_DTYPE))
 
 
-def quantize_activations(x2, activation: str, input_scale=None):
+def quantize_activations(x2: jax.Array, activation: str,
+                         input_scale: jax.Array | None = None
+                         ) -> tuple[jax.Array, jax.Array]:
     """x2 [..., In] f32 -> (e4m3 codes, scale [..., 1] or []) with
     x ~= codes * scale."""
     if activation == "static":
@@ -282,7 +296,7 @@ class GroupedWeights:
     kernel: str = "xla"
     name = "grouped"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits}")
         if self.signed and self.bits != 8:
@@ -291,10 +305,10 @@ class GroupedWeights:
             raise ValueError(f"kernel must be 'xla' or 'pallas', got "
                              f"{self.kernel!r}")
 
-    def code_dtype(self):
+    def code_dtype(self) -> jax.typing.DTypeLike:
         return jnp.int8 if self.signed else jnp.uint8
 
-    def create_weights(self, module):
+    def create_weights(self, module: Linear) -> Weights:
         O, In, out_axes, in_axis = _shapes(module)
         G = 1 if self.group_size == -1 else In // self.group_size
         packed = In // 2 if self.bits == 4 else In
@@ -317,7 +331,8 @@ class GroupedWeights:
                                 jnp.int32, _ZEROS)
         return out
 
-    def apply(self, module, weights, x):
+    def apply(self, module: Linear, weights: Weights, x: jax.Array
+              ) -> jax.Array:
         x2 = _flat_input(module, x)
         if self.act_order:
             x2 = jnp.take(x2, weights["perm"], axis=-1)
@@ -326,7 +341,8 @@ class GroupedWeights:
         w = dequantize_grouped(self, weights).astype(x.dtype)
         return _dot_minor(x2, w, len(module.out_shape))
 
-    def pending_product(self, module, weights, x):
+    def pending_product(self, module: Linear, weights: Weights, x: jax.Array
+                        ) -> PendingProduct | None:
         """The product left for ``compute_together`` when it would run on
         the int4 kernel (so that q, k and v, or gate and up, share one
         call); None otherwise."""
@@ -337,13 +353,13 @@ class GroupedWeights:
         return PendingProduct(x, weights, module.in_shape, module.out_shape,
                               _int4_kernel_together)
 
-    def _on_kernel(self, x2, weights) -> bool:
+    def _on_kernel(self, x2: jax.Array, weights: Weights) -> bool:
         """Whether this product of x2 [..., In] runs on the int4 kernel."""
         return (self.kernel == "pallas"
                 and math.prod(x2.shape[:-1]) <= INT4_KERNEL_MAX_ROWS
                 and self._kernel_takes(weights))
 
-    def _kernel_takes(self, weights) -> bool:
+    def _kernel_takes(self, weights: Weights) -> bool:
         if not (self.bits == 4 and self.zeros and not self.offsets
                 and weights["qweight"].dtype == jnp.uint8):
             return False
@@ -353,7 +369,8 @@ class GroupedWeights:
         return takes(2 * q.shape[-1], n_out, s.shape[-1])
 
 
-def _weight_set(weights, out_shape) -> tuple:
+def _weight_set(weights: Weights, out_shape: tuple[int, ...]
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A layer's (qweight, scales, qzeros) as the int4 kernel takes them:
     [Out, In / 2], [Out, G], [Out, G]."""
     n_out = math.prod(out_shape)
@@ -362,7 +379,8 @@ def _weight_set(weights, out_shape) -> tuple:
             weights["qzeros"].reshape(n_out, -1))
 
 
-def _int4_kernel(x2, weights, out_shape):
+def _int4_kernel(x2: jax.Array, weights: Weights, out_shape: tuple[int, ...]
+                 ) -> jax.Array:
     """x2 [..., In] times one layer on the int4 kernel. No tuning: the
     Mosaic GPU kernel on Hopper where it takes the case
     (int4_matmul.uses_mosaic), else the Triton kernel's default tuning."""
@@ -373,7 +391,7 @@ def _int4_kernel(x2, weights, out_shape):
     return y.reshape(x2.shape[:-1] + tuple(out_shape))
 
 
-def _int4_kernel_together(products) -> list:
+def _int4_kernel_together(products: list[PendingProduct]) -> list[jax.Array]:
     """Pending int4 products of one input (``compute_together``): one
     Mosaic call for them all where it takes them (``int4_matmul_many``)."""
     from jaxinfer.pallas_kernels.int4_matmul import int4_matmul_many
@@ -387,7 +405,7 @@ def _int4_kernel_together(products) -> list:
             for y, p in zip(ys, products)]
 
 
-def unpack_int4(packed, method: str | None = None):
+def unpack_int4(packed: jax.Array, method: str | None = None) -> jax.Array:
     """uint8 [..., n] -> uint8 codes [..., 2n] (low nibble first)."""
     method = method or INT4_UNPACK
     if method == "bitcast":
@@ -398,7 +416,8 @@ def unpack_int4(packed, method: str | None = None):
     return pairs.reshape(packed.shape[:-1] + (2 * packed.shape[-1],))
 
 
-def grouped_codes(scheme: GroupedWeights, qweight, unpack: str | None = None):
+def grouped_codes(scheme: GroupedWeights, qweight: jax.Array,
+                  unpack: str | None = None) -> jax.Array:
     """The integer codes [*O, In] of ``qweight`` (a uint4 array is already
     its codes, in XLA's own sub-byte storage)."""
     if scheme.bits == 4 and qweight.dtype != jnp.uint4:
@@ -407,7 +426,7 @@ def grouped_codes(scheme: GroupedWeights, qweight, unpack: str | None = None):
 
 
 def dequantize_grouped(scheme: GroupedWeights, weights: dict[str, Any],
-                       unpack: str | None = None):
+                       unpack: str | None = None) -> jax.Array:
     """[*O, In] float32 weights. Exact in float32 for every format served:
     ``q - z`` is a small integer, and its product with an f16 scale (or
     GGUF's f32 ``d * sc``) keeps under 24 significant bits; GGUF's own
@@ -436,21 +455,23 @@ class QuantizedLinear:
     left unquantized keeps the plain product)."""
     config: Any  # QuantizationConfig
 
-    def _method(self, module):
+    def _method(self, module: Linear) -> LinearMethod:
         return self.config.method_for(tuple(module.path)) or UNQUANTIZED
 
-    def method_of(self, module):
+    def method_of(self, module: Linear) -> LinearMethod:
         """The method of ``module`` (Linear.__call__'s fused paths)."""
         return self._method(module)
 
-    def create_weights(self, module):
+    def create_weights(self, module: Linear) -> Weights:
         return self._method(module).create_weights(module)
 
-    def apply(self, module, weights, x):
+    def apply(self, module: Linear, weights: Weights, x: jax.Array
+              ) -> jax.Array:
         return self._method(module).apply(module, weights, x)
 
 
-def with_int4_kernel(cfg, devices_per_replica: int, platform: str):
+def with_int4_kernel(cfg: ModelConfig, devices_per_replica: int,
+                     platform: str) -> ModelConfig:
     """``cfg`` with its 4-bit zero-point schemes on the Pallas int4 kernel,
     and its per-token fp8 schemes' gated MLP input on the Pallas quantizer
     (`Fp8Weights.gated_kernel`), when the model runs on one GPU; as it is
@@ -461,7 +482,7 @@ def with_int4_kernel(cfg, devices_per_replica: int, platform: str):
     if q is None or platform != "gpu" or devices_per_replica != 1:
         return cfg
 
-    def on_kernel(scheme):
+    def on_kernel(scheme: Scheme) -> Scheme:
         if (isinstance(scheme, GroupedWeights) and scheme.bits == 4
                 and scheme.zeros and not scheme.offsets):
             return dataclasses.replace(scheme, kernel="pallas")

@@ -19,14 +19,23 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from ..spec import LinearLayout
 from .config import QuantizationConfig, normalize_method
-from .errors import (Fp8UnsupportedDeviceError, QuantizationMismatchError,
-                     UnknownQuantizationError,
-                     UnsupportedGroupSizeError,
-                     UnsupportedQuantizationConfigError)
+from .errors import (
+    Fp8UnsupportedDeviceError,
+    QuantizationMismatchError,
+    UnknownQuantizationError,
+    UnsupportedGroupSizeError,
+    UnsupportedQuantizationConfigError,
+)
 from .methods import Fp8Weights, GroupedWeights, Int8Weights
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from ..gguf_loader import GGUFReader
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +43,8 @@ logger = logging.getLogger(__name__)
 QUANT_CONFIG_FILES = ("quantize_config.json", "quant_config.json")
 
 
-def linear_weights(cfg):
+def linear_weights(cfg: ModelConfig
+                   ) -> Iterator[tuple[tuple[str, ...], str, LinearLayout]]:
     """(layer param path, HF name prefix, LinearLayout) of every linear
     layer of the config's architecture."""
     from ..weights import weight_specs
@@ -173,10 +183,9 @@ def at_load(method: str) -> QuantizationConfig:
     if method == "int8":
         return QuantizationConfig("int8", "float", Int8Weights())
     # Per-channel weight scales with per-token activation scales rather
-    # than vLLM's per-tensor W8A8: on the H200 a W8A8 MLP pair runs 1.14x
-    # faster at 256 rows (no whole-tensor amax before each GEMM; the
-    # fp8-gemm-forms-h200.json run) and the embedded model agrees more
-    # (91.7% against 90.5% top-1, fp8-schemes-accuracy-cpu.json).
+    # than vLLM's per-tensor W8A8: no whole-tensor amax before each GEMM,
+    # and closer to the float model (docs/performance.md, "Quantized
+    # steps" and "Quantization accuracy on the embedded model").
     return QuantizationConfig("fp8", "float",
                               Fp8Weights(per_channel=True,
                                          activation="per_token"))
@@ -186,16 +195,19 @@ def _same_method(asked: str, have: str) -> bool:
     return asked == have or {asked, have} == {"fp8", "compressed-tensors"}
 
 
-def _mismatch(requested: str, have: str, source: str):
+def _mismatch(requested: str | None, have: str,
+              source: str) -> QuantizationMismatchError:
     return QuantizationMismatchError(
         f"quantization={requested!r} does not match {source}, whose weights "
         f"are quantized with {have!r}: leave quantization unset (the "
         f"checkpoint's own method is used) or pass quantization={have!r}")
 
 
-def resolve_quantization(requested: str | None, cfg, hf: dict, fmt: str,
-                         source: str, model_dir: str | None = None,
-                         names=None, gguf_reader=None):
+def resolve_quantization(requested: str | None, cfg: ModelConfig, hf: dict,
+                         fmt: str, source: str, model_dir: str | None = None,
+                         names: Iterable[str] | None = None,
+                         gguf_reader: GGUFReader | None = None
+                         ) -> QuantizationConfig | None:
     """``fmt``: "safetensors" | "gguf" | "orbax"; ``names``: the tensor
     names of a safetensors checkpoint (None for dummy weights);
     ``gguf_reader``: the parsed GGUF (for its tensor types)."""
@@ -217,6 +229,9 @@ def resolve_quantization(requested: str | None, cfg, hf: dict, fmt: str,
         if want is None:
             return None
         if want == "gguf":
+            if gguf_reader is None:
+                raise ValueError(f"{source}: quantization='gguf' needs the "
+                                 "parsed GGUF file (gguf_reader)")
             return _checked(gguf_quantization(cfg, gguf_reader, source), cfg,
                             source)
         if want in ("int8", "fp8"):
@@ -248,7 +263,8 @@ def resolve_quantization(requested: str | None, cfg, hf: dict, fmt: str,
     return _checked(qc, cfg, source)
 
 
-def _with_unquantized_layers(qc: QuantizationConfig, cfg, names: set):
+def _with_unquantized_layers(qc: QuantizationConfig, cfg: ModelConfig,
+                             names: set[str]) -> QuantizationConfig:
     """Layers the checkpoint stores as plain float weights (AWQ's
     modules_to_not_convert, compressed-tensors' ignore list) stay
     unquantized."""
@@ -259,11 +275,13 @@ def _with_unquantized_layers(qc: QuantizationConfig, cfg, names: set):
                               plain)
 
 
-def gguf_quantization(cfg, reader, source: str) -> QuantizationConfig:
+def gguf_quantization(cfg: ModelConfig, reader: GGUFReader,
+                      source: str) -> QuantizationConfig:
     """Each linear layer's method from its GGUF block type; a type not
     kept quantized leaves its layer in float (logged)."""
     from .gguf import SCHEMES
-    overrides, dequantized = [], set()
+    overrides: list[tuple[tuple[str, ...], GroupedWeights | None]] = []
+    dequantized = set()
     for path, prefix, _ in linear_weights(cfg):
         kind = reader.tensor_type(prefix + "weight")
         if kind in SCHEMES:
@@ -280,7 +298,8 @@ def gguf_quantization(cfg, reader, source: str) -> QuantizationConfig:
     return QuantizationConfig("gguf", "gguf", None, tuple(overrides))
 
 
-def _checked(qc: QuantizationConfig, cfg, source: str) -> QuantizationConfig:
+def _checked(qc: QuantizationConfig, cfg: ModelConfig, source: str
+             ) -> QuantizationConfig:
     """Group sizes every quantized layer can take; fp8 on a capable device."""
     if any(isinstance(s, Fp8Weights) and s.activation != "none"
            for s in [qc.scheme] + [s for _, s in qc.overrides]):

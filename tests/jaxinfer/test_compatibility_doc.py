@@ -13,13 +13,17 @@ import pytest
 from jaxinfer.compat.render import render
 from jaxinfer.compat.request_fields import SAMPLING_FIELDS
 from jaxinfer.compat.status import Ignored, Refused
-from jaxinfer.compat.surface import (flag_status, serve_flag_status,
-                                     split_engine_kwargs, vllm_surface)
+from jaxinfer.compat.surface import (
+    flag_status,
+    serve_flag_status,
+    split_engine_kwargs,
+    vllm_surface,
+)
 from jaxinfer.config import EngineArgs
 from jaxinfer.entrypoints.cli import build_parser
 from jaxinfer.entrypoints.openai.cli_args import serve_engine_args
 from jaxinfer.errors import UnsupportedFeatureError
-from jaxinfer.sampling_params import SamplingParams
+from jaxinfer.sampling_params import SAMPLING_ALIASES, SamplingParams
 
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "compatibility.md"
 OURS = {f.name for f in dataclasses.fields(EngineArgs)}
@@ -72,8 +76,8 @@ def test_each_supported_vllm_flag_reaches_its_setting(flag):
                   .choices["serve"]._actions if a.dest == flag["dest"])
     default = parser.parse_args(["serve", "m"])
     if not flag["takes_value"]:
-        value_argv, expected = [f"--no-{flag['flags'][0][2:]}"] if \
-            getattr(default, action.dest) else [flag["flags"][0]], None
+        value_argv = ([f"--no-{flag['flags'][0][2:]}"]
+                      if getattr(default, action.dest) else [flag["flags"][0]])
     else:
         pick = (action.choices and [c for c in action.choices
                                     if c != action.default][0])
@@ -108,7 +112,8 @@ def test_each_unimplemented_engine_arg_is_refused_or_ignored(name, caplog):
 def test_each_sampling_field(name, caplog):
     entry = SAMPLING_FIELDS.get(name)
     if entry is None:  # supported: a field of ours
-        assert name in {f.name for f in dataclasses.fields(SamplingParams)}
+        assert name in {f.name for f in dataclasses.fields(SamplingParams)} \
+            | set(SAMPLING_ALIASES)
     elif isinstance(entry, Refused):
         with pytest.raises(UnsupportedFeatureError, match=name):
             SamplingParams(**{name: refused_value(entry)})

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxinfer.fast_tokenizer import (CLEAN_UP_PROBE, LazyFastTokenizer,
-                                     serves_fast)
+from jaxinfer.fast_tokenizer import CLEAN_UP_PROBE, LazyFastTokenizer, serves_fast
 from jaxinfer.gguf_tokenizer import byte_level_bpe_tokenizer
 from jaxinfer.models.embedded import embedded_model_path
 
@@ -72,7 +71,7 @@ def test_special_ids_template_and_everything_else(saved, pair):
     assert fast("a b").input_ids == hf("a b").input_ids
     assert fast._full is not None
     with pytest.raises(AttributeError):
-        fast._no_such_private_name
+        _ = fast._no_such_private_name
     again = pickle.loads(pickle.dumps(fast))
     assert again.encode("<|im_start|>hi") == fast.encode("<|im_start|>hi")
 

@@ -13,12 +13,11 @@ import random
 import numpy as np
 import pytest
 
-from jaxinfer.errors import (InvalidConfigError, InvalidRequestError,
-                             UnsupportedFeatureError)
+from jaxinfer.errors import InvalidConfigError, InvalidRequestError, UnsupportedFeatureError
 from jaxinfer.multimodal.chat import detect_content_format, parse_chat_messages
 from jaxinfer.multimodal.inputs import MultiModalInput
 from jaxinfer.multimodal.limits import parse_limit_mm_per_prompt
-from jaxinfer.multimodal.media import MAX_IMAGE_PIXELS, load_image_url
+from jaxinfer.multimodal.media import MAX_IMAGE_PIXELS, MAX_PROMPT_IMAGE_PIXELS, load_image_url
 from tests.tiny_llava import random_image
 
 
@@ -69,11 +68,43 @@ def test_local_files_only_inside_the_allowed_folder(tmp_path):
     with pytest.raises(InvalidRequestError, match="--allowed-local-media-path"):
         load_image_url(url)
     assert load_image_url(url, str(allowed)).size == (70, 40)
-    for path in (allowed / "link.png", allowed / ".." / "secret.png"):
-        with pytest.raises(InvalidRequestError, match="outside the allowed"):
+    os.symlink("/proc/self/environ", allowed / "proc.png")
+    for path in (allowed / "link.png", allowed / ".." / "secret.png",
+                 allowed / "proc.png", "/etc/passwd"):
+        with pytest.raises(InvalidRequestError, match="outside the allowed") as e:
             load_image_url("file://" + str(path), str(allowed))
-    with pytest.raises(InvalidRequestError, match="no such file"):
+        # The rule broken, never where the link leads or the folder is.
+        for disclosed in ("secret.png", "/proc", str(tmp_path), "/etc"):
+            assert disclosed not in str(e.value), e.value
+    with pytest.raises(InvalidRequestError, match="no such file") as e:
         load_image_url((allowed / "b.png").as_uri(), str(allowed))
+    assert str(tmp_path) not in str(e.value)
+
+
+def test_prompt_pixels_are_checked_before_any_image_is_decoded():
+    """Images each within MAX_IMAGE_PIXELS but together over
+    MAX_PROMPT_IMAGE_PIXELS are refused from their headers: decoding
+    none of them."""
+    from PIL import Image
+    side = int(MAX_IMAGE_PIXELS ** 0.5)
+    buf = io.BytesIO()
+    Image.new("L", (side, side)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    decoded = []
+    real_load = Image.Image.load
+
+    def counting_load(image):
+        decoded.append(image.size)
+        return real_load(image)
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}] * 3}]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Image.Image, "load", counting_load)
+        with pytest.raises(InvalidRequestError, match="in one prompt") as e:
+            parse_chat_messages(messages, content_format="openai",
+                                placeholder="<image>")
+    assert not [s for s in decoded if s == (side, side)], decoded
+    assert str(MAX_PROMPT_IMAGE_PIXELS) in str(e.value)
 
 
 # -- chat -------------------------------------------------------------------
@@ -234,11 +265,11 @@ def test_encoder_slots_under_random_load():
     holds: dict[int, tuple] = {}  # slot -> (request, image) written there
     where: dict[tuple, int] = {}  # (request, image) -> slot, as the runner keeps
     n_req = 0
-    for step in range(400):
+    for _step in range(400):
         if rng.random() < 0.3 and n_req < 40:
             n_img = rng.randrange(0, 4)
             prompt, images = [], []
-            for k in range(n_img):
+            for _ in range(n_img):
                 prompt += [rng.randrange(1, 9) for _ in range(rng.randrange(0, 9))]
                 # Some requests share images (prefix hits land mid-image).
                 tag = "" if rng.random() < 0.5 else str(n_req)

@@ -1,4 +1,4 @@
-"""Done-when 6: the quickstart notebook runs top to bottom (embedded model)."""
+"""The quickstart notebook runs top to bottom (embedded model)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.models import (load_params, model_class, model_constants,
-                             resolve_model)
+from jaxinfer.models import load_params, model_class, model_constants, resolve_model
 from jaxinfer.models.quantization import QuantizationMismatchError
 from jaxinfer.models.quantization.methods import dequantize_grouped
 from jaxinfer.models.quantization.resolve import linear_weights

@@ -1,12 +1,11 @@
 """Greedy tokens of the embedded model and the tiny models, against tokens
-recorded before the model-spec refactor (issue 11).
+recorded once.
 
-The refactor (model specs, the model owning its RoPE tables, pluggable MLP
-and linear layers) must not change a single greedy token: the recorded file
-``golden_tokens.json`` was written by this module's ``__main__`` with the
-code as it was before the change, and is never rewritten to make a test
-pass. The prompts and engine settings are test_hf_parity's (chunked prefill
-mixed with decodes in one batch).
+A change to the model code (specs, RoPE tables, MLP and linear layers)
+must not change a single greedy token: the recorded file
+``golden_tokens.json`` was written by this module's ``__main__`` and is
+never rewritten to make a test pass. The prompts and engine settings are
+test_hf_parity's (chunked prefill mixed with decodes in one batch).
 
 Regenerate (only when a change is meant to alter outputs, and say so):
     PYTHONPATH=. python -m tests.models.test_golden_tokens

@@ -21,8 +21,7 @@ import pytest
 
 from jaxinfer.models import model_constants
 from tests.models.forward import packed_prefill_logits
-from tests.runners import (HfRunner, JaxInferRunner, check_logprobs_close,
-                           check_outputs_equal)
+from tests.runners import HfRunner, JaxInferRunner, check_logprobs_close, check_outputs_equal
 
 # One xdist worker (with --dist loadgroup) builds the shared HF reference of
 # the embedded model and the module's engines once.
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.xdist_group("hf_embedded")
 
 MAX_TOKENS = 32
 NUM_LOGPROBS = 5
-LOGITS_ATOL = 1e-3  # float32, Done-when of issue 2
+LOGITS_ATOL = 1e-3  # float32
 LOGPROB_ATOL = 1e-3
 
 _LONG = ("The river starts high in the mountains, where snow melts every "

@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.models import AttentionMetadata, ModelConfig, model_class, run_model
-from jaxinfer.models import llama
+from jaxinfer.models import AttentionMetadata, ModelConfig, llama, model_class, run_model
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.runtime import model_constants
 from jaxinfer.pallas_kernels import init_kv_pages
@@ -121,7 +120,7 @@ def test_layers_of_one_quantization_pattern_share_a_trace(monkeypatch):
     the layers run as plain submodules."""
     from jaxinfer.models.quantization import QuantizationConfig
     from jaxinfer.models.quantization.methods import Int8Weights
-    odd = tuple((("layers_%d" % i, "mlp", "down_proj"), None) for i in (2, 4))
+    odd = tuple(((f"layers_{i}", "mlp", "down_proj"), None) for i in (2, 4))
     q = QuantizationConfig(method="int8", checkpoint_format="float",
                            scheme=Int8Weights(), overrides=odd)
     cfg, model = _model(hidden_size=24, intermediate_size=56, num_layers=6,

@@ -14,10 +14,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from jaxinfer.models import (CheckpointError, MissingWeightError,
-                             ModelConfigError, ShapeMismatchError, load_params,
-                             resolve_dtype, resolve_model,
-                             supported_architectures)
+from jaxinfer.models import (
+    CheckpointError,
+    MissingWeightError,
+    ModelConfigError,
+    ShapeMismatchError,
+    load_params,
+    resolve_dtype,
+    resolve_model,
+    supported_architectures,
+)
 from jaxinfer.models.safetensors_loader import INDEX_FILE, SINGLE_FILE
 from jaxinfer.models.weights import weight_specs
 
@@ -218,9 +224,9 @@ def _write_llama_gguf(hf_dir, path):
 def test_gguf_llama3_rope_freqs_match_hf(tiny_model_factory, tmp_path):
     """A Llama 3.1-style GGUF (llama3 scaling as rope_freqs, permuted q/k)
     gives the logits of the HF checkpoint it was converted from."""
+    from jaxinfer.models import model_class, model_constants
     from tests.models.forward import packed_prefill_logits
     from tests.runners import HfRunner
-    from jaxinfer.models import model_class, model_constants
     hf_dir = tiny_model_factory("llama", "llama3")
     path = str(tmp_path / "tiny-llama3.gguf")
     _write_llama_gguf(hf_dir, path)
@@ -335,10 +341,16 @@ def test_unsupported_rope_type_is_named(single_dir, tmp_path):
     cfg_path = os.path.join(d, "config.json")
     with open(cfg_path) as f:
         cfg = json.load(f)
+    cfg["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 1e4}
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ModelConfigError, match="mrope.*supported"):
+        resolve_model(d)
+    # longrope is supported, and without its factors says what it needs.
     cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 1e4}
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    with pytest.raises(ModelConfigError, match="longrope.*supported"):
+    with pytest.raises(ModelConfigError, match="short_factor, long_factor"):
         resolve_model(d)
 
 
@@ -378,11 +390,11 @@ def test_missing_embedded_package_says_how_to_install(monkeypatch):
 def test_loaders_cast_floats_only(single_dir):
     """Floating tensors take the engine dtype; any other dtype (packed
     quantized data, say) is placed as stored, and a WeightSpec may name its
-    own dtype (issue 11: loaders must let quantized tensors pass)."""
+    own dtype (loaders must let quantized tensors pass)."""
     import dataclasses
 
-    from jaxinfer.models.weights import build_params, param_dtype
     from jaxinfer.models import WeightSpec
+    from jaxinfer.models.weights import build_params, param_dtype
     files = resolve_model(single_dir)
     packed = np.arange(64, dtype=np.int8)  # model.norm.weight's shape (D,)
 

@@ -59,9 +59,9 @@ def stepped(request, tiny_model_factory):
     seen = []
     dispatch = runner.dispatch
 
-    def recording_dispatch(out):
+    def recording_dispatch(out, *rest):
         seen.append(out)
-        return dispatch(out)
+        return dispatch(out, *rest)
 
     runner.dispatch = recording_dispatch
     greedy = SamplingParams(temperature=0.0, max_tokens=4)

@@ -3,9 +3,9 @@ of the int8 / fp8 methods, against NumPy references."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -166,9 +166,10 @@ def test_an_unserved_quantization_is_refused_before_loading(float_dir):
 def test_abstract_params_of_a_quantized_model_have_their_dtypes(float_dir):
     """What sharding and orbax restore read: codes and scales keep their
     dtypes, and the packed int4 layout halves the input axis."""
+    from flax import linen as nn
+
     from jaxinfer.models import model_class
     from jaxinfer.models.abstract import abstract_variables
-    from flax import linen as nn
     files = resolve_model(float_dir, quantization="int8")
     model = model_class(files.config.architecture)(files.config,
                                                    dtype=jnp.bfloat16)

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jaxinfer.models import (load_params, model_class, model_constants,
-                             resolve_model)
+from jaxinfer.models import load_params, model_class, model_constants, resolve_model
 from jaxinfer.models.weights import weight_specs
 from tests.models import quant_checkpoints as qc
 from tests.models.forward import packed_prefill_logits

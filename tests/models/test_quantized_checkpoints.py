@@ -15,13 +15,20 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxinfer.models import (MissingWeightError, load_params, model_class,
-                             model_constants, resolve_model)
-from jaxinfer.models.quantization import (Fp8UnsupportedDeviceError,
-                                          QuantizationMismatchError,
-                                          UnknownQuantizationError,
-                                          UnsupportedGroupSizeError,
-                                          UnsupportedQuantizationConfigError)
+from jaxinfer.models import (
+    MissingWeightError,
+    load_params,
+    model_class,
+    model_constants,
+    resolve_model,
+)
+from jaxinfer.models.quantization import (
+    Fp8UnsupportedDeviceError,
+    QuantizationMismatchError,
+    UnknownQuantizationError,
+    UnsupportedGroupSizeError,
+    UnsupportedQuantizationConfigError,
+)
 from jaxinfer.models.quantization.methods import dequantize_grouped
 from jaxinfer.models.quantization.resolve import linear_weights
 from tests.models import quant_checkpoints as qc

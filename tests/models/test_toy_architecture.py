@@ -1,4 +1,4 @@
-"""A new architecture in one file, end to end (issue 11, done-when 2).
+"""A new architecture in one file, end to end.
 
 ``ToyDenseForCausalLM`` is a renamed Llama whose MLP is the dense
 ``act(x W_up) W_down`` instead of Llama's gated one. Everything the engine
@@ -21,8 +21,13 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from jaxinfer.models import (MissingWeightError, ModelContractError,
-                             ModelSpec, register_model, resolve_model)
+from jaxinfer.models import (
+    MissingWeightError,
+    ModelContractError,
+    ModelSpec,
+    register_model,
+    resolve_model,
+)
 from jaxinfer.models.config import decoder_config_from_hf
 from jaxinfer.models.llama import LlamaForCausalLM, decoder_weights
 from jaxinfer.models.mlp import DenseMLP
@@ -68,6 +73,7 @@ def toy_dir(registered, tmp_path_factory):
     """A random-weight checkpoint written from the spec's own weight list
     (peaked weights, as tests/tiny_models.py, so greedy meets no near-tie)."""
     from safetensors.numpy import save_file
+
     from tests.tiny_models import embedded_tokenizer
     path = str(tmp_path_factory.mktemp("toy-dense"))
     cfg = TOY_SPEC.config_from_hf(HF_CONFIG)

@@ -8,9 +8,9 @@ token rows, as the model runner's buckets produce.
 
 from __future__ import annotations
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -91,8 +91,7 @@ def check_against_reference(case, tuning=None, **kw):
     """Runs ``ragged_paged_attention`` on ``case`` and asserts it matches the
     jnp reference within the dtype's tolerance, with padding rows exactly
     zero. Returns the kernel's output."""
-    from jaxinfer.pallas_kernels import (ragged_paged_attention,
-                                         ragged_paged_attention_reference)
+    from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
     scale = case[0].shape[-1] ** -0.5
     decode_only = kw.pop("decode_only", False)  # a kernel-only hint
     out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,

@@ -11,9 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxinfer.pallas_kernels.fp8_gated_quant import (MAX_WIDTH,
-                                                     silu_mul_quantize,
-                                                     silu_mul_quantize_reference)
+from jaxinfer.pallas_kernels.fp8_gated_quant import (
+    MAX_WIDTH,
+    silu_mul_quantize,
+    silu_mul_quantize_reference,
+)
 
 E4M3 = ml_dtypes.float8_e4m3fn
 

@@ -8,9 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.pallas_kernels.int4_matmul import (Int4MatmulShapeError,
-                                                 Int4MatmulTuning, int4_matmul,
-                                                 int4_matmul_reference)
+from jaxinfer.pallas_kernels.int4_matmul import (
+    Int4MatmulShapeError,
+    Int4MatmulTuning,
+    int4_matmul,
+    int4_matmul_reference,
+)
 
 
 def _case(M, n_in, n_out, groups, dtype, seed=0):

@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxinfer.pallas_kernels.int4_matmul import (int4_matmul,
-                                                 int4_matmul_reference)
-from jaxinfer.pallas_kernels.int4_matmul_mgpu import (Int4MosaicTuning,
-                                                      Int4MosaicUnsupported,
-                                                      int4_matmul_mgpu,
-                                                      int4_matmul_mgpu_many,
-                                                      plan)
+from jaxinfer.pallas_kernels.int4_matmul import int4_matmul, int4_matmul_reference
+from jaxinfer.pallas_kernels.int4_matmul_mgpu import (
+    Int4MosaicTuning,
+    Int4MosaicUnsupported,
+    int4_matmul_mgpu,
+    int4_matmul_mgpu_many,
+    plan,
+)
 from tests.pallas_kernels.cases import gpu, interpreter_on_cpu
 
 
@@ -97,7 +98,7 @@ def test_mosaic_int4_lowers_for_cuda(M, n_out, tuning):
 
 def test_mosaic_int4_refuses_what_it_cannot_take():
     x, q, s, z = _case(2, 2048, 128)
-    run = lambda *a, **k: int4_matmul_mgpu(*a, interpret=True, **k)  # noqa
+    run = lambda *a, **k: int4_matmul_mgpu(*a, interpret=True, **k)
     with pytest.raises(Int4MosaicUnsupported, match="bf16"):
         run(x.astype(jnp.float32), q, s, z)
     with pytest.raises(Int4MosaicUnsupported, match="128"):  # groups of 64

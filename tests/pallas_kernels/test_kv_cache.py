@@ -3,12 +3,11 @@ and touches nothing else; gather_kv reads them back in token order."""
 
 from __future__ import annotations
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jaxinfer.pallas_kernels import (NULL_PAGE, gather_kv, init_kv_pages,
-                                     kv_pages_shape, write_kv)
+from jaxinfer.pallas_kernels import NULL_PAGE, gather_kv, init_kv_pages, kv_pages_shape, write_kv
 
 
 @pytest.mark.parametrize("page_size,dtype", [(16, jnp.float32),

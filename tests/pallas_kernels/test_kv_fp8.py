@@ -4,14 +4,13 @@ across prefill chunks and decodes."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxinfer.pallas_kernels.kv_cache import (pages_touched_bound,
-                                              write_kv_scaled)
+from jaxinfer.pallas_kernels.kv_cache import pages_touched_bound, write_kv_scaled
 
 B, K, H, PAGES = 4, 2, 8, 12
 
@@ -122,7 +121,6 @@ def test_one_token_write_equals_the_model_and_stays_in_place():
     model, and the compiled write keeps the donated pages in place (a
     one-page scatter would become a dynamic-update-slice that XLA copies
     the pool around; see test_kv_cache's one-token test)."""
-    import functools
     rng = np.random.default_rng(3)
     dtype = jnp.float8_e4m3fn
     np_dtype = np.dtype(dtype)

@@ -12,12 +12,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
-                                     RaggedPagedAttentionTuning, TuningError,
-                                     ragged_paged_attention,
-                                     ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
-                                        gpu, make_case, rel_error)
+from jaxinfer.pallas_kernels import (
+    RaggedAttentionShapeError,
+    RaggedPagedAttentionTuning,
+    TuningError,
+    ragged_paged_attention,
+    ragged_paged_attention_reference,
+)
+from tests.pallas_kernels.cases import INTERPRET, check_against_reference, gpu, make_case, rel_error
 
 # (q_len, kv_len): decodes at one and at many pages, a short and a long chunk
 # of a prefill whose prefix is already cached, and a fresh prefill.

@@ -12,18 +12,28 @@ import dataclasses
 
 import jax.numpy as jnp
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxinfer.pallas_kernels import (RaggedAttentionShapeError,
-                                     RaggedPagedAttentionTuning, TuningError,
-                                     ragged_paged_attention)
-from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-    SMEM_PER_BLOCK, MosaicDecodeTuning)
+from jaxinfer.pallas_kernels import (
+    RaggedAttentionShapeError,
+    RaggedPagedAttentionTuning,
+    TuningError,
+    ragged_paged_attention,
+)
 from jaxinfer.pallas_kernels import ragged_paged_attention_decode_mgpu as mg
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
-    ragged_paged_attention_reference)
-from tests.pallas_kernels.cases import (INTERPRET, check_against_reference,
-                                        fp8_case, gpu, make_case, rel_error)
+    ragged_paged_attention_reference,
+)
+from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import SMEM_PER_BLOCK, MosaicDecodeTuning
+from tests.pallas_kernels.cases import (
+    INTERPRET,
+    check_against_reference,
+    fp8_case,
+    gpu,
+    make_case,
+    rel_error,
+)
 from tests.pallas_kernels.lowering import decode_lowering_args
 
 # Decodes at one page, at a page boundary, at many pages, plus a prefill
@@ -199,8 +209,7 @@ def test_mosaic_decode_fp8_producer_warpgroup(producers, extra):
 
 
 def _fp8_default(**kw):
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
-        FP8_MOSAIC_DECODE
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import FP8_MOSAIC_DECODE
     return dataclasses.replace(FP8_MOSAIC_DECODE, **kw)
 
 
@@ -421,7 +430,9 @@ def test_fp8_pages_take_their_own_default_tuning():
     """fp8 pages at head_dim 128 get FP8_MOSAIC_DECODE from the tuned
     table; 16-bit pages and other head dims keep the table's entry."""
     from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import (
-        FP8_MOSAIC_DECODE, default_tuning)
+        FP8_MOSAIC_DECODE,
+        default_tuning,
+    )
     h200 = "NVIDIA H200"
     fp8 = default_tuning(128, 16, h200, kv_itemsize=1)
     bf16 = default_tuning(128, 16, h200)
@@ -458,8 +469,7 @@ def test_mosaic_decode_takes_fp8_pages_only_with_per_page_scales():
         128, 2) == (2, (1, 2))
     # At 128-token steps 2 + 2 tiles do not fit 200 KiB, 1 + 1 do; the fp8
     # default's 224 KiB take 2 + 2 beside a 2-step ring.
-    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import \
-        FP8_MOSAIC_DECODE
+    from jaxinfer.pallas_kernels.ragged_paged_attention_tuning import FP8_MOSAIC_DECODE
     assert dataclasses.replace(FP8_MOSAIC_DECODE, smem_budget=200 * 1024
                                ).fp8_stages(128, 2) == (3, (1, 1))
     assert FP8_MOSAIC_DECODE.fp8_stages(128, 2) == (2, (2, 2))

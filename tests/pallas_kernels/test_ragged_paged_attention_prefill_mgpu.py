@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.pallas_kernels import ragged_paged_attention_reference
 from jaxinfer.pallas_kernels import ragged_paged_attention_prefill_mgpu as pm
-from tests.pallas_kernels.cases import (TOLERANCE, interpreter_on_cpu,
-                                       make_case, rel_error)
+from jaxinfer.pallas_kernels import ragged_paged_attention_reference
+from tests.pallas_kernels.cases import TOLERANCE, interpreter_on_cpu, make_case, rel_error
 
 ON_GPU = jax.default_backend() == "gpu"
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs an NVIDIA Hopper GPU")
@@ -154,8 +153,7 @@ def test_public_api_lowers_with_the_mosaic_prefill():
     """ragged_paged_attention with prefill_backend='mosaic' builds the
     Mosaic prefill kernel for Hopper (both kernels Mosaic: lowerable without
     a GPU); interpret mode keeps the Triton prefill."""
-    from jaxinfer.pallas_kernels import (RaggedPagedAttentionTuning,
-                                         ragged_paged_attention)
+    from jaxinfer.pallas_kernels import RaggedPagedAttentionTuning, ragged_paged_attention
     case = make_case([(5, 18), (1, 40), (130, 200)], num_q_heads=8,
                      num_kv_heads=2, head_dim=128, page_size=16,
                      dtype=jnp.bfloat16)

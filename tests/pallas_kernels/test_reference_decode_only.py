@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
-    ragged_paged_attention_reference)
+    ragged_paged_attention_reference,
+)
 from tests.pallas_kernels.cases import make_case
 
 

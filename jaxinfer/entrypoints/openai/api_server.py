@@ -8,49 +8,71 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from ... import __version__
-from ...engine.async_engine import DEFAULT_MAX_NUM_WAITING, AsyncLLMEngine
+from ...engine.engine_client import EngineClient
+from ...engine.request_stream import DEFAULT_MAX_NUM_WAITING
 from ...fast_tokenizer import hf_tokenizer
+from ..connections import ConnectionLimits
 from ..http_guards import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from ..json_body import JSONBodyRoute
 from ..server_runner import DEFAULT_GRACE_PERIOD_S, run_server
+from .auth import APIKeyGuard
 from .errors import APIError, error_response, install_error_handlers
 from .model_limits import apply_limits, model_limits
-from .protocol import (ChatCompletionRequest, CompletionRequest,
-                       DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                       LoadLoRAAdapterRequest, ModelList, TokenizeChatRequest,
-                       TokenizeCompletionRequest, TokenizeResponse,
-                       UnloadLoRAAdapterRequest)
+from .pooling_protocol import (
+    EmbeddingRequest,
+    EmbeddingResponse,
+    PoolingRequest,
+    PoolingResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    LoadLoRAAdapterRequest,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    UnloadLoRAAdapterRequest,
+)
+from .server_extras import install_load_tracking, read_json_body, tokenizer_description
 from .serving_chat import OpenAIServingChat, load_chat_template
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import engine_lifespan
-from .serving_models import (LoRAModulePath, ServingModels,
-                             runtime_lora_updating_allowed)
-from .server_extras import (install_load_tracking, read_json_body,
-                            tokenizer_description)
+from .serving_models import LoRAModulePath, ServingModels, runtime_lora_updating_allowed
+from .serving_pooling import OpenAIServingPooling
+from .serving_tools import ToolConfig
 
 logger = logging.getLogger(__name__)
 
-_ERRORS = {code: {"model": ErrorResponse}
-           for code in (400, 401, 404, 413, 500, 503)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
 _GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+# Pooling routes: refused like generation ones when the queue is full.
+_POOLING_PATHS = frozenset({"/v1/embeddings", "/pooling", "/score", "/v1/score"})
 # The generation routes answer JSON, or with "stream": true an event stream.
-_GENERATION_RESPONSES = {**_ERRORS, 200: {
+_GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {**_ERRORS, 200: {
     "description": "The completion; with stream=true, server-sent events "
                    "(chunks, then `data: [DONE]`).",
     "content": {"application/json": {},
                 "text/event-stream": {"schema": {}}}}}  # any event
 
 
-def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = None,
+def build_app(engine: EngineClient, served_model_names: list[str] | None = None,
               api_key: str | None = None, chat_template: str | None = None,
               owns_engine: bool = True,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -58,50 +80,41 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
               enable_tokenizer_info_endpoint: bool = False,
               enable_server_load_tracking: bool = False,
               chat_template_content_format: str = "auto",
-              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
+              lora_modules: list[LoRAModulePath] | None = None,
+              api_key_protect_metrics: bool = False,
+              tool_config: ToolConfig | None = None,
+              lora_modules_loaded: bool = False) -> FastAPI:
     """The server over a running (or startable) engine. With ``owns_engine``
     the app stops the engine loop when it shuts down. The rest are vLLM's
     flags of the same names (``lora_modules``: adapters read now, served
-    under their names)."""
-    names = list(served_model_names or [str(engine.engine.args.model)])
+    under their names; ``lora_modules_loaded``: the engine core read them
+    already); ``api_key_protect_metrics`` puts /metrics behind the key too
+    (auth.py lists what the key protects)."""
+    if api_key_protect_metrics and not api_key:
+        raise ValueError("--api-key-protect-metrics needs --api-key")
+    names = list(served_model_names or [str(engine.model.args.model)])
     template = load_chat_template(chat_template)
     # A server renders chat templates: build transformers' tokenizer now
     # rather than inside the first chat request (fast_tokenizer.py).
     hf_tokenizer(engine.tokenizer)
     models = ServingModels(engine, names)
-    models.load_static(lora_modules or [])
+    models.load_static(lora_modules or [], load=not lora_modules_loaded)
     completion = OpenAIServingCompletion(engine, names, models)
     chat = OpenAIServingChat(engine, names, template, models,
-                             chat_template_content_format)
+                             chat_template_content_format, tool_config)
     for serving in (completion, chat):
         serving.return_tokens_as_token_ids = return_tokens_as_token_ids
+    pooling = OpenAIServingPooling(engine, names, models)
 
     app = FastAPI(title="jaxinfer OpenAI-compatible server", version=__version__,
                   lifespan=engine_lifespan(engine, owns_engine))
+    app.router.route_class = JSONBodyRoute  # one body reader for every route
     app.state.engine = engine
     install_error_handlers(app)
 
-    if api_key:
-        expected = api_key.encode()
-
-        @app.middleware("http")
-        async def check_api_key(request: Request, call_next):
-            if request.url.path.startswith("/v1"):
-                # The auth scheme is case-insensitive (RFC 7235).
-                scheme, _, token = request.headers.get(
-                    "Authorization", "").strip().partition(" ")
-                ok = scheme.lower() == "bearer" and hmac.compare_digest(
-                    token.strip().encode("utf-8", "surrogateescape"), expected)
-                if not ok:
-                    return error_response(
-                        "Unauthorized: a valid API key is needed "
-                        "(Authorization: Bearer ...)", 401,
-                        headers={"WWW-Authenticate": "Bearer"})
-            return await call_next(request)
-
     app.add_middleware(  # outermost: refuses before the body is read
         RequestGuard, engine=engine, max_body_bytes=max_body_bytes,
-        generation_paths=_GENERATION_PATHS,
+        generation_paths=_GENERATION_PATHS | _POOLING_PATHS,
         respond=lambda message, status: error_response(message, status))
 
     @app.get("/health", response_class=Response, responses={
@@ -123,10 +136,12 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
     @app.get("/metrics", response_class=PlainTextResponse, responses={
         200: {"description": "Prometheus metrics (text exposition format)."}})
     async def metrics() -> Response:
-        return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await engine.render_metrics(),
+                        media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def list_models() -> ModelList:
+        await models.refresh()
         return ModelList(data=models.cards(engine.max_model_len))
 
     if runtime_lora_updating_allowed():
@@ -152,6 +167,20 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
                                      raw_request: Request):
         return await chat.create_chat_completion(req, raw_request)
 
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse,
+              responses=_ERRORS)
+    async def create_embedding(req: EmbeddingRequest) -> EmbeddingResponse:
+        return await pooling.create_embedding(req)
+
+    @app.post("/pooling", response_model=PoolingResponse, responses=_ERRORS)
+    async def create_pooling(req: PoolingRequest) -> PoolingResponse:
+        return await pooling.create_pooling(req)
+
+    @app.post("/score", response_model=ScoreResponse, responses=_ERRORS)
+    @app.post("/v1/score", response_model=ScoreResponse, responses=_ERRORS)
+    async def create_score(req: ScoreRequest) -> ScoreResponse:
+        return await pooling.create_score(req)
+
     @app.post("/invocations", responses=_ERRORS)
     async def invocations(raw_request: Request):
         """SageMaker's single route: a chat body (``messages``) or a
@@ -163,7 +192,7 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
             req = model.model_validate(body)
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
-        if model is ChatCompletionRequest:
+        if isinstance(req, ChatCompletionRequest):
             return await chat.create_chat_completion(req, raw_request)
         return await completion.create_completion(req, raw_request)
 
@@ -192,7 +221,8 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
             _, ids, images = await engine.run_blocking(
                 chat.render, req.messages, req.add_generation_prompt,
                 req.continue_final_message, req.chat_template_kwargs,
-                req.add_special_tokens)
+                req.add_special_tokens,
+                [t.model_dump(exclude_none=True) for t in req.tools or ()] or None)
             if images:  # counted as the engine counts them
                 ids = engine.input_processor.images.expand(ids, len(images))[0]
         else:
@@ -219,7 +249,11 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str] | None = Non
             app.openapi_schema = apply_limits(FastAPI.openapi(app), limits)
         return app.openapi_schema
 
-    app.openapi = openapi
+    # FastAPI documents replacing the method to customise the schema.
+    app.openapi = openapi  # type: ignore[method-assign]
+    if api_key:  # added last: the outermost layer, before any body is read
+        app.add_middleware(APIKeyGuard, api_key=api_key, respond=error_response,
+                           protect_metrics=api_key_protect_metrics)
     return app
 
 
@@ -229,10 +263,13 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
           max_num_waiting: int | None = DEFAULT_MAX_NUM_WAITING,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
           grace_period: float = DEFAULT_GRACE_PERIOD_S,
-          log_level: str = "info", engine: AsyncLLMEngine | None = None,
-          **app_options) -> int:
-    """Loads the engine (unless given) and serves until SIGTERM or engine
-    death (`jaxinfer serve`); returns the exit status."""
+          log_level: str = "info", engine: EngineClient | None = None,
+          limits: ConnectionLimits | None = None, **app_options) -> int:
+    """Loads the engine in this process (unless given) and serves until
+    SIGTERM or engine death; returns the exit status. `jaxinfer serve` runs
+    the engine core in a process of its own (`serve_processes.py`) unless
+    --single-process asks for this single process."""
+    from ...engine.async_engine import AsyncLLMEngine
     from ...metrics import EngineMetrics
     names = served_model_names or [engine_args.model]
     if engine is None:
@@ -243,16 +280,17 @@ def serve(engine_args, *, host: str = "127.0.0.1", port: int = 8000,
         engine = AsyncLLMEngine.from_engine_args(
             engine_args, max_num_waiting=max_num_waiting,
             metrics=EngineMetrics(names[0]))
-    describe = getattr(engine.engine, "describe", None)
-    if describe is not None:  # where a multi-process engine's workers run
-        print(describe(), flush=True)
-    if engine_args.warmup:  # compiled before the port opens
+    where = engine.describe()
+    if where is not None:  # where a multi-process engine's workers run
+        print(where, flush=True)
+    if isinstance(engine, AsyncLLMEngine) and engine.engine.warmup_programs:
         print(f"warm-up: {engine.engine.warmup_programs} programs compiled in "
               f"{engine.engine.warmup_seconds:.1f} s", flush=True)
     app = build_app(engine, names, api_key=api_key, chat_template=chat_template,
                     max_body_bytes=max_body_bytes, **app_options)
     return run_server(app, engine, host=host, port=port,
-                      grace_period=grace_period, log_level=log_level)
+                      grace_period=grace_period, log_level=log_level,
+                      limits=limits)
 
 
 def main(argv=None) -> int:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import http
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...errors import ServingError
+from ...errors import ServingError, http_status
 from .protocol import ErrorInfo, ErrorResponse
 
 # Seconds a client is asked to wait after a 503 (queue full, shutting down).
@@ -35,10 +36,23 @@ class APIError(Exception):
         self.message, self.status, self.param = message, status, param
 
 
+# Served names a model-not-found message lists (GET /v1/models has all).
+LISTED_MODEL_NAMES = 5
+
+
 class ModelNotFoundError(APIError):
+    """A request's ``model`` names nothing served. The message shows at
+    most 64 characters of the name and a few served names: an answer stays
+    short however long the name or however many adapters are loaded."""
+
     def __init__(self, name: str, served: list[str]):
-        super().__init__(f"The model `{name}` does not exist; this server "
-                         f"serves {served}.", 404, "model")
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        listed = ", ".join(repr(n) for n in served[:LISTED_MODEL_NAMES])
+        more = len(served) - LISTED_MODEL_NAMES
+        if more > 0:
+            listed += f" and {more} more (GET /v1/models lists them)"
+        super().__init__(f"The model `{shown}` does not exist; this server "
+                         f"serves {listed}.", 404, "model")
 
 
 def error_type(status: int) -> str:
@@ -57,7 +71,7 @@ def error_headers(status: int) -> dict[str, str]:
 
 
 def error_response(message: str, status: int = 400, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=error_type(status),
                                          param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status,
@@ -98,7 +112,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
-        return error_response(str(exc), 400)
+        status = http_status(exc)  # 404 for a model no longer served
+        return error_response(str(exc), status,
+                              "model" if status == 404 else None)
 
     @app.exception_handler(ServingError)
     async def _serving(_: Request, exc: ServingError):

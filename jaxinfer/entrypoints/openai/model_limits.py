@@ -20,12 +20,12 @@ def limit(name: str) -> dict[str, str]:
 
 def model_limits(engine) -> dict[str, int]:
     """The per-model maxima a served request must respect."""
-    vocab = engine.engine.model_config.vocab_size
+    vocab = engine.model.vocab_size
     return {"token_id": vocab - 1, "vocab_size": vocab,
             "max_tokens": engine.max_model_len - 1,
             "max_model_len": engine.max_model_len,
-            "max_num_seqs": engine.engine.scheduler_config.max_num_seqs,
-            "max_logprobs": engine.engine.args.max_logprobs}
+            "max_num_seqs": engine.model.max_num_seqs,
+            "max_logprobs": engine.model.args.max_logprobs}
 
 
 def apply_limits(schema: Any, limits: dict[str, int]) -> Any:

@@ -13,11 +13,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import JsonDict
 
-from .model_limits import limit
+from . import model_limits
+from .tool_protocol import (
+    ChatCompletionTool,
+    DeltaToolCall,
+    NamedToolChoice,
+    ToolCall,
+    ToolCallMessage,
+)
+
+# The limit marks as json_schema_extra's JsonDict (their dict[str, str] is
+# one, but mypy holds dict invariant in its value type).
+limit = cast(Callable[[str], JsonDict], model_limits.limit)
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 INT32_MAX = 2 ** 31 - 1
@@ -119,6 +132,27 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's ``response_format.json_schema``."""
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    # "schema" shadows a BaseModel attribute: read through the alias.
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format json_schema needs its "
+                             "json_schema object (name, schema)")
+        return self
+
+
 class SamplingFields(RequestModel):
     """Fields both completion endpoints share (OpenAI's, then vLLM's).
     Before parsing, vLLM's fields that jaxinfer lacks are refused naming the
@@ -180,6 +214,15 @@ class SamplingFields(RequestModel):
     return_tokens_as_token_ids: bool | None = None  # "token_id:{id}" strings
     return_token_ids: bool | None = None  # token ids beside the text
     echo: bool = False
+    # Structured outputs (one source at most: serving_structured.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 # -- completions ---------------------------------------------------------------
@@ -264,10 +307,10 @@ class ChatMessage(StrictModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message's answer to one
 
 
-class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -279,9 +322,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=-1, le=INT32_MAX,
                                      json_schema_extra=limit("max_logprobs"))
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatCompletionTool] | None = None
+    # None: "auto" with tools, "none" without (serving_tools.py)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     # vLLM extensions
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -308,6 +352,7 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -333,6 +378,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(OpenAIBaseModel):
@@ -387,6 +433,7 @@ class TokenizeChatRequest(RequestModel):
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False  # the template adds its own
     return_token_strs: bool | None = False
+    tools: list[ChatCompletionTool] | None = None  # given to the template
     surface_kind: ClassVar[str] = "tokenize_chat"
 
 

@@ -1,5 +1,5 @@
 """vLLM's smaller server routes' helpers: /tokenizer_info's description,
-/load's in-flight counter, and reading a JSON body for /invocations."""
+/load's in-flight counter, and reading /invocations' JSON body."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import Request
 
+from ..json_body import parse_json_body
 from .errors import APIError
 
 
@@ -60,7 +61,9 @@ def install_load_tracking(app, paths: frozenset[str]) -> LoadCounter:
 
 
 async def read_json_body(request: Request) -> Any:
+    """The body through the server's one JSON reader (json_body.py)."""
     try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError):
-        raise APIError("the body must be JSON", param=None) from None
+        return parse_json_body(await request.body())
+    except json.JSONDecodeError as e:
+        raise APIError(f"the body is not valid JSON ({e.msg} at character "
+                       f"{e.pos})", param=None) from None

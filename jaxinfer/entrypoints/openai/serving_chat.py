@@ -1,11 +1,13 @@
 """`/v1/chat/completions`: messages -> the chat template -> one engine
 request with n samples; streaming sends the role first, then content deltas.
 Image parts (``image_url``) become the prompt's images
-(``jaxinfer/multimodal/chat.py``)."""
+(``jaxinfer/multimodal/chat.py``); tools and tool calls follow the request's
+``ToolPlan`` (``serving_tools.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -13,14 +15,35 @@ from fastapi.responses import Response, StreamingResponse
 from ...errors import http_status
 from ...multimodal.chat import detect_content_format, parse_chat_messages
 from .errors import APIError, sse_error
-from .protocol import (ChatChoiceLogprobs, ChatCompletionRequest,
-                       ChatCompletionResponse, ChatCompletionResponseChoice,
-                       ChatCompletionStreamResponse, ChatLogprob, ChatMessage,
-                       ChatResponseMessage, ChatStreamChoice, DeltaMessage,
-                       TopLogprob, random_id)
-from .serving_engine import (MIN_LOGPROB, Choice, OpenAIServing, add_all,
-                             beam_choices, collect_choices, logprob_value,
-                             merge_streams, ranked, usage_counter)
+from .protocol import (
+    ChatChoiceLogprobs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamResponse,
+    ChatLogprob,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+    TopLogprob,
+    random_id,
+)
+from .serving_engine import (
+    MIN_LOGPROB,
+    Choice,
+    OpenAIServing,
+    add_all,
+    beam_choices,
+    collect_choices,
+    logprob_value,
+    merge_streams,
+    ranked,
+    usage_counter,
+)
+from .serving_tools import ToolConfig, ToolPlan, apply_plan, plan_tools, template_messages
+from .tool_parsers import ToolCallStream, extract
+from .tool_protocol import DeltaFunctionCall, DeltaToolCall, FunctionCallOut, ToolCall
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -63,38 +86,45 @@ def _echoed(req: ChatCompletionRequest) -> str:
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine, served_model_names, chat_template: str | None = None,
-                 models=None, content_format: str = "auto"):
+                 models=None, content_format: str = "auto",
+                 tool_config: ToolConfig | None = None):
         super().__init__(engine, served_model_names, models)
         self.chat_template = chat_template
+        self.tool_config = tool_config or ToolConfig()
         # vLLM's --chat-template-content-format; auto: read from the template.
         self.content_format = (detect_content_format(
             chat_template or getattr(self.tokenizer, "chat_template", None))
             if content_format == "auto" else content_format)
-        self.allowed_local_media_path = engine.engine.args.allowed_local_media_path
+        self.allowed_local_media_path = engine.model.args.allowed_local_media_path
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool,
                continue_final_message: bool,
                kwargs: dict[str, Any] | None,
-               add_special_tokens: bool = False
+               add_special_tokens: bool = False,
+               tools: list[dict[str, Any]] | None = None
                ) -> tuple[str, list[int], list]:
         """The prompt text and ids, tokenized as `LLM.chat` tokenizes, and
-        the messages' images (decoded) in placeholder order."""
+        the messages' images (decoded) in placeholder order; ``tools``
+        (OpenAI tool objects) are given to the template, as HF's
+        ``apply_chat_template(tools=...)`` does."""
         if add_generation_prompt and continue_final_message:
             raise APIError("add_generation_prompt and continue_final_message "
                            "cannot both be true", param="continue_final_message")
         inputs = self.engine.input_processor
         conv, images = parse_chat_messages(
-            [m.model_dump(exclude_none=True) for m in messages],
+            template_messages(messages),
             content_format=self.content_format,
             placeholder=inputs.images.placeholder if inputs.images else "",
             allowed_local_media_path=self.allowed_local_media_path,
             on_first_image=lambda: inputs.check_takes_images(
-                "an image_url content part"))
+                "an image_url content part"),
+            check_count=inputs.images.check_count if inputs.images else None)
         try:
             text = self.tokenizer.apply_chat_template(
                 conv, chat_template=self.chat_template, tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, **(kwargs or {}))
+                continue_final_message=continue_final_message, tools=tools,
+                **(kwargs or {}))
         except Exception as e:  # noqa: BLE001 - any template failure is bad input
             raise APIError(f"could not apply the chat template: {e}. Check the "
                            "messages, or start the server with --chat-template",
@@ -122,17 +152,12 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, req: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
+        await self.models.refresh(req.model or "")
         model, lora = self.resolve_model(req.model)
         if req.chat_template is not None:
             raise APIError("a per-request chat_template is not accepted; start "
                            "the server with --chat-template", param="chat_template")
-        if req.tools and req.tool_choice != "none":
-            raise APIError("tool calling is not supported; omit tools or set "
-                           "tool_choice to 'none'", param="tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise APIError("structured output (response_format "
-                           f"{req.response_format.type!r}) is not supported",
-                           param="response_format")
+        plan = plan_tools(req, self.tool_config)
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs to be true",
                            param="top_logprobs")
@@ -141,7 +166,7 @@ class OpenAIServingChat(OpenAIServing):
         text, ids, images = await self.engine.run_blocking(
             self.render, req.messages, req.add_generation_prompt,
             req.continue_final_message, req.chat_template_kwargs,
-            req.add_special_tokens)
+            req.add_special_tokens, plan.template_tools)
         if images and req.use_beam_search:
             raise APIError("use_beam_search does not take images: send the "
                            "request without it", param="use_beam_search")
@@ -157,7 +182,8 @@ class OpenAIServingChat(OpenAIServing):
             text, ids = None, ids[-req.truncate_prompt_tokens:]
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens
                       is not None else req.max_tokens)
-        params = self.sampling_params(req, max_tokens, top_k, len(ids))
+        params = apply_plan(plan, self.sampling_params(req, max_tokens, top_k,
+                                                       len(ids)))
         request_id = (f"chatcmpl-{req.request_id}" if req.request_id
                       else random_id("chatcmpl"))
         engine_id = random_id("chatcmpl")  # a client's id may repeat
@@ -181,20 +207,25 @@ class OpenAIServingChat(OpenAIServing):
         usage = usage_counter(choices, len(ids))
 
         if req.stream:
+            # The request model refuses stream with use_beam_search.
+            assert gens is not None
             return StreamingResponse(
                 self._stream(gens[0], request_id, model, req, choices, top_k,
-                             usage, req.stream_options, ids, echo, as_id),
+                             usage, req.stream_options, ids, echo, as_id, plan),
                 media_type="text/event-stream")
 
         prompt_lps: dict[int, list] = {}
         if gens is not None and not await collect_choices(
                 gens, raw_request, choices, lambda i, j: j, prompt_lps):
             return Response(status_code=499)  # client gone; request aborted
+        messages = {j: _message(plan, echo, ch.text) for j, ch in choices.items()}
         result = [ChatCompletionResponseChoice(
-            index=j, message=ChatResponseMessage(content=echo + ch.text),
+            index=j, message=messages[j],
             logprobs=(self._logprobs(ch.token_ids, ch.logprobs, top_k, as_id)
                       if top_k is not None else None),
-            finish_reason=ch.finish_reason, stop_reason=ch.stop_reason,
+            finish_reason=_finish_reason(ch.finish_reason,
+                                         bool(messages[j].tool_calls)),
+            stop_reason=ch.stop_reason,
             token_ids=ch.token_ids if req.return_token_ids else None)
             for j, ch in sorted(choices.items())]
         return Response(ChatCompletionResponse(
@@ -206,7 +237,8 @@ class OpenAIServingChat(OpenAIServing):
         ).model_dump_json(), media_type="application/json")
 
     async def _stream(self, gen, request_id, model, req, choices, top_k,
-                      usage, options, prompt_ids, echo, as_id) -> AsyncIterator[str]:
+                      usage, options, prompt_ids, echo, as_id,
+                      plan: ToolPlan) -> AsyncIterator[str]:
         include_usage = bool(options and options.include_usage)
         continuous = include_usage and bool(options.continuous_usage_stats)
 
@@ -222,16 +254,35 @@ class OpenAIServingChat(OpenAIServing):
             for j in range(req.n):
                 yield chunk(ChatStreamChoice(
                     index=j, delta=DeltaMessage(role="assistant", content=echo)))
+            calls = {j: ToolCallStream(plan.parser, plan.max_calls)
+                     for j in range(req.n)} if plan.parser else {}
             async for _, out in merge_streams([gen]):
                 for c in out.outputs:
-                    toks, lps = choices[c.index].add(c)
-                    if not c.text and not toks and c.finish_reason is None:
+                    ch = choices[c.index]
+                    toks, lps = ch.add(c)
+                    content, tool_calls = c.text, None
+                    if calls:  # the parser decides what is content
+                        stream = calls[c.index]
+                        content, deltas = stream.update(
+                            ch.text, final=c.finish_reason is not None)
+                        tool_calls = [DeltaToolCall(
+                            index=d.index, id=d.id,
+                            type="function" if d.id else None,
+                            function=DeltaFunctionCall(name=d.name,
+                                                       arguments=d.arguments))
+                            for d in deltas] or None
+                    if (not content and not tool_calls and not toks
+                            and c.finish_reason is None):
                         continue
+                    finish = (_finish_reason(c.finish_reason,
+                                             calls[c.index].called)
+                              if calls else c.finish_reason)
                     yield chunk(ChatStreamChoice(
-                        index=c.index, delta=DeltaMessage(content=c.text),
+                        index=c.index, delta=DeltaMessage(
+                            content=content, tool_calls=tool_calls),
                         logprobs=(self._logprobs(toks, lps, top_k, as_id)
                                   if top_k is not None else None),
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                        finish_reason=finish, stop_reason=c.stop_reason,
                         token_ids=toks if req.return_token_ids else None))
             if include_usage:
                 yield chunk(None, usage())
@@ -239,3 +290,24 @@ class OpenAIServingChat(OpenAIServing):
             yield sse_error(str(e), http_status(e))
         yield "data: [DONE]\n\n"
 
+
+
+def _message(plan: ToolPlan, echo: str, text: str) -> ChatResponseMessage:
+    """A finished choice's message: its calls, when the plan reads any and
+    the text holds them (at most ``plan.max_calls``), else the text."""
+    if plan.parser is None:
+        return ChatResponseMessage(content=echo + text)
+    content, calls = extract(plan.parser, text)
+    if plan.max_calls is not None:
+        calls = calls[:plan.max_calls]
+    if not calls:
+        return ChatResponseMessage(content=echo + text)
+    return ChatResponseMessage(
+        content=(echo + (content or "")) or None,
+        tool_calls=[ToolCall(id=c.id, function=FunctionCallOut(
+            name=c.name, arguments=c.arguments)) for c in calls])
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """"tool_calls" for an output that ended (not cut short) with calls."""
+    return "tool_calls" if called and reason == "stop" else reason

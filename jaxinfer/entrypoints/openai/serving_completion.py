@@ -4,19 +4,31 @@ index = prompt index * n + sample index (as OpenAI and vLLM number them).
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...errors import http_status
 from .errors import APIError, sse_error
-from .protocol import (CompletionLogProbs, CompletionRequest,
-                       CompletionResponse, CompletionResponseChoice,
-                       random_id)
-from .serving_engine import (Choice, OpenAIServing, add_all, beam_choices,
-                             collect_choices, logprob_value, merge_streams,
-                             ranked, usage_counter)
+from .protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    random_id,
+)
+from .serving_engine import (
+    Choice,
+    OpenAIServing,
+    add_all,
+    beam_choices,
+    collect_choices,
+    logprob_value,
+    merge_streams,
+    ranked,
+    usage_counter,
+)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -70,13 +82,14 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _params(self, req: CompletionRequest, ids: list[int]):
         sp = self.sampling_params(req, req.max_tokens, req.logprobs, len(ids))
-        if req.echo and req.logprobs is not None:
+        if req.echo and sp.logprobs is not None:  # req.logprobs, -1 resolved
             # Echoed prompt tokens carry logprobs too: ask the engine for them.
             sp.prompt_logprobs = max(sp.prompt_logprobs or 0, sp.logprobs)
         return sp
 
     async def create_completion(self, req: CompletionRequest,
                                 raw_request: Request) -> Response:
+        await self.models.refresh(req.model or "")
         model, lora = self.resolve_model(req.model)
         if req.stream and req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs does not stream: set stream to "

@@ -8,19 +8,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 
-from ...engine.async_engine import AsyncLLMEngine
+from ...engine.engine_client import EngineClient
 from ...engine.input_processor import check_context_length, check_token_ids
 from ...errors import InvalidRequestError
+from ...lora.request import LoRARequest
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
-from ...lora.request import LoRARequest
 from .errors import APIError
 from .protocol import SamplingFields, UsageInfo
 from .serving_models import ServingModels
+from .serving_structured import structured_outputs
 
 # Logprobs are JSON numbers; -inf (a masked token) is sent as vLLM sends it.
 MIN_LOGPROB = -9999.0
@@ -68,7 +70,7 @@ def ranked(entries: dict, k: int) -> list[tuple[int, Any]]:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str],
+    def __init__(self, engine: EngineClient, served_model_names: list[str],
                  models: ServingModels | None = None):
         self.engine = engine
         self.served_model_names = served_model_names
@@ -76,9 +78,8 @@ class OpenAIServing:
         self.models = models or ServingModels(engine, served_model_names)
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
-        sched = engine.engine.scheduler_config
-        self.max_num_seqs = sched.max_num_seqs
-        self.vocab_size = engine.engine.model_config.vocab_size
+        self.max_num_seqs = engine.model.max_num_seqs
+        self.vocab_size = engine.model.vocab_size
 
     # Server-wide default of return_tokens_as_token_ids (the flag).
     return_tokens_as_token_ids = False
@@ -119,7 +120,7 @@ class OpenAIServing:
         {token id: {logprob, rank, decoded_token}}."""
         if lps is None:
             return None
-        out = []
+        out: list[dict | None] = []
         for entries in lps[:len(prompt_ids)]:
             if entries is None:
                 out.append(None)
@@ -158,7 +159,7 @@ class OpenAIServing:
                     f"{', '.join(map(repr, bad[:5]))}", param="logit_bias")
             logit_bias = {int(k): v for k, v in req.logit_bias.items()}
             self.check_ids("logit_bias", list(logit_bias))
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             n=req.n, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
@@ -177,13 +178,14 @@ class OpenAIServing:
             length_penalty=req.length_penalty,
             prompt_logprobs=self.num_logprobs("prompt_logprobs",
                                               req.prompt_logprobs))
+        kwargs["structured_outputs"] = structured_outputs(req)
         try:
             return SamplingParams.from_optional(**kwargs)
         except ValueError as e:
             raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 
-async def add_all(engine: AsyncLLMEngine, request_id: str,
+async def add_all(engine: EngineClient, request_id: str,
                   prompts: list[tuple[str | None, list[int]]],
                   params: list[SamplingParams], priority: int = 0,
                   multi_modal_data: list | None = None,
@@ -250,6 +252,8 @@ async def cancel_on_disconnect(raw_request: Request):
     """Runs the body; if the client hangs up first, cancels it (which aborts
     its requests through the generators' cleanup) and raises CancelledError."""
     task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("cancel_on_disconnect runs inside a task")
     disconnected = False
 
     async def watch():
@@ -300,7 +304,7 @@ async def collect_choices(gens: list[AsyncIterator[RequestOutput]],
     return True
 
 
-def engine_lifespan(engine: AsyncLLMEngine, owns_engine: bool):
+def engine_lifespan(engine: EngineClient, owns_engine: bool):
     """A FastAPI lifespan that runs the engine loop while the app serves
     (and stops it after, when the app owns the engine)."""
     @contextlib.asynccontextmanager
@@ -312,7 +316,7 @@ def engine_lifespan(engine: AsyncLLMEngine, owns_engine: bool):
     return lifespan
 
 
-async def beam_choices(engine: AsyncLLMEngine, request_id: str,
+async def beam_choices(engine: EngineClient, request_id: str,
                        prompts: list[tuple[str | None, list[int]]],
                        params: list[SamplingParams], n: int,
                        length_penalty: float, temperature: float,
@@ -327,7 +331,8 @@ async def beam_choices(engine: AsyncLLMEngine, request_id: str,
 
     async def search(i: int, ids: list[int], sp: SamplingParams) -> None:
         result = await beam_search_async(engine, ids, BeamSearchParams(
-            beam_width=sp.best_of or sp.n, max_tokens=sp.max_tokens,
+            beam_width=sp.best_of or sp.n,
+            max_tokens=sp.max_tokens or engine.max_model_len,
             ignore_eos=sp.ignore_eos, temperature=temperature,
             length_penalty=length_penalty), f"{request_id}-{i}",
             lora_request=lora_request)

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import os
+import re
 
 from ...lora.errors import LoRAAdapterNotFoundError, LoRANotEnabledError
 from ...lora.request import LoRARequest
@@ -26,6 +27,29 @@ from .errors import APIError, ModelNotFoundError
 from .protocol import ModelCard
 
 logger = logging.getLogger(__name__)
+
+# A served adapter's name: it is echoed in answers and logs, so printable
+# and short; "org/name:tag"-style names fit.
+MAX_LORA_NAME_CHARS = 128
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]*")
+
+
+def check_lora_name(name: str) -> None:
+    """Raises ValueError (a 400, param lora_name) for a name that is too
+    long, holds other characters or has an empty or '..' path part."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("lora_name must be a non-empty string")
+    shown = f"{name[:40]!r}{'...' if len(name) > 40 else ''}"
+    if len(name) > MAX_LORA_NAME_CHARS:
+        raise ValueError(f"lora_name {shown} has {len(name)} characters; at "
+                         f"most {MAX_LORA_NAME_CHARS} are accepted")
+    if (not _LORA_NAME.fullmatch(name)
+            or any(part in ("", ".", "..") for part in name.split("/"))):
+        raise ValueError(
+            f"lora_name {shown} is not accepted: use letters, digits and "
+            "'.', '_', '-', ':', '@', '+', '/' (no empty, '.' or '..' "
+            "parts between slashes), starting with a letter or digit")
+
 
 RUNTIME_UPDATE_VARIABLES = ("VLLM_ALLOW_RUNTIME_LORA_UPDATING",
                             "JAXINFER_ALLOW_RUNTIME_LORA_UPDATING")
@@ -71,6 +95,11 @@ def parse_lora_modules(values: list[str] | None) -> list[LoRAModulePath]:
                 raise ValueError(f"--lora-modules {value!r}: give name=path "
                                  "(or a JSON object)")
             out.append(LoRAModulePath(name, path))
+    for m in out:
+        try:
+            check_lora_name(m.name)
+        except ValueError as e:
+            raise ValueError(f"--lora-modules: {e}") from None
     names = [m.name for m in out]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
@@ -80,12 +109,29 @@ def parse_lora_modules(values: list[str] | None) -> list[LoRAModulePath]:
 
 class ServingModels:
     def __init__(self, engine, served_model_names: list[str]):
-        self.engine = engine  # AsyncLLMEngine
+        self.engine = engine  # an EngineClient
         self.base_names = list(served_model_names)
-        self.root = str(engine.engine.args.model)
+        self.root = str(engine.model.args.model)
         self.lora_requests: dict[str, LoRARequest] = {}  # by name, in order
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
+        engine.watch_loras(self._served)
+
+    def _served(self, requests: list[LoRARequest]) -> None:
+        """Another front end of the same engine core loaded or removed an
+        adapter: serve exactly the engine's adapters."""
+        self.lora_requests = {r.lora_name: r for r in requests}
+
+    async def refresh(self, name: str | None = None) -> None:
+        """Asks the engine core for its adapters when ``name`` is not known
+        here (None: always), so an adapter another front end just loaded is
+        served at once, without waiting for the core's notice."""
+        if name is not None and (not name or name in self.base_names
+                                 or name in self.lora_requests):
+            return
+        served = await self.engine.served_loras()
+        if served is not None:
+            self._served(served)
 
     def resolve(self, name: str | None) -> tuple[str, LoRARequest | None]:
         """(the name to report, the adapter or None) for a request's
@@ -108,6 +154,10 @@ class ServingModels:
 
     def _new_request(self, name: str, path: str,
                      base_model_name: str | None) -> LoRARequest:
+        try:
+            check_lora_name(name)
+        except ValueError as e:
+            raise APIError(str(e), param="lora_name") from None
         if name in self.base_names:
             raise APIError(f"{name!r} is the base model's name; give the "
                            "adapter another lora_name", param="lora_name")
@@ -121,11 +171,15 @@ class ServingModels:
         return LoRARequest(name, next(self._ids), path,
                            base_model_name=base_model_name)
 
-    def load_static(self, modules: list[LoRAModulePath]) -> None:
-        """``--lora-modules``, at start (a bad adapter stops the server)."""
+    def load_static(self, modules: list[LoRAModulePath],
+                    load: bool = True) -> None:
+        """``--lora-modules``, at start (a bad adapter stops the server).
+        ``load=False``: the engine core read them already, with the ids
+        `static_lora_requests` gives."""
         for m in modules:
             request = self._new_request(m.name, m.path, m.base_model_name)
-            self.engine.engine.add_lora(request)
+            if load:
+                self.engine.engine.add_lora(request)
             self.lora_requests[m.name] = request
             logger.info("LoRA adapter %r loaded from %s", m.name, m.path)
 
@@ -134,14 +188,14 @@ class ServingModels:
         its name is served (400 for a bad one, 404 for a missing folder)."""
         if not name or not path:
             raise APIError("Both 'lora_name' and 'lora_path' must be provided.")
-        if self.engine.engine.lora_store is None:
+        if not self.engine.model.lora_enabled:
             raise APIError(str(LoRANotEnabledError(
                 "loading a LoRA adapter needs LoRA: start the server with "
                 "--enable-lora")))
         async with self._lock:
             request = self._new_request(name, path, None)
             try:
-                await self.engine.add_lora(request)
+                request = await self.engine.add_lora(request)
             except LoRAAdapterNotFoundError as e:
                 raise APIError(str(e), 404, param="lora_path") from None
             except ValueError as e:
@@ -161,9 +215,10 @@ class ServingModels:
                           (lora_int_id is None or r.lora_int_id == lora_int_id)),
                          None)
             if found is None:
-                raise APIError(f"The lora adapter '{name or lora_int_id}' "
-                               "cannot be found.", 404, param="lora_name")
+                shown = str(name or lora_int_id)[:MAX_LORA_NAME_CHARS]
+                raise APIError(f"The lora adapter '{shown}' cannot be found.",
+                               404, param="lora_name")
             del self.lora_requests[found.lora_name]
-            self.engine.remove_lora(found.lora_int_id)
+            await self.engine.remove_lora(found.lora_int_id)
         logger.info("LoRA adapter %r unloaded", found.lora_name)
         return f"Success: LoRA adapter '{found.lora_name}' removed successfully."

@@ -72,6 +72,7 @@ def a_tokenizer_only_folder_is_used(llm, walk_model, tmp_path):
     tok.chat_template = "TEMPLATE{% for m in messages %}{{ m['content'] }}{% endfor %}"
     tok.save_pretrained(tmp_path)  # tokenizer files only, no config.json
     from jaxinfer import LLM
+
     from .conftest import BASE
     other = LLM(walk_model, tokenizer=str(tmp_path), **BASE)
     out = other.chat([{"role": "user", "content": "hi"}],
@@ -105,6 +106,7 @@ def two_way_tensor_parallel_matches_one_device(walk_model):
     # before JAX starts (tests/sharding holds the same script).
     import subprocess
     import sys
+
     from tests.sharding.test_tensor_parallel import _SCRIPT
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, walk_model,
                            "reference"], capture_output=True, text=True,
@@ -245,6 +247,19 @@ def async_scheduling_overlaps_steps(llm, make_llm):
     assert tokens(off) == tokens(llm)
 
 
+@row_check("engine_args", "speculative_config")
+def ngram_speculation_verifies_drafts(llm, make_llm):
+    """Drafts from a repetitive prompt are verified (counted), and greedy
+    tokens stay those of the engine without speculation."""
+    spec = make_llm(speculative_config={"method": "ngram",
+                                        "num_speculative_tokens": 3,
+                                        "prompt_lookup_min": 1})
+    prompt = [{"prompt_token_ids": list(range(100, 110)) * 3}]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert tokens(spec, prompt, params) == tokens(llm, prompt, params)
+    assert spec.llm_engine.get_stats().spec_decode.num_draft_tokens > 0
+
+
 @row_check("engine_args_jaxinfer", "num_scheduler_steps")
 def multi_step_decodes_windows_of_k(llm, make_llm):
     """Decodes go k to a program (fewer engine steps), same tokens."""
@@ -273,6 +288,16 @@ def compiled_programs_are_cached_on_disk(llm, make_llm):
     used = llm.llm_engine.compilation_cache_dir
     assert used and os.listdir(used)  # JAX keeps one per process
     assert make_llm(compilation_cache_dir="").llm_engine.compilation_cache_dir is None
+
+
+@row_check("engine_args_jaxinfer", "usage_context")
+def usage_context_picks_the_large_gpu_token_budget(monkeypatch):
+    from jaxinfer import config
+    from jaxinfer.config import EngineArgs
+    monkeypatch.setattr(config, "gpu_memory_bytes", lambda: 141 * 2**30)
+    budgets = {c: EngineArgs(usage_context=c).scheduler_config(
+        4096, on_cpu=False).max_num_batched_tokens for c in ("llm", "server")}
+    assert budgets == {"llm": 16384, "server": 8192}
 
 
 @row_check("engine_args_jaxinfer", "warmup")

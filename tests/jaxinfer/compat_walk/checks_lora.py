@@ -1,4 +1,4 @@
-"""Behaviour checks of the LoRA rows (issue 16) on the walk's tiny model
+"""Behaviour checks of the LoRA rows on the walk's tiny model
 with PEFT adapters of it. The end-to-end proofs (HF + PEFT token parity,
 the server's --lora-modules and run-time loading) are in tests/jaxinfer/lora
 and test_lora_server.py; here each row is shown to do what it names."""

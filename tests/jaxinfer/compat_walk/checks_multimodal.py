@@ -1,4 +1,4 @@
-"""Behaviour checks of the image rows (issue 17): ``limit_mm_per_prompt``,
+"""Behaviour checks of the image rows: ``limit_mm_per_prompt``,
 ``allowed_local_media_path`` and ``chat_template_content_format``, on one
 tiny LLaVA engine (``tests/tiny_llava.py``). The serve flags land in
 EngineArgs / the app (``serve_flags_reach_their_fields``); what they do is

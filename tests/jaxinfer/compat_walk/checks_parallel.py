@@ -1,4 +1,4 @@
-"""Checks of the parallel-layout rows (issue 18). Equal tokens under each
+"""Checks of the parallel-layout rows. Equal tokens under each
 layout are proved on fake devices and real processes in
 tests/sharding/test_pipeline_parallel.py, tests/jaxinfer/engine/
 test_data_parallel.py, test_multi_process.py and test_ray_executor.py;

@@ -1,4 +1,4 @@
-"""Checks of the quantization rows (issue 15) on the walk's tiny model.
+"""Checks of the quantization rows on the walk's tiny model.
 Exact packing, accuracy bounds and the quantized checkpoint formats are
 proved in tests/models/test_quantize_at_load.py, test_quantized_*.py and
 test_gguf_quantized.py; here each row changes what the engine holds and

@@ -31,17 +31,20 @@ def cli_server(walk_model, walk_cache_dir, tmp_path_factory):
     from tests.jaxinfer.entrypoints.conftest import free_port
     tmp = tmp_path_factory.mktemp("cli-server")
     template = tmp / "template.jinja"
-    template.write_text("CLI{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    template.write_text("CLI{% if tools %}TOOLS{% endif %}"
+                        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     port = free_port()
     argv = [sys.executable, "-m", "jaxinfer", "serve", walk_model,
             "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
             "--served-model-name", "first", "second",
             "--chat-template", str(template), "--return-tokens-as-token-ids",
             "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--exclude-tools-when-tool-choice-none",
             "--uvicorn-log-level", "warning", "--no-warmup",
             "--max-model-len", "64", "--max-logprobs", "2", "--dtype", "float32",
             "--num-gpu-blocks-override", "32", "--max-num-seqs", "2",
-            "--max-num-batched-tokens", "32",
+            "--max-num-batched-tokens", "32", "--api-server-count", "2",
             "--compilation-cache-dir", walk_cache_dir]
     err = open(tmp / "stderr", "w+")
     proc = subprocess.Popen(argv, stdout=err, stderr=subprocess.STDOUT,
@@ -85,6 +88,29 @@ def serve_listens_and_names_the_model(cli_server):
     assert complete(url, model="tiny").status_code == 404
 
 
+@row_check("serve_flags", "api_server_count")
+def serve_starts_that_many_front_ends(cli_server):
+    """Two HTTP front-end processes beside the engine core, under one
+    supervising process."""
+    import re
+    _, err = cli_server
+    err.seek(0)
+    found = re.search(r"(\d+) API server process\(es\), engine core pid (\d+)",
+                      err.read())
+    assert found and found.group(1) == "2"
+    core = int(found.group(2))
+    with open(f"/proc/{core}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{parent}/task/{parent}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    workers = []
+    for c in children:
+        with open(f"/proc/{c}/cmdline", "rb") as f:
+            if b"spawn_main" in f.read():
+                workers.append(c)
+    assert core in workers and len(workers) == 3
+
+
 @row_check("serve_flags", "chat_template")
 def serve_renders_chats_with_the_template_file(cli_server):
     url, _ = cli_server
@@ -121,12 +147,17 @@ def serve_logs_at_the_level_asked(cli_server):
     assert "Uvicorn running" not in log and "POST /v1/completions" not in log
 
 
+SPEC_JSON = '{"method": "ngram", "num_speculative_tokens": 2}'
+
+
 @row_check("serve_flags", "max_model_len", "max_logprobs", "dtype",
            "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
            "tokenizer", "seed", "load_format", "tensor_parallel_size",
            "block_size", "gpu_memory_utilization", "swap_space",
            "enable_prefix_caching", "scheduling_policy",
-           "enable_chunked_prefill", "async_scheduling")
+           "enable_chunked_prefill", "async_scheduling",
+           "guided_decoding_backend", "structured_outputs_config",
+           "speculative_config")
 def reaches_engine_args(rows, cli_server):
     """Each engine flag lands in EngineArgs with the value given (the
     field's own check proves what it does); the served process shows the
@@ -138,8 +169,14 @@ def reaches_engine_args(rows, cli_server):
               "gpu_memory_utilization": "0.5", "swap_space": "2",
               "max_model_len": "64", "max_logprobs": "2", "dtype": "bfloat16",
               "num_gpu_blocks_override": "32", "max_num_seqs": "3",
-              "max_num_batched_tokens": "48", "scheduling_policy": "priority"}
+              "max_num_batched_tokens": "48", "scheduling_policy": "priority",
+              "guided_decoding_backend": "guidance",
+              "structured_outputs_config": '{"backend": "guidance"}',
+              "speculative_config": SPEC_JSON}
     parsed = {"tokenizer": "tok", "dtype": "bfloat16", "load_format": "dummy",
+              "guided_decoding_backend": "guidance",
+              "structured_outputs_config": '{"backend": "guidance"}',
+              "speculative_config": SPEC_JSON,
               "scheduling_policy": "priority", "gpu_memory_utilization": 0.5,
               "swap_space": 2.0}
     for row in rows:

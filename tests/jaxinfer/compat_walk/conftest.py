@@ -17,9 +17,10 @@ BASE = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=64,
 
 
 # The server's chat template: ChatML, as the tiny tokenizer's own, plus a
-# variable that chat_template_kwargs can set.
+# variable that chat_template_kwargs can set, and the tools' names.
 CHAT_TEMPLATE = (
     "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
+    "{% for t in tools or [] %}{{ t['function']['name'] }}\n{% endfor %}"
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

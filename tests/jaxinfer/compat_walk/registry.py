@@ -40,7 +40,7 @@ imported by ``test_row_walk.py``)::
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # (table key, row key) -> the check proving that row.
 CHECKS: dict[tuple[str, str], Callable] = {}

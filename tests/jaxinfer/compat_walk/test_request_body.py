@@ -16,7 +16,7 @@ from . import checks_sampling
 from .refusals import BODIES
 
 openai_params = pytest.importorskip("openai.types.completion_create_params")
-from openai.types.chat import completion_create_params as chat_params  # noqa: E402
+from openai.types.chat import completion_create_params as chat_params  # noqa: E402 - after the importorskip
 
 # One xdist worker runs the walk: its engines and servers are built once.
 pytestmark = pytest.mark.xdist_group("compat_walk")

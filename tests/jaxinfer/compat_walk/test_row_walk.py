@@ -17,9 +17,19 @@ import pytest
 
 from jaxinfer.compat.render import SUPPORTED, TABLES, table_rows
 
-from . import (checks_engine, checks_lora, checks_multimodal,  # noqa: F401 (they register)
-               checks_parallel, checks_quantization, checks_sampling,
-               checks_serve, checks_server)
+from . import (  # noqa: F401 (they register)
+    checks_engine,
+    checks_lora,
+    checks_multimodal,
+    checks_parallel,
+    checks_pooling,
+    checks_quantization,
+    checks_sampling,
+    checks_serve,
+    checks_server,
+    checks_structured,
+    checks_tools,
+)
 from .checks_lora import walk_adapters  # noqa: F401 (a fixture of its checks)
 from .checks_multimodal import image_llm  # noqa: F401 (a fixture of its checks)
 from .checks_serve import cli_server  # noqa: F401 (a fixture of its checks)
@@ -51,7 +61,7 @@ def test_every_check_is_of_a_supported_row():
 
 
 def test_serve_flags_of_engine_fields_have_the_fields_check_too():
-    for (table, row), fn in CHECKS.items():
+    for (_table, row), fn in CHECKS.items():
         if fn is checks_serve.reaches_engine_args:
             assert (("engine_args", row) in CHECKS
                     or ("engine_args_jaxinfer", row) in CHECKS), row

@@ -169,7 +169,6 @@ class Driver:
         the fake device before the previous step's tokens are read (the
         engine's async scheduling); otherwise its own tokens are read at
         once."""
-        s = self.sched
         if not self.overlap:
             self._schedule_and_run()
             self._read_pending()

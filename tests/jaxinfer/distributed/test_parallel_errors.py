@@ -8,8 +8,7 @@ import time
 import pytest
 
 from jaxinfer.config import EngineArgs
-from jaxinfer.distributed.parallel_config import (ParallelConfig, check_fits,
-                                                  parallel_config_from)
+from jaxinfer.distributed.parallel_config import ParallelConfig, check_fits, parallel_config_from
 from jaxinfer.entrypoints.cli import build_parser
 from jaxinfer.entrypoints.openai.cli_args import serve_engine_args
 from jaxinfer.errors import InvalidConfigError

@@ -1,4 +1,4 @@
-"""Done-when 1: continuous batching with chunked prefill and preemption
+"""Continuous batching with chunked prefill and preemption
 (recompute and swap) gives the same greedy tokens as running each prompt
 alone, and as HF transformers."""
 

@@ -1,7 +1,8 @@
 """Every step lands in a bucket that warm-up compiles, and the bucket
 holds the step."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxinfer.worker.buckets import Buckets
 
@@ -46,3 +47,14 @@ def test_small_decode_runs_one_stream_alone():
     assert cpu.pick(3, 3, 2, True) == (4, 4, 4)
     assert gpu.pick(1, 1, 2, True) == (16, 4, 4)
     assert cpu.pick(6, 1, 1, False) == gpu.pick(6, 1, 1, False) == (16, 8, 4)
+
+
+def test_a_one_token_prompt_chunk_makes_a_prefill_bucket():
+    """Rows of one token each are decode-only only when every row samples:
+    a row inside its prompt (which may score prompt logprobs) takes a
+    prefill bucket, so decode buckets need no prompt-logprob variant."""
+    b = Buckets.make(256, 16, 8)
+    assert b.bucket(4, 4, 2).decode_only
+    mixed = b.bucket(4, 4, 2, all_sample=False)
+    assert not mixed.decode_only
+    assert mixed in b.all_shapes()

@@ -17,7 +17,7 @@ import pytest
 
 from jaxinfer import SamplingParams
 from jaxinfer.worker import build_ahead as ba
-from jaxinfer.worker import model_runner
+from jaxinfer.worker import step_programs, warmup
 from jaxinfer.worker.build_ahead import BuildAhead
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -30,17 +30,17 @@ def _run(engine, prompt, max_tokens):
     while engine.has_unfinished_requests():
         for out in engine.step():
             tokens = list(out.outputs[0].token_ids)
-        pending |= set(engine.runner.build_ahead._building)
+        pending |= set(engine.runner.programs.build_ahead._building)
     return tokens, pending
 
 
 def _bucket(runner, pages):
     """The decode-only bucket of one sequence over ``pages`` pages."""
-    return (*runner.buckets.pick(1, 1, pages, True), True)
+    return (*runner.programs.buckets.pick(1, 1, pages, True), True)
 
 
 def _decode_keys(runner):
-    return {k for k in runner.programs if k[0] == "forward" and k[1][3]}
+    return {k for k in runner.programs.built if k[0] == "forward" and k[1][3]}
 
 
 def test_decode_steps_take_the_program_built_ahead(make_llm, monkeypatch):
@@ -57,10 +57,10 @@ def test_decode_steps_take_the_program_built_ahead(make_llm, monkeypatch):
     assert {k[1] for k in pending} == {near, far}
     # Both were taken by the decode steps, as compiled programs (jit's own
     # path would have left runner.programs without them).
-    assert runner.build_ahead.pending() == 0
+    assert runner.programs.build_ahead.pending() == 0
     built = _decode_keys(runner)
     assert {k[1] for k in built} == {near, far}
-    assert all(isinstance(runner.programs[k], jax.stages.Compiled)
+    assert all(isinstance(runner.programs.built[k], jax.stages.Compiled)
                for k in built)
 
     # The same tokens with it off; then every decode step builds through
@@ -100,13 +100,14 @@ def test_no_decode_build_while_a_prompt_still_prefills(make_llm, monkeypatch):
     engine = make_llm(max_num_seqs=4, max_num_batched_tokens=16).llm_engine
     runner = engine.runner
     asked = []
-    real = runner.build_ahead.decode_buckets_after
+    real = runner.programs.build_ahead.decode_buckets_after
 
-    def recording(out):
-        dims = real(out)
+    def recording(out, requests):
+        dims = real(out, requests)
         asked.append((all(s.sample for s in out.scheduled), dims))
         return dims
-    monkeypatch.setattr(runner.build_ahead, "decode_buckets_after", recording)
+    monkeypatch.setattr(runner.programs.build_ahead, "decode_buckets_after",
+                        recording)
     sp = SamplingParams(max_tokens=12, **GREEDY)
     engine.add_request("short", {"prompt_token_ids": list(range(5, 10))}, sp)
     engine.add_request("long", {"prompt_token_ids": list(range(5, 60))}, sp)
@@ -120,7 +121,7 @@ def test_no_decode_build_while_a_prompt_still_prefills(make_llm, monkeypatch):
     mixed = [dims for all_sample, dims in asked if not all_sample]
     assert mixed and all(dims == [] for dims in mixed)
     assert any(dims for all_sample, dims in asked if all_sample)
-    assert runner.build_ahead.pending() == 0
+    assert runner.programs.build_ahead.pending() == 0
 
 
 def test_a_first_step_in_another_bucket_cancels_the_queued_guesses():
@@ -130,15 +131,15 @@ def test_a_first_step_in_another_bucket_cancels_the_queued_guesses():
     first step in the guessed bucket cancels nothing."""
     _until_no_builds_run()
 
-    class Runner:
+    class Programs:
         @staticmethod
-        def step_dims(out):
-            return out  # the tests pass the step's dims as the step
+        def bucket(out):
+            return out  # the tests pass the step's bucket as the step
 
     guessed = (16, 1, 1, False)
     for first_step, expect_cancelled in (((64, 8, 4, False), 2),
                                          (guessed, 0)):
-        ahead = BuildAhead(Runner())
+        ahead = BuildAhead(Programs())
         keys = [("forward", guessed), ("sample", 0), ("forward", (1, 1, 1, True))]
         futures = [concurrent.futures.Future() for _ in keys]
         assert futures[0].set_running_or_notify_cancel()  # being built
@@ -158,7 +159,7 @@ def test_a_first_step_in_another_bucket_cancels_the_queued_guesses():
 
 
 def test_a_failed_build_is_left_to_the_step(caplog):
-    ahead = BuildAhead(runner=None)
+    ahead = BuildAhead(programs=None)
     failed = concurrent.futures.Future()
     failed.set_exception(RuntimeError("lowering failed"))
     ahead._building[("forward", (16, 1, 4, True))] = failed
@@ -170,7 +171,7 @@ def test_a_failed_build_is_left_to_the_step(caplog):
 
 
 def _wait_for_builds(runner):
-    for future in list(runner.build_ahead._building.values()):
+    for future in list(runner.programs.build_ahead._building.values()):
         future.result()
 
 
@@ -190,31 +191,31 @@ def test_a_first_request_takes_the_programs_built_while_loading(
     a short prompt's prefill and decode steps run them (same tokens as an
     engine that builds nothing ahead)."""
     monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
-    monkeypatch.setattr(model_runner, "BUILD_FIRST_MIN_PARAMS", 0)
+    monkeypatch.setattr(step_programs, "BUILD_FIRST_MIN_PARAMS", 0)
     _until_no_builds_run()
     interval = sys.getswitchinterval()
     engine = make_llm(max_num_seqs=4).llm_engine
     runner = engine.runner
-    prefill, decode = ba.first_request_buckets(runner)
+    prefill, decode = ba.first_request_buckets(runner.programs.buckets)
     assert not prefill[3] and decode[3]
-    started = set(runner.build_ahead._building)
+    started = set(runner.programs.build_ahead._building)
     assert {k[1] for k in started if k[0] == "forward"} == {prefill, decode}
     # Greedy and sampled samplers for each step size (prefill S, decode S).
     samplers = {k for k in started if k[0] == "sample"}
     assert len(samplers) == 2 * len({prefill[1], decode[1]})
     prompt = list(range(5, 12))  # 7 tokens: the smallest token bucket
     tokens, _ = _run(engine, prompt, max_tokens=6)
-    forward = {k[1] for k in runner.programs if k[0] == "forward"}
+    forward = {k[1] for k in runner.programs.built if k[0] == "forward"}
     assert {prefill, decode} <= forward
     assert all(isinstance(p, jax.stages.Compiled)
-               for p in runner.programs.values())
+               for p in runner.programs.built.values())
     _wait_for_builds(runner)  # the sampled samplers, never asked for
     _until_no_builds_run(10.0)  # the last one's bookkeeping
     assert sys.getswitchinterval() == interval  # restored once all are done
 
     monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
     off = make_llm(max_num_seqs=4).llm_engine
-    assert not off.runner.build_ahead._building
+    assert not off.runner.programs.build_ahead._building
     assert _run(off, prompt, max_tokens=6)[0] == tokens
 
 
@@ -227,13 +228,13 @@ def test_a_wrong_guess_drops_the_forward_programs(make_llm, monkeypatch):
     runner = engine.runner
     monkeypatch.delenv("JAXINFER_BUILD_AHEAD")
     state = runner.expected_state()
-    state["kv_pages"] = runner.placement.kv_structs(
+    state.kv_pages = runner.placement.kv_structs(
         runner.cfg.num_layers, runner.num_blocks + 1, runner.block_size,
         runner.kv_dtype)
-    assert runner.build_ahead.start_first(state)
-    assert not runner.build_ahead.confirm_first(runner.params,
-                                                runner.kv_pages)
-    left = set(runner.build_ahead._building)
+    assert runner.programs.build_ahead.start_first(state)
+    assert not runner.programs.build_ahead.confirm_first(runner.params,
+                                                         runner.kv_pages)
+    left = set(runner.programs.build_ahead._building)
     assert left and all(k[0] == "sample" for k in left)
     tokens, _ = _run(engine, list(range(5, 12)), max_tokens=4)
     assert len(tokens) == 4
@@ -246,15 +247,15 @@ def test_a_first_request_layout_that_fails_queues_nothing(make_llm,
     sampler's metadata) is logged; no build was queued, and the engine
     builds on first use."""
     monkeypatch.delenv("JAXINFER_BUILD_AHEAD", raising=False)
-    monkeypatch.setattr(model_runner, "BUILD_FIRST_MIN_PARAMS", 0)
+    monkeypatch.setattr(step_programs, "BUILD_FIRST_MIN_PARAMS", 0)
 
     def broken(*args):
         raise RuntimeError("no metadata")
-    monkeypatch.setattr(ba, "sampling_metadata_for", broken)
+    monkeypatch.setattr(warmup, "sampling_metadata_for", broken)
     with caplog.at_level(logging.WARNING, logger="jaxinfer.worker.build_ahead"):
         engine = make_llm(max_num_seqs=4).llm_engine
     assert "could not lay out a first request's programs" in caplog.text
-    assert not engine.runner.build_ahead._building
+    assert not engine.runner.programs.build_ahead._building
     tokens, _ = _run(engine, list(range(5, 12)), max_tokens=3)
     assert len(tokens) == 3
 
@@ -265,8 +266,8 @@ def test_the_expected_state_is_what_loads(make_llm, monkeypatch):
     monkeypatch.setenv("JAXINFER_BUILD_AHEAD", "0")
     runner = make_llm(max_num_seqs=4).llm_engine.runner
     state = runner.expected_state()
-    assert ba._same_layout(state["params"], runner.params)
-    assert ba._same_layout(state["kv_pages"], runner.kv_pages)
+    assert ba._same_layout(state.params, runner.params)
+    assert ba._same_layout(state.kv_pages, runner.kv_pages)
     other = runner.placement.param_structs("bfloat16")
     assert not ba._same_layout(other, runner.params)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from jaxinfer.worker import compile_options
-from jaxinfer.worker.compile_options import (CPU_DECODE_OPTIONS,
-                                             decode_compile_options)
+from jaxinfer.worker.buckets import Bucket
+from jaxinfer.worker.compile_options import CPU_DECODE_OPTIONS, decode_compile_options
 
 
 def test_options_follow_platform_choice_and_jaxlib():
@@ -35,9 +35,11 @@ def test_few_row_buckets_compile_products_outside_ynnpack(make_llm):
     from jaxinfer.worker.warmup import wanted_programs
     # Steps of up to 64 tokens: prefill buckets of 16, 32 and 64.
     runner = make_llm(max_num_batched_tokens=64).llm_engine.runner
-    if runner.decode_options is None:
+    programs = runner.programs
+    if programs.decode_options is None:
         pytest.skip("no decode options on this platform or jaxlib")
-    forwards = {key[1]: todo for key, todo in wanted_programs(runner).items()
+    forwards = {key[1]: todo for key, todo in wanted_programs(
+                    programs, runner.device_state()).items()
                 if key[0] == "forward"}
     decode = [dims for dims in forwards if dims[3] and dims[1] >= 4]
     cap = compile_options.PREFILL_OPTIONS_MAX_TOKENS
@@ -46,12 +48,13 @@ def test_few_row_buckets_compile_products_outside_ynnpack(make_llm):
     assert decode and small and wide
     lo, hi = compile_options.DECODE_OPTIONS_ROWS
     for dims, (jitted, _, _) in forwards.items():
-        assert jitted is runner.forward_program(dims)
-        assert (jitted is runner._forward_few_rows) == (
+        assert jitted is programs.forward_program(dims)
+        assert (jitted is programs._forward_few_rows) == (
             lo <= dims[1] <= hi if dims[3] else dims[0] <= cap)
     # Decode buckets outside the measured rows keep the default compile.
     for rows in (lo - 1, hi * 2):
-        assert runner.forward_program((rows, rows, 4, True)) is runner._forward
+        assert programs.forward_program(Bucket(rows, rows, 4, True)) is \
+            programs._forward
     texts = {}
     for dims in (decode[0], small[0], wide[0]):
         jitted, static, dyn = forwards[dims]

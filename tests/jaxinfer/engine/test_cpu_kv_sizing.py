@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxinfer.config import (CPU_KV_CACHE_MAX_BYTES, CacheConfig, EngineArgs,
-                             cpu_num_blocks)
+from jaxinfer.config import CPU_KV_CACHE_MAX_BYTES, CacheConfig, EngineArgs, cpu_num_blocks
 from jaxinfer.errors import InvalidConfigError
 
 PAGE = 1 << 20  # bytes per page, all layers

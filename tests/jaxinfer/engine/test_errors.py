@@ -1,4 +1,4 @@
-"""Done-when 5: bad prompts and engine arguments raise typed errors naming
+"""Bad prompts and engine arguments raise typed errors naming
 the values; a rejected request leaves the others in flight untouched."""
 
 from __future__ import annotations

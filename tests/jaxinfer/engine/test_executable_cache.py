@@ -32,7 +32,7 @@ outs = llm.generate([{"prompt_token_ids": [5, 6, 7]},
                     SamplingParams(max_tokens=6, temperature=0.8, seed=1,
                                    ignore_eos=True), use_tqdm=False)
 print(json.dumps(dict(programs=engine.warmup_programs,
-                      loaded=engine.runner.programs_loaded,
+                      loaded=engine.runner.programs.num_loaded,
                       compiles=CompileClock.read()[1] - before,
                       tokens=[o.outputs[0].token_ids for o in outs])))
 """
@@ -115,3 +115,46 @@ def test_an_entry_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     cache.save(("k",), compiled)
     assert [f.endswith(".exe") for f in os.listdir(cache.directory)] == [True]
+
+
+def test_only_the_newest_fingerprints_stay_on_disk(tmp_path):
+    """A new fingerprint's first save deletes the oldest folders past
+    KEEP_FINGERPRINTS, so upgrades and model changes do not fill the disk."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxinfer.worker.executable_cache import KEEP_FINGERPRINTS, ExecutableCache
+    compiled = jax.jit(lambda x: x + 1).lower(jnp.ones(2)).compile()
+    names = [f"{i:032x}" for i in range(KEEP_FINGERPRINTS + 2)]
+    for age, name in enumerate(names):
+        ExecutableCache(str(tmp_path), name).save(("k",), compiled)
+        os.utime(tmp_path / name, (1000 + age, 1000 + age))
+    assert sorted(os.listdir(tmp_path)) == names[-KEEP_FINGERPRINTS:]
+    # The folder written now stays, however old its clock says it is.
+    newest = "f" * 32
+    ExecutableCache(str(tmp_path), newest).save(("k",), compiled)
+    os.utime(tmp_path / newest, (1, 1))
+    kept = sorted(os.listdir(tmp_path))
+    assert newest in kept and len(kept) == KEEP_FINGERPRINTS
+
+
+def test_the_compilation_cache_is_capped(tmp_path):
+    import jax
+
+    from jaxinfer.worker import warmup
+    before = (jax.config.jax_compilation_cache_dir,
+              jax.config.jax_compilation_cache_max_size)
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_compilation_cache_max_size", -1)
+        assert warmup.enable_compilation_cache(str(tmp_path)) == str(tmp_path)
+        assert (jax.config.jax_compilation_cache_max_size
+                == warmup.COMPILATION_CACHE_MAX_BYTES)
+        # A size the user set through JAX stays.
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_compilation_cache_max_size", 123)
+        warmup.enable_compilation_cache(str(tmp_path))
+        assert jax.config.jax_compilation_cache_max_size == 123
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_compilation_cache_max_size", before[1])

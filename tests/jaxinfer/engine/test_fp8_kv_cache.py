@@ -4,9 +4,9 @@ the float cache's predictions."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-import jax.numpy as jnp
 
 from jaxinfer import SamplingParams
 from jaxinfer.config import CacheConfig, cpu_num_blocks

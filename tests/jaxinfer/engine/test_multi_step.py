@@ -13,7 +13,7 @@ import pytest
 
 from jaxinfer import SamplingParams
 from jaxinfer.errors import InvalidConfigError
-from jaxinfer.worker.step_programs import WINDOW_LOOPS
+from jaxinfer.worker.step_functions import WINDOW_LOOPS
 
 from .conftest import random_prompts
 from .test_overlap import _pages_all_free, _params, _run
@@ -26,10 +26,10 @@ def _windows(engine) -> list[int]:
     seen: list[int] = []
     dispatch = engine.runner.dispatch
 
-    def spy(out):
+    def spy(out, *rest):
         if out.scheduled:
             seen.append(out.num_steps)
-        return dispatch(out)
+        return dispatch(out, *rest)
     engine.runner.dispatch = spy
     return seen
 
@@ -143,7 +143,7 @@ def test_a_window_ends_at_a_stop_id_sampled_inside_it(make_llm, loop):
         llm = make_llm(num_scheduler_steps=k)
         runner = llm.llm_engine.runner
         if k > 1:
-            runner.use_window_loop(loop)
+            runner.programs.use_window_loop(loop)
         collect = runner.collect
 
         def spy(step, collect=collect):
@@ -167,7 +167,7 @@ def test_window_loops_sample_the_same_tokens(make_llm):
             make_llm().generate(prompts, sp, use_tqdm=False)]
     for loop in WINDOW_LOOPS:
         llm = make_llm(num_scheduler_steps=4)
-        llm.llm_engine.runner.use_window_loop(loop)
+        llm.llm_engine.runner.programs.use_window_loop(loop)
         got = [o.outputs[0].token_ids for o in
                llm.generate(prompts, sp, use_tqdm=False)]
         assert got == want, loop

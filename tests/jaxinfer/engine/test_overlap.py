@@ -80,9 +80,9 @@ def test_overlap_really_overlaps(make_llm):
     seen_pending = []
     dispatch = engine.runner.dispatch
 
-    def spy(out):
+    def spy(out, *rest):
         seen_pending.append(any(-1 in s.token_ids for s in out.scheduled))
-        return dispatch(out)
+        return dispatch(out, *rest)
     engine.runner.dispatch = spy
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}],
                        SamplingParams(max_tokens=8, temperature=0.0),
@@ -102,8 +102,8 @@ def test_requests_needing_every_token_run_without_overlap(make_llm):
         engine = llm.llm_engine
         dispatch = engine.runner.dispatch
         pending = []
-        engine.runner.dispatch = lambda o: (pending.append(
-            any(-1 in s.token_ids for s in o.scheduled)), dispatch(o))[1]
+        engine.runner.dispatch = lambda o, *rest: (pending.append(
+            any(-1 in s.token_ids for s in o.scheduled)), dispatch(o, *rest))[1]
         outs[overlap] = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], sp,
                                      use_tqdm=False)[0].outputs[0].token_ids
         assert not any(pending)
@@ -137,9 +137,9 @@ def test_a_step_needing_a_new_program_waits_for_the_tokens_in_flight(make_llm):
     events = []
     dispatch, finish = engine.runner.dispatch, engine._finish
 
-    def spy_dispatch(out):
-        events.append(("dispatch", engine.runner.step_dims(out)[3]))
-        return dispatch(out)
+    def spy_dispatch(out, *rest):
+        events.append(("dispatch", engine.runner.programs.bucket(out)[3]))
+        return dispatch(out, *rest)
 
     def spy_finish(inflight):
         events.append(("finish", inflight.out.scheduled[0].request_id))

@@ -12,7 +12,7 @@ def test_pack_unpack_round_trip():
     rng = np.random.default_rng(0)
     T, S, P = 16, 4, 8
     pool = iter(rng.permutation(100_000).astype(np.int32) + 1)  # all distinct
-    r = lambda *shape: np.fromiter(pool, np.int32, int(np.prod(shape))).reshape(shape)  # noqa: E731
+    r = lambda *shape: np.fromiter(pool, np.int32, int(np.prod(shape))).reshape(shape)
     ids, pos = r(T), r(T)
     md = AttentionMetadata(r(T), r(S, P), r(S), r(S + 1), r(1))
     packed = pack_step(ids, pos, md)

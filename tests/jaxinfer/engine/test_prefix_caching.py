@@ -1,4 +1,4 @@
-"""Done-when 2: a second batch sharing a long system prompt hits the prefix
+"""A second batch sharing a long system prompt hits the prefix
 cache for >= 90% of the shared tokens; outputs equal caching off."""
 
 from __future__ import annotations

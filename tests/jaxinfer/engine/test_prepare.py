@@ -1,23 +1,26 @@
 """The runner's vectorized packing equals a plain per-request loop."""
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxinfer.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from jaxinfer.worker.buckets import Buckets
 from jaxinfer.worker.model_runner import ModelRunner
+from jaxinfer.worker.step_programs import StepPrograms
 
 B = 16
 
 
 class _NoSampling:
-    def build(self, sched, requests, S):
+    def build(self, sched, requests, S, wants_logprobs=()):
         return None
 
 
 def _runner():
     r = ModelRunner.__new__(ModelRunner)  # prepare needs only these five
-    r.buckets = Buckets.make(1024, 64, 64)
+    r.programs = StepPrograms.__new__(StepPrograms)  # (of them, its buckets)
+    r.programs.buckets = Buckets.make(1024, 64, 64)
     r.prev_rows = {}  # no input reads the step before's tokens here
     r.block_size = B
     r.sampling_inputs = _NoSampling()
@@ -72,7 +75,8 @@ def test_prepare_matches_a_per_request_loop(reqs, seed):
     assert md.num_seqs.tolist() == [len(sched)]
     # Decode-only exactly when every request brings one token: then the
     # kernels may take row s as sequence s's token.
-    assert md.decode_only == all(len(s.token_ids) == 1 for s in sched)
+    assert md.decode_only == all(len(s.token_ids) == 1 and s.sample
+                                 for s in sched)
     if md.decode_only:
         np.testing.assert_array_equal(md.cu_q_lens[:len(sched) + 1],
                                       np.arange(len(sched) + 1))
@@ -82,7 +86,9 @@ def test_decode_only_flag_on_a_decode_step_and_a_mixed_one():
     decode = [ScheduledRequest("a", [5], 40, [3, 4, 7], True),
               ScheduledRequest("b", [9], 3, [2], True)]
     mixed = decode + [ScheduledRequest("c", [1, 2, 3], 0, [8], True)]
-    for sched, want in ((decode, True), (mixed, False)):
+    # One token inside its prompt (not sampled): a prefill step.
+    mid_prompt = decode + [ScheduledRequest("d", [4], 7, [6], False)]
+    for sched, want in ((decode, True), (mixed, False), (mid_prompt, False)):
         total = sum(len(s.token_ids) for s in sched)
         out = SchedulerOutput(sched, total, [], [], [], [])
         _, _, md, _, _ = _runner().prepare(out)

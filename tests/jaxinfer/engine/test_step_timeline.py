@@ -8,6 +8,7 @@ import json
 import pytest
 
 from jaxinfer import SamplingParams
+from jaxinfer.worker.sampler_widths import bias_widths
 
 from .conftest import random_prompts
 from .test_multi_step import _windows
@@ -22,8 +23,8 @@ def test_timeline_fields_match_the_steps(make_llm, tmp_path):
     dispatched = []
     dispatch = engine.runner.dispatch
 
-    def spy(out):
-        step = dispatch(out)
+    def spy(out, *rest):
+        step = dispatch(out, *rest)
         if out.scheduled:  # (an idle step only reports finished requests)
             dispatched.append((step.dims, [(len(s.token_ids), s.start_pos)
                                            for s in out.scheduled]))
@@ -90,27 +91,36 @@ def test_a_window_is_one_record_of_its_steps(make_llm, tmp_path):
 
 def test_warmup_builds_exactly_the_listed_buckets(make_llm):
     llm = make_llm(warmup=True, max_num_seqs=4)
-    runner = llm.llm_engine.runner
-    shapes = runner.buckets.all_shapes()
-    built = [key[1] for key in runner.programs if key[0] == "forward"]
-    assert sorted(built) == sorted(shapes)  # one forward program per shape
-    # Three sampler variants (greedy, sampled, filtered) per S of a shape.
-    samplers = [key for key in runner.programs if key[0] == "sample"]
-    assert len(samplers) == 3 * len({shape[1] for shape in shapes})
-    assert len(runner.programs) == len(shapes) + len(samplers)
+    programs = llm.llm_engine.runner.programs
+    shapes = programs.buckets.all_shapes()
+    built = [key[1] for key in programs.built if key[0] == "forward"]
+    # A forward program per shape, and each prefill shape's variant with
+    # prompt-logprob rows.
+    prefill = [shape for shape in shapes if not shape.decode_only]
+    assert sorted(built) == sorted(shapes + prefill)
+    # Three plain sampler variants (greedy, sampled, filtered) and one full
+    # tier per bias width, per S of a shape.
+    samplers = [key for key in programs.built if key[0] == "sample"]
+    widths = len(bias_widths(programs.cfg.vocab_size))
+    assert len(samplers) == (3 + widths) * len({shape[1] for shape in shapes})
+    aux = [key for key in programs.built
+           if key[0] in ("prompt_logprobs", "count")]
+    assert len(programs.built) == len(built) + len(samplers) + len(aux)
     used = []
-    run_step = runner.run_step
+    run = programs.run
 
-    def spy(num_lp, dims, state, packed, logits_idx, smd, targets, mm=None,
-            lora_pool=None):
-        fwd = runner.forward_args(packed, logits_idx, mm, lora_pool)
-        smp = runner.sample_args(runner.logits_struct(len(logits_idx)), state,
-                                 smd, targets)
-        used.append(runner.forward_key(dims, fwd) in runner.programs and
-                    runner.sample_key(num_lp, smp) in runner.programs)
-        return run_step(num_lp, dims, state, packed, logits_idx, smd, targets,
-                        mm, lora_pool)
-    runner.run_step = spy
+    def spy(state, inputs, penalty_state=None):
+        fwd = programs.forward_args(state, inputs.packed,
+                                    inputs.logits_indices, inputs.encoder,
+                                    inputs.lora_pool)
+        smp = programs.sample_args(
+            programs.logits_struct(inputs.bucket.seqs), penalty_state,
+            state.prev_tokens, inputs.sampling)
+        used.append(
+            programs.forward_key(inputs.bucket, fwd) in programs.built and
+            programs.sample_key(inputs.num_logprobs, smp) in programs.built)
+        return run(state, inputs, penalty_state)
+    programs.run = spy
     llm.generate([{"prompt_token_ids": p} for p in random_prompts(6, seed=2)],
                  [SamplingParams(max_tokens=5, temperature=t, top_p=p)
                   for t, p in [(0.0, 1.0), (1.0, 1.0), (1.0, 0.8)] * 2],

@@ -1,4 +1,4 @@
-"""Done-when 4: after warm-up, 200 random requests (greedy, sampled, with
+"""After warm-up, 200 random requests (greedy, sampled, with
 and without top-k / top-p / min-p) compile nothing."""
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ def test_no_compilation_after_warmup(make_llm, caplog):
     assert any("warm-up compiled" in r.getMessage() for r in caplog.records)
     # Every bucket has its program: no step waits for the one in flight to
     # be read first (LLMEngine.step's deferred dispatch).
-    shapes = engine.runner.buckets.all_shapes()
-    assert all(("forward", dims) in {k[:2] for k in engine.runner.programs}
+    programs = engine.runner.programs
+    shapes = programs.buckets.all_shapes()
+    assert all(("forward", dims) in {k[:2] for k in programs.built}
                for dims in shapes), "warm-up keys are not the buckets' dims"
     deferred = []
-    real_builds = engine.runner.builds_program
-    engine.runner.builds_program = lambda out: deferred.append(
+    real_builds = programs.will_build
+    programs.will_build = lambda out: deferred.append(
         real_builds(out)) or deferred[-1]
 
     with compile_events() as events:
@@ -52,3 +53,26 @@ def test_no_compilation_after_warmup(make_llm, caplog):
     assert deferred and not any(deferred)
     assert stats.num_preemptions > 0, "the test should exercise preemption"
     assert events == [], f"{len(events)} compilations after warm-up"
+
+
+def test_warmup_defaults_to_on_for_gpus_only():
+    from jaxinfer.config import EngineArgs
+    assert EngineArgs().resolved_warmup("gpu")
+    assert not EngineArgs().resolved_warmup("cpu")
+    assert not EngineArgs().resolved_warmup("gpu", pooling=True)
+    assert not EngineArgs(warmup=False).resolved_warmup("gpu")
+    assert EngineArgs(warmup=True).resolved_warmup("cpu")
+
+
+def test_build_all_counts_programs_on_a_progress_bar(capsys):
+    import jax
+    import jax.numpy as jnp
+
+    from jaxinfer.worker.warmup import build_all
+    todo = {("double", n): (jax.jit(lambda x: 2 * x), (), (jnp.zeros(n),))
+            for n in (3, 5)}
+    built: dict = {}
+    assert build_all(todo, built, progress=True) == (2, 0)
+    assert set(built) == set(todo)
+    err = capsys.readouterr().err
+    assert "Compiling step programs" in err and "2/2" in err

@@ -47,7 +47,8 @@ def test_api_key_required_on_v1(guarded):
     r = requests.get(url, headers=_auth("wrong"), timeout=10)
     assert r.headers["www-authenticate"] == "Bearer"
     assert r.json()["error"]["type"] == "UnauthorizedError"
-    # Operational routes stay open, as in vLLM.
+    # Probes' routes stay open (test_hostile_clients.py: every other one
+    # needs the key).
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
     assert requests.get(server.base_url + "/metrics", timeout=10).status_code == 200
 
@@ -56,7 +57,7 @@ def test_chat_template_flag(guarded):
     server, engine = guarded
     messages = [{"role": "user", "content": "Hi there"}]
     r = requests.post(server.base_url + "/tokenize", json={"messages": messages},
-                      timeout=10)
+                      headers=_auth(KEY), timeout=10)
     want = engine.tokenizer.encode("[user] Hi there\n[assistant] ",
                                    add_special_tokens=False)
     assert r.json()["tokens"] == want
@@ -196,8 +197,7 @@ def test_simple_generate_server(tiny_model_factory):
 
 def test_serve_flags_map_to_engine_args():
     from jaxinfer.entrypoints.cli import build_parser
-    from jaxinfer.entrypoints.openai.cli_args import (
-        UnsupportedQuantizationError, serve_engine_args)
+    from jaxinfer.entrypoints.openai.cli_args import UnsupportedQuantizationError, serve_engine_args
     ns = build_parser().parse_args([
         "serve", "/models/x", "--port", "9001", "--host", "0.0.0.0",
         "--api-key", "k", "--served-model-name", "a", "b", "--max-num-seqs", "7",

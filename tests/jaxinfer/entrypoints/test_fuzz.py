@@ -1,4 +1,4 @@
-"""Fuzzing every endpoint of both servers over one tiny engine (issue 13):
+"""Fuzzing every endpoint of both servers over one tiny engine:
 hypothesis bodies (valid, near-valid, hostile) to each POST route, and
 schemathesis from the server's own /openapi.json with every check. Together
 at least 2,000 requests; none may get a 5xx (nor a 5xx error event inside a
@@ -15,12 +15,14 @@ import time
 import pytest
 import requests
 
-from .conftest import ServerThread, pages_all_free, start_server
+from .conftest import pages_all_free, serve_app, start_server
 from .fuzz_strategies import ENDPOINTS, request_bodies
 
 # One worker runs both (`--dist loadgroup`): they share the server and its
 # request count, which the module's teardown checks against the budget.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fuzz")]
+# Both the in-process and the multi-process server (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fuzz"),
+              pytest.mark.both_servers]
 
 EXAMPLES_PER_ROUTE = 180  # hypothesis bodies per POST route (5 routes)
 SCHEMATHESIS_EXAMPLES = 150  # per operation and generation mode
@@ -54,14 +56,15 @@ class HealthWatch:
 
 
 @pytest.fixture(scope="module")
-def fuzzed(tiny_model_factory):
+def fuzzed(tiny_model_factory, server_mode):
     from jaxinfer.entrypoints.api_server import build_app
     # A short context keeps every generated request quick: longer asks are 400s.
     server, engine = start_server(tiny_model_factory(), served_model_names=["tiny"],
-                                  max_model_len=96, num_gpu_blocks_override=128,
+                                  mode=server_mode, max_model_len=96, num_gpu_blocks_override=128,
                                   max_num_seqs=4, max_num_batched_tokens=64)
-    generate = ServerThread(build_app(engine, owns_engine=False))
-    engine_thread = engine._thread
+    generate = serve_app(engine, build_app)
+    # In-process: the same loop thread serves throughout (none restarted).
+    engine_thread = getattr(engine, "_thread", None)
     greedy = requests.post(server.base_url + "/v1/completions", json=GREEDY,
                            timeout=60).json()["choices"][0]["text"]
     watch = HealthWatch(server.base_url + "/health")
@@ -72,7 +75,8 @@ def fuzzed(tiny_model_factory):
     # After all the fuzzing: the same loop, healthy, nothing held, same output.
     assert not watch.bad, watch.bad[:5]
     assert watch.polls > 100
-    assert engine.is_running and engine._thread is engine_thread
+    assert engine.is_running
+    assert getattr(engine, "_thread", None) is engine_thread
     assert pages_all_free(engine, timeout=60)
     again = requests.post(server.base_url + "/v1/completions", json=GREEDY,
                           timeout=60).json()["choices"][0]["text"]
@@ -159,9 +163,13 @@ def test_schemathesis_every_check(fuzzed):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Unsatisfiable
     from schemathesis.checks import CHECKS
-    from schemathesis.config import (ChecksConfig, PositiveDataAcceptanceConfig,
-                                     ProjectConfig, ProjectsConfig,
-                                     SchemathesisConfig)
+    from schemathesis.config import (
+        ChecksConfig,
+        PositiveDataAcceptanceConfig,
+        ProjectConfig,
+        ProjectsConfig,
+        SchemathesisConfig,
+    )
 
     server, _, _, sent_by = fuzzed
     # Schema-valid requests may still be refused with 400 for what JSON

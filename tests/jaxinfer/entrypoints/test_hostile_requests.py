@@ -1,5 +1,4 @@
-"""The single requests that used to kill the server (issue 13, cases 1-4 and
-7-9): each is answered with a 4xx in OpenAI's shape, and the engine, the
+"""Single hostile requests: each is answered with a 4xx in OpenAI's shape, and the engine, the
 streams in flight and /health carry on."""
 
 from __future__ import annotations
@@ -10,7 +9,10 @@ import json
 import pytest
 import requests
 
-from .conftest import pages_all_free
+from .conftest import pages_all_free, serve_app
+
+# The in-process and the multi-process server (conftest.py).
+pytestmark = pytest.mark.both_servers
 
 SURROGATE = "\ud800"  # a lone surrogate: valid JSON (\ud800), invalid Unicode
 
@@ -85,9 +87,7 @@ def test_bad_words_refused_by_the_engine_too(engine):
 @pytest.fixture(scope="module")
 def generate_server(engine):
     from jaxinfer.entrypoints.api_server import build_app
-
-    from .conftest import ServerThread
-    server = ServerThread(build_app(engine, owns_engine=False))
+    server = serve_app(engine, build_app)
     yield server
     server.stop()
 
@@ -250,7 +250,7 @@ def test_openapi_schema_matches_the_server(server, engine):
         ok = schema["paths"][path]["post"]["responses"]["200"]["content"]
         assert set(ok) == {"application/json", "text/event-stream"}
 
-    vocab = engine.engine.model_config.vocab_size
+    vocab = engine.model.vocab_size
     detok = schema["components"]["schemas"]["DetokenizeRequest"]
     assert detok["properties"]["tokens"]["items"]["maximum"] == vocab - 1
     assert "x-limit" not in json.dumps(schema)

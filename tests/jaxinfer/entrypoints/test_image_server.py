@@ -123,3 +123,52 @@ def test_bad_images_are_400s(image_server, client, parts, words):
     assert body["error"]["type"] == "BadRequestError"
     assert words in body["error"]["message"], body
     assert pages_all_free(image_server[1])
+
+
+@pytest.fixture(scope="module")
+def bomb_url():
+    """A PNG of 5,790 x 5,790 black pixels: about 100 KB compressed, 100 MB
+    decoded (just under the per-image limit)."""
+    from PIL import Image
+    return data_url(Image.new("RGB", (5790, 5790)))
+
+
+def _rss() -> int:
+    import os
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("count", [10, 1], ids=["ten-5790px", "one-8000px"])
+def test_image_bombs_are_refused_before_decoding(image_server, client,
+                                                 bomb_url, count):
+    """Ten such images in one request (or one of 8,000 x 8,000) are refused
+    from their headers: in well under a second, the server's memory (this
+    process's: the server runs in a thread) growing by under 100 MB."""
+    import threading
+    import time
+
+    from PIL import Image
+    url = bomb_url if count > 1 else data_url(Image.new("L", (8000, 8000)))
+    peak, start, stop = [0], _rss(), threading.Event()
+
+    def sample():
+        while not stop.wait(0.002):
+            peak[0] = max(peak[0], _rss())
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="llava", messages=user(*[image_part(url)] * count),
+                max_tokens=4)
+    finally:
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
+    message = e.value.response.json()["error"]["message"]
+    assert ("At most 2 image(s)" if count > 1 else "pixels") in message
+    assert elapsed < 1.0, elapsed
+    assert max(peak[0], _rss()) - start < 100 * 2**20, (peak[0] - start) / 2**20
+    assert pages_all_free(image_server[1])

@@ -1,4 +1,4 @@
-"""`LLM.generate` is atomic (issue 13, case 5): a bad prompt anywhere in the
+"""`LLM.generate` is atomic: a bad prompt anywhere in the
 batch raises before anything is queued, so nothing runs inside the next call,
 and every value the HTTP edge refuses is refused here too."""
 

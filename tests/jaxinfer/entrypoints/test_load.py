@@ -17,9 +17,11 @@ MAX_TOKENS = 6
 
 
 @pytest.mark.slow
-def test_200_concurrent_streaming_chats():
+@pytest.mark.both_servers  # in-process and multi-process (conftest.py)
+def test_200_concurrent_streaming_chats(server_mode):
     server, engine = start_server("smollm2-135m-instruct",
                                   served_model_names=["smollm2"],
+                                  mode=server_mode,
                                   max_model_len=256, max_num_seqs=64,
                                   max_num_batched_tokens=512)
     try:

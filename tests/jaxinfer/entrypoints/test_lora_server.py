@@ -1,4 +1,4 @@
-"""Done-when 2: a server with LoRA, through the official `openai` client:
+"""A server with LoRA, through the official `openai` client:
 two adapters from --lora-modules and one loaded at run time are listed in
 /v1/models and served, each by its name in `model`, concurrently with the
 base model and token for token as HF transformers + PEFT; a bad adapter
@@ -9,7 +9,6 @@ load/unload routes do not exist (as in vLLM)."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 
 import openai
 import pytest

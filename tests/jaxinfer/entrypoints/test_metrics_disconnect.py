@@ -11,12 +11,16 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import pages_all_free, start_server
+from .conftest import engine_state, pages_all_free, start_server
+
+# The in-process and the multi-process server (conftest.py).
+pytestmark = pytest.mark.both_servers
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_factory):
+def served(tiny_model_factory, server_mode):
     server, engine = start_server(tiny_model_factory(), served_model_names=["tiny"],
+                                  mode=server_mode,
                                   max_model_len=512, num_gpu_blocks_override=256,
                                   max_num_seqs=8, max_num_batched_tokens=128)
     yield server, engine
@@ -104,11 +108,11 @@ def test_streaming_disconnect_aborts_and_frees_pages(served):
     while got < 4:  # role chunk + a few tokens: the request is running
         if next(lines):
             got += 1
-    assert engine.engine.scheduler.kv.usage > 0
+    state = engine_state(engine)
+    assert state["free_pages"] < state["pages"] - 1 and state["tracked"] == 1
     r.close()  # the client hangs up mid-stream
     assert _wait_for_abort(server.base_url, before) == 1
-    assert pages_all_free(engine)
-    assert not engine.engine.output_processor._detok  # no per-request state left
+    assert pages_all_free(engine)  # no output state left either
     after = scrape(server.base_url)
     assert after[("jaxinfer:num_requests_running", ())] == 0
     # The abort came early: nowhere near the 480 tokens asked for.
@@ -123,8 +127,7 @@ def test_non_streaming_disconnect_aborts_and_frees_pages(served):
             "model": "tiny", "prompt": "count", "max_tokens": 500,
             "ignore_eos": True})
     assert _wait_for_abort(server.base_url, before) == 1
-    assert pages_all_free(engine)
-    assert not engine.engine.output_processor._detok  # no per-request state left
+    assert pages_all_free(engine)  # no output state left either
     after = scrape(server.base_url)
     assert delta(before, after, "jaxinfer:generation_tokens_total") < 450
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
@@ -163,3 +166,21 @@ def test_vllm_names_and_families(served):
         delta(before, after, v + "request_prompt_tokens_sum", engine="0")
     info = [k for k in after if k[0] == "vllm:cache_config_info"]
     assert info and ("num_gpu_blocks", "256") in info[0][1]
+
+
+def test_step_program_count_and_compiles_are_metrics(served):
+    """/metrics reports the step programs against the set enumerated at
+    start, and the compiles behind them."""
+    server, _ = served
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x",
+                           max_retries=0)
+    client.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                              logprobs=2, extra_body={"min_tokens": 1})
+    m = scrape(server.base_url)
+    known = m[("jaxinfer:step_programs_known", ())]
+    assert known > 0
+    assert 0 < m[("jaxinfer:step_programs", ())] <= known
+    assert m[("jaxinfer:compiles_total", ())] > 0
+    assert m[("jaxinfer:compile_seconds_total", ())] > 0
+    assert m[("vllm:step_programs", (("engine", "0"),))] == \
+        m[("jaxinfer:step_programs", ())]

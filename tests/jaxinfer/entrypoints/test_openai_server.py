@@ -14,6 +14,9 @@ from jaxinfer import LLM, SamplingParams
 
 from .conftest import openai_client, pages_all_free
 
+# The in-process and the multi-process server (conftest.py).
+pytestmark = pytest.mark.both_servers
+
 PROMPTS = ["Hello, my name is", "The capital of France is",
            "In a hole in the ground there lived"]
 CHAT = [{"role": "system", "content": "You are terse."},

@@ -79,11 +79,10 @@ def test_swap_space_sizes_a_pool_only_under_swap():
 
 @pytest.mark.parametrize("argv, feature", [
     (["--enable-lora-bias"], "LoRA adapters with bias terms"),
-    (["--tool-call-parser", "hermes"], "tool calling"),
-    (["--enable-auto-tool-choice"], "tool calling"),
+    (["--tool-parser-plugin", "my_parser.py"], "tool parser plugins"),
+    (["--tool-server", "demo"], "tool servers"),
     (["--kv-cache-dtype", "fp8_inc"], "'fp8_inc' KV cache"),
     (["--revision", "main"], "model hub"),
-    (["--speculative-config", "{}"], "speculative decoding"),
     (["-dcp", "2"], "decode context parallelism"),
     (["--guided-decoding-backend", "xgrammar"], "structured output"),
     (["--limit-mm-per-prompt", '{"video": 1}'], "multimodal"),
@@ -93,6 +92,14 @@ def test_refused_flags_name_the_missing_feature(argv, feature):
     with pytest.raises(UnsupportedFeatureError, match=feature) as e:
         _serve(*argv)
     assert argv[0] in str(e.value) or e.value.name in vllm_flag_names(argv[0])
+
+
+def test_unserved_speculative_methods_are_refused_by_name():
+    with pytest.raises(UnsupportedFeatureError, match="'eagle' speculative method"):
+        _serve("--speculative-config",
+               '{"method": "eagle", "num_speculative_tokens": 2}')
+    with pytest.raises(InvalidConfigError, match="needs 'method'"):
+        _serve("--speculative-config", "{}")
 
 
 def vllm_flag_names(short):
@@ -126,8 +133,8 @@ def test_cli_exits_2_naming_the_feature(capsys):
 
 def test_api_server_module_takes_serve_flags(capsys):
     from jaxinfer.entrypoints.openai.api_server import main as api_main
-    assert api_main(["--model", "m", "--tool-call-parser", "hermes"]) == 2
-    assert "tool calling" in capsys.readouterr().err
+    assert api_main(["--model", "m", "--tool-server", "demo"]) == 2
+    assert "tool servers" in capsys.readouterr().err
 
 
 def test_host_default_and_its_help_say_localhost_only():

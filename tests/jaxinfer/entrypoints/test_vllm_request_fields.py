@@ -16,23 +16,19 @@ from jaxinfer.compat.request_fields import request_field_status
 from jaxinfer.compat.status import Ignored, Refused
 from jaxinfer.compat.surface import vllm_surface
 
-from .conftest import ServerThread
+from .conftest import start_server
 
-pytestmark = pytest.mark.slow
+# The in-process and the multi-process server (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.both_servers]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_factory):
-    from jaxinfer.config import EngineArgs
-    from jaxinfer.engine.async_engine import AsyncLLMEngine
-    from jaxinfer.entrypoints.openai.api_server import build_app
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(
-        model=tiny_model_factory(), max_model_len=128,
+def server(tiny_model_factory, server_mode):
+    server, _ = start_server(
+        tiny_model_factory(), ["tiny"], server_mode, max_model_len=128,
         num_gpu_blocks_override=256, max_num_seqs=8, max_num_batched_tokens=128,
-        scheduling_policy="priority"))
-    server = ServerThread(build_app(engine, ["tiny"],
-                                    enable_tokenizer_info_endpoint=True,
-                                    enable_server_load_tracking=True))
+        scheduling_policy="priority", enable_tokenizer_info_endpoint=True,
+        enable_server_load_tracking=True)
     yield server
     server.stop()
 

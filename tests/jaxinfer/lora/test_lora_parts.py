@@ -21,7 +21,6 @@ from jaxinfer.models.lora import lora_product
 from jaxinfer.request import Request, RequestStatus
 from jaxinfer.sampling_params import SamplingParams
 
-
 # -- the product ----------------------------------------------------------
 
 @pytest.mark.parametrize("in_shape,out_shape", [((12,), (2, 5)), ((3, 4), (7,))])
@@ -197,8 +196,7 @@ def test_engine_args_lora_fields():
 
 
 def test_lora_modules_flag_forms():
-    from jaxinfer.entrypoints.openai.serving_models import (LoRAModulePath,
-                                                            parse_lora_modules)
+    from jaxinfer.entrypoints.openai.serving_models import LoRAModulePath, parse_lora_modules
     assert parse_lora_modules(
         ["a=/x", '{"name": "b", "path": "/y", "base_model_name": "m"}']) == [
         LoRAModulePath("a", "/x"), LoRAModulePath("b", "/y", "m")]
@@ -215,13 +213,12 @@ def test_shrinks_of_one_input_share_one_barrier():
     that input through one optimization barrier, and another input gets its
     own: XLA's dot-merger then joins the shrinks with each other but never
     with the base projections (whose weights it concatenated at run time in
-    every step, docs/performance.md section 7). The outputs are unchanged."""
+    every step, docs/performance.md "LoRA"). The outputs are unchanged."""
     import jax
     from flax import linen as nn
 
     from jaxinfer.models.layers import Linear
-    from jaxinfer.models.lora import (COLLECTION, LORA_A, LORA_B, lora_collection,
-                                      lora_product)
+    from jaxinfer.models.lora import COLLECTION, LORA_A, LORA_B, lora_collection, lora_product
 
     class Block(nn.Module):
         @nn.compact

@@ -1,4 +1,4 @@
-"""Done-when 1: greedy outputs with LoRA adapters equal HF transformers +
+"""Greedy outputs with LoRA adapters equal HF transformers +
 PEFT token for token, for three adapters and the base model mixed in one
 batch (more adapters than device slots and than host slots), with chunked
 prefill and prefix caching on and prompts sharing prefixes across
@@ -152,12 +152,18 @@ def test_warmup_compiles_the_lora_variants(base_path, adapters, lora_cache_dir):
               enable_lora=True, max_loras=1, max_lora_rank=8, warmup=True,
               compilation_cache_dir=lora_cache_dir)
     runner = llm.llm_engine.runner
-    shapes = runner.buckets.all_shapes()
-    forward = [key for key in runner.programs if key[0] == "forward"]
-    assert len(forward) == 2 * len(shapes)  # with and without adapters
-    # The sampler's programs do not depend on LoRA: three per S.
-    assert len(runner.programs) - len(forward) == 3 * len(
-        {shape[1] for shape in shapes})
+    shapes = runner.programs.buckets.all_shapes()
+    forward = [key for key in runner.programs.built if key[0] == "forward"]
+    # With and without adapters, for each shape and each prefill shape's
+    # prompt-logprob variant.
+    prefill = [shape for shape in shapes if not shape.decode_only]
+    assert len(forward) == 2 * (len(shapes) + len(prefill))
+    # The sampler's programs do not depend on LoRA: three plain ones and
+    # one full tier per bias width, per S.
+    from jaxinfer.worker.sampler_widths import bias_widths
+    samplers = [key for key in runner.programs.built if key[0] == "sample"]
+    assert len(samplers) == (3 + len(bias_widths(
+        runner.programs.cfg.vocab_size))) * len({shape[1] for shape in shapes})
     events = []
 
     def listener(event, duration, **kwargs):

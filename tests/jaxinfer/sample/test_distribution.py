@@ -3,12 +3,11 @@ match the analytically filtered distribution (chi-square, fixed seeds)."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
-
-import jax
-import jax.numpy as jnp
 
 from jaxinfer.worker.sampler import SamplingMetadata, sample
 
@@ -34,7 +33,7 @@ def _sample(logits, md):
 
 
 def draw(seed_base, temperature, top_k=0, top_p=1.0, min_p=0.0):
-    full = lambda v, dt: jnp.full((N,), v, dt)  # noqa: E731
+    full = lambda v, dt: jnp.full((N,), v, dt)
     md = SamplingMetadata(
         temperature=full(temperature, jnp.float32),
         seeds=jnp.arange(seed_base, seed_base + N, dtype=jnp.uint32),

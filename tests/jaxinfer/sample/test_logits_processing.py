@@ -4,14 +4,13 @@ exercised together, over several steps."""
 
 from __future__ import annotations
 
-import numpy as np
-
 import jax
+import numpy as np
 
 from jaxinfer.core.scheduler_output import NewRequestData, ScheduledRequest
 from jaxinfer.request import Request, banned_ids
 from jaxinfer.sampling_params import SamplingParams
-from jaxinfer.worker.penalties import PenaltyState, update_penalty_state
+from jaxinfer.worker.penalties import PenaltyState, count_tokens, update_penalty_state
 from jaxinfer.worker.sampler import process_logits
 from jaxinfer.worker.sampling_inputs import SamplingInputs
 
@@ -66,13 +65,17 @@ def test_processing_matches_numpy_over_steps():
     ]
     # What the runner is sent when each request joins (its tokens so far).
     requests = {r.request_id: _joined(r) for r in reqs}
-    inputs = SamplingInputs(V, max_num_seqs=8, engine_seed=0)
+    inputs = SamplingInputs(V, max_num_seqs=8, engine_seed=0, count_width=32)
     state = PenaltyState.zeros(inputs.slots.rows, V)
     S = 8
     for step in range(4):
         sched = []
         for r in reqs:
-            if step == 0:  # prefill (with any earlier output, as on resuming)
+            if step == 0 and r.request_id == "pen":
+                # Its first tokens came from the prefix cache: counted
+                # before the step, from the row's earlier tokens.
+                toks, start = r.all_token_ids[2:], 2
+            elif step == 0:  # prefill (with any earlier output, as on resuming)
                 toks, start = r.all_token_ids, 0
             else:  # decode: feeds the previous step's token
                 toks, start = r.all_token_ids[-1:], r.num_tokens - 1
@@ -80,6 +83,9 @@ def test_processing_matches_numpy_over_steps():
                                           len(r.output_token_ids),
                                           banned_ids(r)))
         md = inputs.build(sched, requests, S)
+        for chunk in inputs.take_count_chunks():
+            state = count_tokens(state, chunk.reset_slots, chunk.count_ids,
+                                 chunk.count_slots, chunk.count_is_output)
         logits = rng.normal(0, 3, (S, V)).astype(np.float32)
         got, state = _process(logits, md, state)
         got = np.asarray(got)
@@ -115,7 +121,7 @@ def test_unused_features_stay_off_the_device():
     md = SamplingInputs(V, 4, 0).build(
         [ScheduledRequest("p", [1, 2], 0, [], True)], {"p": _joined(req)}, 4)
     assert md.penalties is None and md.bias_ids is None
-    assert md.allowed_ids is None and md.banned_ids is None
+    assert md.token_bitmask is None
     assert md.top_k is None and md.top_p is None and md.min_p is None
 
 
@@ -136,42 +142,66 @@ def test_top_k_in_rounds_equals_lax_top_k():
         np.testing.assert_array_equal(np.asarray(i), np.asarray(ei))
 
 
-def test_short_id_lists_share_one_width():
-    """Allowed and biased id lists of 1 to 16 ids pad to one width (one
-    compiled step for all of them); 17 ids take the next power of two."""
-    from jaxinfer.worker.sampling_inputs import LIST_WIDTH_FLOOR
+def test_bias_lists_pad_to_the_widths_fixed_at_start():
+    """Bias lists of 1 to 16 entries share one width; longer ones take the
+    next of `bias_widths`, the last being the vocabulary."""
+    from jaxinfer.worker.sampler_widths import bias_widths
 
-    def widths(n):
-        ids = list(range(3, 3 + n))
-        req = _request("w", [1], [], allowed_token_ids=ids,
-                       logit_bias={i: 1.0 for i in ids})
+    def width(n):
+        req = _request("w", [1], [], logit_bias=dict.fromkeys(range(n), 1.0))
         md = SamplingInputs(V, 4, 0).build(
             [ScheduledRequest("w", [1], 0, [], True)], {"w": _joined(req)}, 4)
         assert md.bias_values.shape == md.bias_ids.shape
-        return md.allowed_ids.shape, md.bias_ids.shape
+        return md.bias_ids.shape[1]
 
-    assert LIST_WIDTH_FLOOR == 16
-    assert {widths(n) for n in (1, 3, 16)} == {((4, 16), (4, 16))}
-    assert widths(17) == ((4, 32), (4, 32))
+    assert bias_widths(V) == (16, V)
+    assert {width(n) for n in (1, 3, 16)} == {16}
+    assert {width(n) for n in (17, V)} == {V}
 
 
-def test_id_lists_travel_together():
-    """A batch using any of allowed ids, bans or bias gets all three (one
-    compiled variant), the unused ones empty: the logits are as if only the
-    used one were applied."""
+def test_any_extra_feature_takes_the_full_tier():
+    """A batch using any of allowed ids, bans, bias, penalties or logprobs
+    gets every one of them (one compiled variant per bias width), the
+    unused ones neutral: the logits are as if only the used one were
+    applied."""
     import jax.numpy as jnp
-    import numpy as np
 
-    from jaxinfer.worker.sampler import process_logits
     req = _request("b", [1], [], logit_bias={5: 3.0})
     md = SamplingInputs(V, 4, 0).build(
         [ScheduledRequest("b", [1], 0, [], True)], {"b": _joined(req)}, 4)
-    assert md.allowed_ids is not None and md.banned_ids is not None
-    assert bool(np.all(np.asarray(md.allowed_ids) == V))
-    assert bool(np.all(np.asarray(md.banned_ids) == V))
+    assert md.penalties is not None and md.token_bitmask is not None
+    assert md.top_k is not None and md.temperature is not None
+    assert bool(np.all(np.asarray(md.token_bitmask) == -1))
+    state = PenaltyState.zeros(5, V)
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, V)),
                          jnp.float32)
     want = np.asarray(logits).copy()
     want[0, 5] += 3.0
-    np.testing.assert_allclose(np.asarray(process_logits(logits, md, None)),
-                               want, rtol=1e-6)
+    got, _ = _process(logits, md, state)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    plain = _request("p", [1], [])
+    md = SamplingInputs(V, 4, 0).build(
+        [ScheduledRequest("p", [1], 0, [], True)], {"p": _joined(plain)}, 4,
+        wants_logprobs=[True])
+    assert md.penalties is not None
+
+
+def test_long_earlier_tokens_are_counted_in_chunks():
+    """A fresh slot's earlier tokens longer than the count width are
+    counted C at a time; the counts equal counting them at once."""
+    req = _request("h", list(range(3, 40)), [7, 7, 8], presence_penalty=0.5)
+    inputs = SamplingInputs(V, 4, 0, count_width=16)
+    md = inputs.build([ScheduledRequest("h", [8], req.num_tokens - 1, [],
+                                        True)], {"h": _joined(req)}, 4)
+    chunks = inputs.take_count_chunks()
+    assert len(chunks) == 3  # 39 earlier tokens, 16 at a time
+    state = PenaltyState.zeros(inputs.slots.rows, V)
+    for c in chunks:
+        state = count_tokens(state, c.reset_slots, c.count_ids, c.count_slots,
+                             c.count_is_output)
+    state = update_penalty_state(state, md.penalties)
+    slot = int(md.penalties.slots[0])
+    counts = np.asarray(state.output_counts)[slot]
+    assert counts[7] == 2 and counts[8] == 1 and counts.sum() == 3
+    mask = np.asarray(state.prompt_mask)[slot]
+    assert set(np.flatnonzero(mask)) == set(range(3, 40))

@@ -3,19 +3,21 @@ decides, and hands the batch to the sort whenever it cannot."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import jax
-import jax.numpy as jnp
-
-from jaxinfer.worker.sampler import (SamplingMetadata, _filter_by_bisection,
-                                     _filter_by_sorting_rows,
-                                     _temperature_and_min_p,
-                                     _threshold_from_candidates, filter_logits)
-from jaxinfer.worker.top_candidates import (count_at_least, top_candidates,
-                                            top_k_values_and_ids)
+from jaxinfer.worker.sampler import (
+    SamplingMetadata,
+    _filter_by_bisection,
+    _filter_by_sorting_rows,
+    _temperature_and_min_p,
+    _threshold_from_candidates,
+    filter_logits,
+)
+from jaxinfer.worker.top_candidates import count_at_least, top_candidates, top_k_values_and_ids
 
 S, V = 6, 203  # V not a multiple of the block: the pad path runs too
 KEPT, BLOCK = 3, 8  # a 24-entry head, so both outcomes happen often

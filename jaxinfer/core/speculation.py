@@ -1,0 +1,50 @@
+"""Which running requests get draft tokens this step, and which drafts
+(the scheduler's side of speculative decoding; no JAX).
+
+A request is drafted for when its next step is a plain decode (every
+token known, its last one not yet computed) and nothing it samples under
+depends on the tokens before it on the host: penalties, bad words and
+min_tokens count every sampled token when the step is laid out, so such
+requests decode one token per step. Drafts never run past ``max_tokens``
+(the context's room included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..request import Request, RequestStatus
+from ..spec_decode.config import SpeculativeConfig
+from ..spec_decode.ngram import propose_ngram
+
+
+class Speculation:
+    def __init__(self, config: SpeculativeConfig):
+        self.config = config
+
+    @staticmethod
+    def eligible(req: Request) -> bool:
+        return (req.status == RequestStatus.RUNNING
+                and req.num_pending_tokens == 0
+                and req.num_computed_tokens + 1 == req.num_tokens
+                and req.pooling_params is None and req.grammar is None
+                and not req.needs_known_tokens)
+
+    def _limit(self, req: Request) -> int:
+        k = self.config.num_speculative_tokens
+        if req.max_tokens is None:
+            return k
+        # The step emits up to d + 1 tokens.
+        return max(0, min(k, req.max_tokens - len(req.output_token_ids) - 1))
+
+    def propose(self, running: Iterable[Request]) -> dict[str, list[int]]:
+        """request id -> its draft tokens (requests without any left out)."""
+        reqs = [r for r in running if self.eligible(r)]
+        reqs = [r for r in reqs if self._limit(r) > 0]
+        if not reqs:
+            return {}
+        cfg = self.config
+        drafts = propose_ngram([r.all_token_ids for r in reqs],
+                               [self._limit(r) for r in reqs],
+                               cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+        return {r.request_id: d for r, d in zip(reqs, drafts) if d}

@@ -1,0 +1,124 @@
+"""`speculative_config`: vLLM's keys, checked once at engine start.
+
+vLLM takes a dict (``LLM(speculative_config={...})``) or JSON
+(``--speculative-config``). Every key vLLM's ``SpeculativeConfig`` knows is
+either served here or refused by name, and a key neither knows is refused
+too, so nothing a user writes is dropped unseen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ..errors import InvalidConfigError, UnsupportedFeatureError
+
+NAME = "speculative_config"
+SERVED_METHODS = ("ngram",)
+# vLLM's other methods: named so the refusal says "not yet", not "unknown".
+LATER_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator",
+                 "deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "mimo_mtp",
+                 "longcat_flash_mtp", "mtp")
+# vLLM's prompt-lookup default when neither bound is given.
+DEFAULT_LOOKUP = 5
+SERVED_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max",
+               "prompt_lookup_min", "model")
+# vLLM keys that only matter for a draft model (refused unless at their
+# "off" value, which vLLM's own configs often spell out).
+DRAFT_MODEL_KEYS = ("quantization", "max_model_len", "revision",
+                    "code_revision", "draft_tensor_parallel_size",
+                    "enforce_eager", "speculative_token_tree",
+                    "disable_padded_drafter_batch", "disable_log_stats",
+                    "enable_chunked_prefill")
+# vLLM keys with no counterpart here whatever their value.
+REFUSED_KEYS = ("disable_by_batch_size", "target_model_config",
+                "target_parallel_config", "draft_model_config",
+                "draft_parallel_config")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str  # "ngram"
+    num_speculative_tokens: int  # k: draft tokens verified per step and row
+    prompt_lookup_min: int  # shortest suffix n-gram looked up
+    prompt_lookup_max: int  # longest suffix n-gram looked up (tried first)
+
+
+def _int(key: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidConfigError(
+            f"{NAME}.{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _method(cfg: dict) -> str:
+    """vLLM's rule: ``method`` if given; else ``model`` "ngram" / "[ngram]"
+    means n-gram, any other model a draft model."""
+    method = cfg.get("method")
+    model = cfg.get("model")
+    if method is None:
+        if model is None:
+            raise InvalidConfigError(
+                f"{NAME} needs 'method' (e.g. {{\"method\": \"ngram\", "
+                "\"num_speculative_tokens\": 4}})")
+        method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+    if method in LATER_METHODS:
+        raise UnsupportedFeatureError(
+            f"{NAME}.method={method!r}", f"the {method!r} speculative method "
+            "yet", "use method 'ngram' (prompt lookup)")
+    if method not in SERVED_METHODS:
+        raise InvalidConfigError(
+            f"{NAME}.method {method!r} is not a speculative method: use "
+            f"one of {', '.join(SERVED_METHODS + LATER_METHODS)}")
+    if model not in (None, "ngram", "[ngram]"):
+        raise UnsupportedFeatureError(
+            f"{NAME}.model={model!r}", "a draft model with the ngram method",
+            "drop 'model' (n-gram proposes from the request's own tokens)")
+    return method
+
+
+def parse_speculative_config(value: str | dict | None
+                             ) -> SpeculativeConfig | None:
+    """``value`` (a dict or its JSON; None: off) -> SpeculativeConfig, or
+    a typed error naming the key at fault."""
+    if value is None:
+        return None
+    cfg: Any = value
+    if isinstance(value, str):
+        try:
+            cfg = json.loads(value)
+        except ValueError:
+            raise InvalidConfigError(
+                f"{NAME} must be a JSON object, got {value!r}") from None
+    if not isinstance(cfg, dict):
+        raise InvalidConfigError(f"{NAME} must be a JSON object, got {value!r}")
+    for key in cfg:
+        if key in REFUSED_KEYS or (key in DRAFT_MODEL_KEYS
+                                   and cfg[key] not in (None, False)):
+            raise UnsupportedFeatureError(
+                f"{NAME}.{key}", "draft-model settings",
+                f"drop {key!r}: jaxinfer proposes by n-gram lookup only")
+        if key not in SERVED_KEYS + DRAFT_MODEL_KEYS:
+            raise InvalidConfigError(
+                f"{NAME} has no key {key!r}: it takes "
+                f"{', '.join(SERVED_KEYS)}")
+    method = _method(cfg)
+    if "num_speculative_tokens" not in cfg:
+        raise InvalidConfigError(
+            f"{NAME} needs num_speculative_tokens (draft tokens per step)")
+    k = _int("num_speculative_tokens", cfg["num_speculative_tokens"], 1)
+    lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
+    if lo is None and hi is None:
+        lo = hi = DEFAULT_LOOKUP
+    elif lo is None:
+        lo = hi
+    elif hi is None:
+        hi = lo
+    lo = _int("prompt_lookup_min", lo, 1)
+    hi = _int("prompt_lookup_max", hi, 1)
+    if hi < lo:
+        raise InvalidConfigError(
+            f"{NAME}.prompt_lookup_max ({hi}) must be >= prompt_lookup_min "
+            f"({lo})")
+    return SpeculativeConfig(method, k, lo, hi)

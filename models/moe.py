@@ -1,0 +1,256 @@
+"""Mixture-of-experts feed-forward: top-k routing and the experts as a
+grouped matmul, the MLP kind that Mixtral and Qwen3-MoE decoder layers plug
+in (``mlp_cls``; the rest of the layer is Llama's).
+
+Each token's hidden row goes to its k best experts. The T*k (token, expert)
+pairs are sorted by expert so that each expert's rows are contiguous, and
+one ``jax.lax.ragged_dot`` per projection multiplies every group by its
+expert's weights: the work is the rows routed, not every expert over every
+token (``dense_experts_reference`` is that dense loop, for tests and the
+benchmark).
+
+Expert weights are stacked ``[E, ...]`` with the logical axis ``experts``.
+Under tensor parallelism the sharding rules split the experts over the
+model axis when it divides E (expert parallelism) and each expert's hidden
+axis ``mlp`` otherwise; either way every device holds a slice of the work
+for all tokens (activations are replicated between layers), computes it
+under ``shard_map`` and the slices are summed over the model axis, as a
+row-parallel projection's are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, PartitionSpec
+
+from jaxinfer.sharding.rules import logical_spec
+
+from .config import ModelConfig, decoder_config_from_hf
+from .errors import ModelConfigError
+from .layers import param
+from .llama import LlamaForCausalLM
+from .mlp import ACTIVATIONS
+from .quantization.errors import UnsupportedQuantizationConfigError
+from .spec import WeightSpec
+
+EXPERT_AXES = ("experts", "embed", "mlp")  # gate_proj, up_proj [E, D, F]
+DOWN_AXES = ("experts", "mlp", "embed")  # down_proj [E, F, D]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig(ModelConfig):
+    """A decoder whose every layer's MLP is a mixture of experts."""
+    num_experts: int = 1  # E
+    num_experts_per_tok: int = 1  # k experts each token runs through
+    moe_intermediate_size: int = 1  # F of one expert
+    # Renormalise the k chosen routing probabilities to sum to one
+    # (Mixtral always; Qwen3-MoE as its norm_topk_prob says).
+    norm_topk_prob: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_experts < 1:
+            raise ModelConfigError(
+                f"num_experts must be >= 1, got {self.num_experts}")
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ModelConfigError(
+                f"num_experts_per_tok must be in [1, num_experts="
+                f"{self.num_experts}], got {self.num_experts_per_tok}")
+        if self.moe_intermediate_size < 1:
+            raise ModelConfigError(
+                "moe_intermediate_size must be >= 1, got "
+                f"{self.moe_intermediate_size}")
+        if self.quantization is not None:
+            # Only the attention's Linear layers would take it: the experts,
+            # most of the weights, would stay unquantized without a word.
+            raise UnsupportedQuantizationConfigError(
+                f"quantization={self.quantization.method!r}: "
+                f"{self.architecture}'s expert weights have no quantized "
+                "form yet; serve it unquantized (quantization=None; a GGUF "
+                "file's quantized tensors are then dequantized at load)")
+
+
+def route(router_logits: jax.Array,  # [T, E]
+          k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
+    """Softmax over the experts, then the k most probable: (weights [T, k]
+    float32, expert ids [T, k] int32); the weights renormalised to sum to
+    one when ``renormalize``."""
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, k)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts.astype(jnp.int32)
+
+
+def grouped_experts(x: jax.Array,  # [T, D]
+                    weights: jax.Array,  # [T, k] float32
+                    experts: jax.Array,  # [T, k] int32, global expert ids
+                    gate: jax.Array,  # [E_local, D, F]
+                    up: jax.Array,  # [E_local, D, F]
+                    down: jax.Array,  # [E_local, F, D]
+                    act: Callable[[jax.Array], jax.Array],
+                    first_expert: jax.Array | int = 0,
+                    ) -> jax.Array:  # [T, D] float32
+    """sum_k weights[t, k] * MLP_{experts[t, k]}(x[t]) over the experts this
+    device holds (ids ``first_expert`` .. ``first_expert + E_local - 1``;
+    pairs routed elsewhere contribute zero), as one ragged_dot per
+    projection over the (token, expert) pairs sorted by expert."""
+    T, k = experts.shape
+    e_local = gate.shape[0]
+    local = experts.reshape(-1) - first_expert  # [T*k]
+    here = (local >= 0) & (local < e_local)
+    # Pairs of other devices' experts sort last, into no group: ragged_dot
+    # leaves rows past the groups' total zero and does no work for them.
+    group_of = jnp.where(here, local, e_local)
+    order = jnp.argsort(group_of, stable=True)  # [T*k]
+    token = order // k
+    group_sizes = jnp.bincount(group_of, length=e_local + 1)[:e_local]
+    rows = jnp.take(x, token, axis=0)  # [T*k, D]
+    gs = group_sizes.astype(jnp.int32)
+    h = (act(jax.lax.ragged_dot(rows, gate, gs))
+         * jax.lax.ragged_dot(rows, up, gs))  # [T*k, F]
+    y = jax.lax.ragged_dot(h, down, gs)  # [T*k, D]
+    w = jnp.where(here, weights.reshape(-1), 0.0)[order]
+    out = jnp.zeros(x.shape, jnp.float32)
+    return out.at[token].add(y.astype(jnp.float32) * w[:, None])
+
+
+def dense_experts_reference(x: jax.Array, weights: jax.Array,
+                            experts: jax.Array, gate: jax.Array,
+                            up: jax.Array, down: jax.Array,
+                            act: Callable[[jax.Array], jax.Array]
+                            ) -> jax.Array:  # [T, D] float32
+    """``grouped_experts`` as a loop over every expert applied to every
+    token, each output weighted by the token's routing weight for that
+    expert (zero where it was not chosen)."""
+    out = jnp.zeros(x.shape, jnp.float32)
+    for e in range(gate.shape[0]):
+        w_e = jnp.sum(jnp.where(experts == e, weights, 0.0), axis=-1)  # [T]
+        y = (act(x @ gate[e]) * (x @ up[e])) @ down[e]
+        out = out + y.astype(jnp.float32) * w_e[:, None]
+    return out
+
+
+def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
+                     act: Callable[[jax.Array], jax.Array]
+                     ) -> Callable[..., jax.Array] | None:
+    """``grouped_experts`` over the model axis, each device on the expert
+    weights the sharding rules gave it, the partial outputs summed; None
+    when the rules leave the expert weights whole (one device, or neither
+    E nor F divisible by the model axis)."""
+    if "model" not in mesh.shape or mesh.shape["model"] == 1:
+        return None
+    gate_spec = logical_spec(EXPERT_AXES, shapes[0], mesh)
+    down_spec = logical_spec(DOWN_AXES, shapes[2], mesh)
+    if all(a is None for a in gate_spec):
+        return None
+    by_expert = gate_spec[0] == "model"
+
+    def per_device(x: jax.Array, weights: jax.Array, experts: jax.Array,
+                   gate: jax.Array, up: jax.Array, down: jax.Array
+                   ) -> jax.Array:
+        first = (jax.lax.axis_index("model") * gate.shape[0] if by_expert
+                 else 0)
+        part = grouped_experts(x, weights, experts, gate, up, down, act,
+                               first)
+        return jax.lax.psum(part, "model")
+
+    rep = PartitionSpec()
+    in_specs = (rep, rep, rep, gate_spec, gate_spec, down_spec)
+    context = jax.sharding.get_abstract_mesh()
+    if not context.empty and context.manual_axes:
+        # Inside another shard_map (pipeline stages): nest on its mesh.
+        return jax.shard_map(per_device, mesh=context, in_specs=in_specs,
+                             out_specs=rep, check_vma=False,
+                             axis_names={"model"})
+    return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs,
+                         out_specs=rep, check_vma=False)
+
+
+class SparseMoeBlock(nn.Module):
+    """[T, D] -> [T, D]: router, top-k, the chosen experts' gated MLPs
+    (act(x W_gate) * (x W_up) W_down) weighted by their routing weights."""
+    cfg: MoEConfig
+    dtype: jnp.dtype
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        c = self.cfg
+        D, E, F = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        # The router stays in the model's dtype and unquantized, as the
+        # checkpoints ship it; its softmax runs in float32.
+        router = param(self, "router", (D, E), ("embed", "router"),
+                       self.dtype)
+        gate = param(self, "gate_proj", (E, D, F), EXPERT_AXES, self.dtype)
+        up = param(self, "up_proj", (E, D, F), EXPERT_AXES, self.dtype)
+        down = param(self, "down_proj", (E, F, D), DOWN_AXES, self.dtype)
+        weights, experts = route(x @ router, c.num_experts_per_tok,
+                                 c.norm_topk_prob)
+        act = ACTIVATIONS[c.hidden_act]
+        sharded = (None if self.mesh is None else _sharded_experts(
+            self.mesh, (gate.shape, up.shape, down.shape), act))
+        if sharded is None:
+            out = grouped_experts(x, weights, experts, gate, up, down, act)
+        else:
+            out = sharded(x, weights, experts, gate, up, down)
+        return out.astype(x.dtype)
+
+
+def _stacked_from_hf(w: Any) -> np.ndarray:
+    """HF Linear weights stacked [E, out, in] -> ours [E, in, out]."""
+    return np.asarray(w).transpose(0, 2, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertNames:
+    """How a checkpoint names one MoE block's tensors under the block's
+    prefix: the router, and each expert's three projections (``{e}`` is
+    the expert index). ``weights`` lists them, so an instance serves as
+    ``llama.decoder_weights``' ``mlp_cls``."""
+    router: str  # "gate"
+    gate: str  # "experts.{e}.gate_proj" / "experts.{e}.w1"
+    up: str
+    down: str
+
+    def weights(self, cfg: MoEConfig, hf_prefix: str, path: tuple
+                ) -> Iterator[WeightSpec]:
+        """One block's tensors. Each projection's E per-expert HF tensors
+        load as one stacked param (``WeightSpec.parts``); a checkpoint
+        that stores them stacked (GGUF) answers the stacked name, the
+        pattern without its ``{e}.``."""
+        D, E, F = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+        yield WeightSpec(hf_prefix + f"{self.router}.weight",
+                         path + ("router",), (E, D),
+                         lambda w: np.asarray(w).T)
+        for ours, pattern, out_dim, in_dim in (
+                ("gate_proj", self.gate, F, D), ("up_proj", self.up, F, D),
+                ("down_proj", self.down, D, F)):
+            parts = tuple(hf_prefix + pattern.format(e=e) + ".weight"
+                          for e in range(E))
+            stacked = hf_prefix + pattern.replace("{e}.", "") + ".weight"
+            yield WeightSpec(stacked, path + (ours,), (E, out_dim, in_dim),
+                             _stacked_from_hf, parts=parts)
+
+
+def moe_config_from_hf(hf: dict[str, Any], architecture: str,
+                       moe_fields: dict[str, Any],
+                       **family_fields: Any) -> MoEConfig:
+    """``decoder_config_from_hf``'s fields (``family_fields`` as there)
+    plus the MoE ones the family read from its config (``moe_fields``)."""
+    base = decoder_config_from_hf(hf, architecture, **family_fields)
+    fields = {f.name: getattr(base, f.name)
+              for f in dataclasses.fields(ModelConfig)}
+    return MoEConfig(**fields, **moe_fields)
+
+
+class MoEForCausalLM(LlamaForCausalLM):
+    """Llama's decoder with a mixture of experts as every layer's MLP."""
+    mlp_cls = SparseMoeBlock

@@ -1,0 +1,134 @@
+"""With n-gram speculation an engine produces the tokens it produces
+without: greedy rows token for token, seeded rows too (each position draws
+with the key a plain step uses there), stop strings, max_tokens and
+logprobs alike, under chunked prefill, prefix-cache hits, preemption and
+an abort; rejected drafts give their pages back after every step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jaxinfer import LLM, SamplingParams
+from jaxinfer.core.kv_cache_manager import cdiv
+
+from .conftest import NGRAM, repetitive_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def _params(rng: random.Random) -> SamplingParams:
+    kind = rng.choice(["greedy", "seeded", "stop", "logprobs", "penalty"])
+    n = rng.randrange(1, 24)
+    if kind == "greedy":
+        return SamplingParams(temperature=0.0, max_tokens=n)
+    if kind == "seeded":
+        return SamplingParams(temperature=1.0, top_p=rng.choice([1.0, 0.9]),
+                              seed=rng.randrange(1000), max_tokens=n,
+                              ignore_eos=True)
+    if kind == "stop":  # the tiny model's text hits single letters
+        return SamplingParams(temperature=0.0, max_tokens=24,
+                              stop=[rng.choice("aeiou"), rng.choice("nrst")])
+    if kind == "logprobs":
+        return SamplingParams(temperature=0.0, max_tokens=n, logprobs=2)
+    # Penalties count every sampled token on the host: decoded one a step.
+    return SamplingParams(temperature=0.0, max_tokens=n,
+                          repetition_penalty=1.3)
+
+
+def _tables_fit(engine) -> bool:
+    """Each running request holds exactly the pages of its computed
+    tokens: none left over from rejected drafts."""
+    kv, B = engine.scheduler.kv, engine.cache_config.block_size
+    return all(len(kv.block_table(r.request_id)) == cdiv(r.num_computed_tokens, B)
+               for r in engine.scheduler.running)
+
+
+def _run(engine, prompts, params, abort_id=None, abort_after=3):
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), {"prompt_token_ids": p}, sp)
+    final, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out.outputs[0]
+        assert _tables_fit(engine)
+        steps += 1
+        if steps == abort_after and abort_id is not None:
+            engine.abort_request(abort_id)
+    return final, steps
+
+
+def _same(a, b) -> None:
+    assert a.keys() == b.keys()
+    for rid in a:
+        x, y = a[rid], b[rid]
+        assert (x.token_ids, x.text, x.finish_reason) == (
+            y.token_ids, y.text, y.finish_reason), rid
+        assert (x.logprobs is None) == (y.logprobs is None)
+        for lx, ly in zip(x.logprobs or [], y.logprobs or []):
+            assert lx.keys() == ly.keys()
+            for t in lx:
+                assert lx[t].logprob == pytest.approx(ly[t].logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("blocks,swap", [(None, None), (14, None), (14, 0.01)],
+                         ids=["roomy", "recomputing", "swapping"])
+def test_outputs_equal_with_and_without_speculation(make_llm, blocks, swap):
+    prompts = repetitive_prompts(16, seed=2)
+    results = {}
+    for spec in (None, NGRAM):
+        engine = make_llm(speculative_config=spec, swap_space=swap,
+                          num_gpu_blocks_override=blocks).llm_engine
+        rng = random.Random(5)
+        params = [_params(rng) for _ in prompts]
+        results[spec is not None], steps = _run(engine, prompts, params,
+                                                abort_id="3")
+        pool = engine.scheduler.kv.pool
+        assert pool.num_free == pool.num_blocks - 1
+        if spec is not None:
+            stats = engine.get_stats()
+            assert stats.spec_decode.num_accepted_tokens > 0
+            assert stats.num_preemptions > 0 or blocks is None
+            assert stats.num_swap_outs > 0 or swap is None
+            assert stats.prefix_cache_hits > 0
+    _same(results[True], results[False])
+    assert "3" not in results[True]
+    reasons = {o.finish_reason for o in results[True].values()}
+    assert {"stop", "length"} <= reasons
+
+
+def test_greedy_equal_on_the_embedded_model():
+    """The embedded SmolLM2 on text that repeats itself: drafts are
+    accepted often, and the tokens stay those of plain decoding."""
+    prompts = ["def add(a, b):\n    return a + b\n\n"
+               "def sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+               "one two three four five one two three four five one two"]
+    sp = SamplingParams(temperature=0.0, max_tokens=32)
+    outs, engines = {}, {}
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": 4,
+                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}):
+        llm = LLM(speculative_config=spec, max_num_seqs=2, max_model_len=256)
+        outs[spec is None] = [o.outputs[0].token_ids
+                              for o in llm.generate(prompts, sp, use_tqdm=False)]
+        engines[spec is None] = llm.llm_engine
+    assert outs[False] == outs[True]
+    stats = engines[False].get_stats().spec_decode
+    assert stats.acceptance_rate > 0.3 and stats.mean_accepted_length > 1.5
+
+
+def test_n_samples_and_prompt_logprobs_equal_without_speculation(make_llm):
+    prompts = [{"prompt_token_ids": p} for p in repetitive_prompts(3, seed=9)]
+    sp = SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=12,
+                        ignore_eos=True, prompt_logprobs=1)
+    got = {}
+    for spec in (None, NGRAM):
+        outs = make_llm(speculative_config=spec).generate(prompts, sp,
+                                                          use_tqdm=False)
+        got[spec is None] = outs
+    for a, b in zip(got[False], got[True]):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+        assert len(a.prompt_logprobs) == len(b.prompt_logprobs)
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            assert x.keys() == y.keys()
