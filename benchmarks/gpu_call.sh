@@ -5,14 +5,14 @@
 #
 #   bash benchmarks/gpu_call.sh SECONDS $OUT 'name: command' ['name: command' ...]
 #
-# Each command runs with PYTHONPATH=$PWD and its own output folder in
+# Each command runs with $PWD first on PYTHONPATH and its own output folder in
 # $PART_OUT; its log is $OUT/parts/NAME.log. A part that would start with
 # under 30 s left is skipped. Writes $OUT/parts.tgz and prints each part's
 # exit status and the last lines of its log.
 set -uo pipefail
 budget=$1; out=$2; shift 2
 start=$(date +%s)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$out/parts"
 for spec in "$@"; do
     name=${spec%%:*}; cmd=${spec#*:}

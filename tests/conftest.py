@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,6 +19,23 @@ no_network.install()
 # jax's Mosaic GPU interpreter compiles each distinct warpgroup program once,
 # not once per thread and grid point (tests/interpret_compile_memo.py).
 interpret_compile_memo.install()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_module_memory():
+    """After each module: drop what its engines left behind. A test worker
+    runs hundreds of modules; without this its memory only grows (jit
+    caches hold every program compiled, and freed heap stays mapped), and
+    two workers plus a server's engine-core process outgrow a 24 GiB
+    machine."""
+    yield
+    gc.collect()
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+        gc.collect()
+    if sys.platform == "linux":  # hand freed heap pages back to the system
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @pytest.fixture(scope="session")

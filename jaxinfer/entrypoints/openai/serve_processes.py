@@ -105,6 +105,9 @@ class CoreProcess:
     # requests once [i] is closed (in every process holding it).
     frontend_alive: list
     workdir: str | None  # the ipc socket's folder (None: an abstract socket)
+    # Whether stop() had to SIGKILL it (it outlived SIGTERM by the
+    # timeout): tells that -9 apart from a kill from outside (the OOM killer).
+    killed_by_stop: bool = False
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (its requests are failed, its front ends told), SIGKILL
@@ -113,6 +116,9 @@ class CoreProcess:
             self.process.terminate()
             self.process.join(timeout)
         if self.process.is_alive():
+            logger.warning("the engine core did not end within %.0f s of "
+                           "SIGTERM; killing it", timeout)
+            self.killed_by_stop = True
             self.process.kill()
             self.process.join(5)
         self.remove_files()

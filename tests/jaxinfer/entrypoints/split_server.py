@@ -88,6 +88,9 @@ class SplitEngine:
         during the tests, or its stop failed) fails the teardown."""
         code = self.core.stop()
         if code != 0:
-            raise RuntimeError(f"the engine-core process exited with {code}")
+            why = ("stop() killed it: it outlived SIGTERM" if self.core.killed_by_stop
+                   else "a signal from outside" if code is not None and code < 0
+                   else "its own exit")
+            raise RuntimeError(f"the engine-core process exited with {code} ({why})")
 
     shutdown = stop  # AsyncLLMEngine's name
