@@ -3,10 +3,14 @@ decode steps through the engine) with every row under the 20-field nested
 schema vs unconstrained, the host's mask fill for S rows, and grammar
 compile time cold / cached. Writes JSON under $OUT (or --out).
 
-GPU (llama3-8b shape, random weights):
+GPU (llama3-8b shape, random weights, the embedded model's tokenizer in
+.tok): the grammar's EOS must be a token of that tokenizer, so the config
+is copied with SmolLM2's BOS/EOS ids (1, 2) first:
+    mkdir -p /tmp/l3 && python3 -c "import json; c = json.load(open(
+        'benchmarks/models/llama3-8b/config.json')); c.update(bos_token_id=1,
+        eos_token_id=2); json.dump(c, open('/tmp/l3/config.json', 'w'))"
     python benchmarks/structured_outputs_bench.py \
-        --model benchmarks/models/llama3-8b --load-format dummy --num-seqs 256 \
-        --tokenizer .tok
+        --model /tmp/l3 --load-format dummy --num-seqs 256 --tokenizer .tok
 CPU check at a tiny size:
     python benchmarks/structured_outputs_bench.py --num-seqs 4 --max-tokens 8
 """
