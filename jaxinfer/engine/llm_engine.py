@@ -372,7 +372,9 @@ class LLMEngine:
         sched_out = inflight.out
         if self.pooler is not None:
             return self._pooled_outputs(sched_out, runner_out.pooled)
-        if self.speculative is not None:
+        if self.speculative is not None and not runner_out.sampled:
+            # A verifying step (a draftless decode-only step samples as a
+            # plain one: its tokens come back as `sampled`).
             updated = self._take_verified(sched_out, runner_out)
         elif sched_out.num_steps > 1:
             updated = self._take_window(sched_out, runner_out.window)

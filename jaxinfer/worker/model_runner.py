@@ -277,7 +277,10 @@ class ModelRunner:
         S, P = md.block_tables.shape
         drafts = num_drafts = None
         k = self.programs.num_speculative_tokens
-        if k:  # k + 1 scored rows per sequence, and its drafts
+        # k + 1 scored rows per sequence, and its drafts; a decode-only step
+        # in which no row drafts runs as a plain step (StepPrograms.run).
+        if k and (not md.decode_only
+                  or any(s.num_draft_tokens for s in out.scheduled)):
             logits_idx, drafts, num_drafts = spec_rows(out.scheduled, S, k,
                                                        md.cu_q_lens)
         if plan is not None:

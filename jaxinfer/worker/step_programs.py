@@ -161,6 +161,21 @@ class StepPrograms:
         self._forward_few_rows = None if not self.decode_options else jax.jit(
             step_forward, static_argnums=(0,), donate_argnums=(2,),
             compiler_options=self.decode_options)
+        # A speculative engine's decode-only steps in which no row drafts
+        # score one row per sequence and sample with the plain sampler: the
+        # verifying sampler would score k + 1 rows for each, all padding,
+        # and cost k + 1 times a plain step's sampling for nothing.
+        self._forward_one_row = self._forward_one_row_few = None
+        if num_speculative_tokens:
+            one_row = functools.partial(
+                forward, placement.step_model(model),
+                logits_sharding=placement.replicated, rows_per_seq=1)
+            self._forward_one_row = jax.jit(one_row, static_argnums=(0,),
+                                            donate_argnums=(2,))
+            if self.decode_options:
+                self._forward_one_row_few = jax.jit(
+                    one_row, static_argnums=(0,), donate_argnums=(2,),
+                    compiler_options=self.decode_options)
         self.sample_program = jax.jit(sample_step, static_argnums=(0,),
                                       donate_argnums=(2,))
         self.use_acceptance_rule(accept_matching)
@@ -207,18 +222,22 @@ class StepPrograms:
     def has_run(self, program: ModelProgram) -> bool:
         return program in self._models_run
 
-    def forward_program(self, bucket: Bucket):
+    def forward_program(self, bucket: Bucket, one_row: bool = False):
         """The jitted forward of a bucket: few-row buckets (decode-only ones
         of DECODE_OPTIONS_ROWS sequences, prefill ones of at most
         PREFILL_OPTIONS_MAX_TOKENS tokens) have their own compiler options
-        on CPU (`decode_options`)."""
-        if self._forward_few_rows is None:
-            return self._forward
+        on CPU (`decode_options`). ``one_row``: a speculative engine's
+        draftless decode-only step (one scored row per sequence)."""
+        plain, few = self._forward, self._forward_few_rows
+        if one_row and self._forward_one_row is not None:
+            plain, few = self._forward_one_row, self._forward_one_row_few
+        if few is None:
+            return plain
         lo, hi = DECODE_OPTIONS_ROWS
         if (lo <= bucket.seqs <= hi if bucket.decode_only
                 else bucket.tokens <= PREFILL_OPTIONS_MAX_TOKENS):
-            return self._forward_few_rows
-        return self._forward
+            return few
+        return plain
 
     def use_window_loop(self, loop: str) -> None:
         """How decode windows loop (`step_functions.WINDOW_LOOPS`); drops
@@ -319,16 +338,17 @@ class StepPrograms:
                                        self.count_key(args), (), args)
         args = self.forward_args(state, inputs.packed, inputs.logits_indices,
                                  inputs.encoder, inputs.lora_pool)
+        verifying = bool(self.num_speculative_tokens) and inputs.drafts is not None
         logits, prompt_logits, kv_pages = self._call(
-            self.forward_program(bucket), self.forward_key(bucket, args),
-            (bucket,), args)
+            self.forward_program(bucket, one_row=not verifying),
+            self.forward_key(bucket, args), (bucket,), args)
         bitmask = inputs.sampling.token_bitmask
         if isinstance(bitmask, np.ndarray) and inputs.fill_token_masks is not None:
             inputs.fill_token_masks(bitmask)  # the device runs the forward pass
         args = self.sample_args(logits, penalty_state, state.prev_tokens,
                                 inputs.sampling)
         program = self.sample_program
-        if self.num_speculative_tokens:
+        if verifying:
             args += (inputs.drafts, inputs.num_drafts)
             program = self.verify_program
         sampled, penalty_state, next_tokens = self._call(

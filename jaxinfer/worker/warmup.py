@@ -131,14 +131,16 @@ def penalty_state_struct(programs: StepPrograms) -> PenaltyState:
 
 
 def forward_build(programs: StepPrograms, bucket: Bucket, state: DeviceState,
-                  lora_pool=None, encoder_cache=None, prompt_lp: bool = False):
+                  lora_pool=None, encoder_cache=None, prompt_lp: bool = False,
+                  one_row: bool = False):
     """(key, ProgramBuild) of a bucket's forward program, over a dummy
     batch; with the LoRA pool's and the encoder cache's variants when
-    given, and with T more logits rows for prompt logprobs when
-    ``prompt_lp``."""
+    given, with T more logits rows for prompt logprobs when ``prompt_lp``,
+    and scoring one row per sequence when ``one_row`` (a speculative
+    engine's draftless decode-only step)."""
     T, S, P, _ = bucket
     input_ids, positions, md, _ = dummy_batch(T, S, P)
-    rows = S * programs.sampled_rows_per_seq
+    rows = S * (1 if one_row else programs.sampled_rows_per_seq)
     logits_idx = np.zeros(rows + T if prompt_lp else rows, np.int32)
     packed = pack_step(input_ids, positions, md,
                        None if lora_pool is None else np.zeros(T, np.int32))
@@ -146,17 +148,18 @@ def forward_build(programs: StepPrograms, bucket: Bucket, state: DeviceState,
                else (encoder_cache, np.full(T, -1, np.int32)))
     args = programs.forward_args(state, packed, logits_idx, encoder, lora_pool)
     return programs.forward_key(bucket, args), ProgramBuild(
-        programs.forward_program(bucket), (bucket,), args)
+        programs.forward_program(bucket, one_row), (bucket,), args)
 
 
 def sample_build(programs: StepPrograms, S: int, sp: SamplingParams,
-                 prev_tokens):
+                 prev_tokens, plain: bool = False):
     """(key, ProgramBuild) of the sampler of S rows for ``sp``'s tier and
-    variant (the full tier with the penalty state and top logprobs)."""
+    variant (the full tier with the penalty state and top logprobs); a
+    speculative engine's verifying sampler unless ``plain``."""
     md = sampling_metadata_for(programs.sampling_inputs, sp, S)
     full = md.penalties is not None
     num_lp = programs.max_logprobs if full else None
-    k = programs.num_speculative_tokens
+    k = 0 if plain else programs.num_speculative_tokens
     args = programs.sample_args(
         programs.logits_struct(S * (k + 1)),
         penalty_state_struct(programs) if full else None, prev_tokens, md)
@@ -210,8 +213,10 @@ def wanted_programs(programs: StepPrograms, state: DeviceState,
     bucket's window when ``num_scheduler_steps`` > 1, the sampler's plain
     tier (greedy, sampled, filtered) and full tier (each bias width) for
     each S a bucket has, prompt logprobs for each T, and the penalty
-    counting. The forward programs come first: they are nearly all of the
-    build time."""
+    counting; under speculative decoding the verifying sampler takes the
+    plain one's place, and each decode-only bucket also gets the forward
+    pass and samplers of a draftless step. The forward programs come
+    first: they are nearly all of the build time."""
     shapes = programs.buckets.all_shapes()
     k = programs.scheduler_config.num_scheduler_steps
     todo: dict[ProgramKey, ProgramBuild] = {}
@@ -230,6 +235,11 @@ def wanted_programs(programs: StepPrograms, state: DeviceState,
                                        encoder_cache if with_mm else None,
                                        prompt_lp)
             todo.setdefault(key, build)
+            if (programs.num_speculative_tokens and bucket.decode_only
+                    and not with_mm and not prompt_lp):
+                key, build = forward_build(programs, bucket, state, pool,
+                                           one_row=True)
+                todo.setdefault(key, build)
             if bucket.decode_only and not with_mm and not prompt_lp and k > 1:
                 for sp in SAMPLING_VARIANTS:
                     key, build = window_build(programs, k, bucket, state, sp,
@@ -241,6 +251,12 @@ def wanted_programs(programs: StepPrograms, state: DeviceState,
         for sp in (*SAMPLING_VARIANTS, *full):
             key, build = sample_build(programs, S, sp, state.prev_tokens)
             todo.setdefault(key, build)
+    if programs.num_speculative_tokens:  # draftless decode-only steps
+        for S in sorted({b.seqs for b in shapes if b.decode_only}):
+            for sp in (*SAMPLING_VARIANTS, *full):
+                key, build = sample_build(programs, S, sp, state.prev_tokens,
+                                          plain=True)
+                todo.setdefault(key, build)
     for T in sorted({bucket.tokens for bucket in shapes}):
         key, build = prompt_lp_build(programs, T)
         todo.setdefault(key, build)
