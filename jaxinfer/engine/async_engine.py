@@ -162,6 +162,9 @@ class AsyncLLMEngine(EngineClient):
             self._thread.join(timeout)
             self._thread = None
         self._stop_pool()
+        close = getattr(self.engine, "close", None)
+        if close is not None:  # queued background builds would delay exit
+            close()
         stop_engine = getattr(self.engine, "shutdown", None)
         if stop_engine is not None:  # worker processes (Ray, data parallel)
             stop_engine()

@@ -77,6 +77,9 @@ def run_engine_core(args, address: str, ready, frontend_pipes: list,
     ready.close()
     code = loop.run()
     del core_alive  # held until here: its EOF tells the front ends
+    close = getattr(engine, "close", None)
+    if close is not None:  # queued background builds would delay the exit
+        close()
     shutdown = getattr(engine, "shutdown", None)
     if shutdown is not None:  # worker processes (Ray, data parallel)
         shutdown()

@@ -469,6 +469,15 @@ class LLMEngine:
                     self.spec_stats.record(sr.num_draft_tokens, len(toks) - 1)
         return list(seen.values())
 
+    def close(self) -> None:
+        """Ends the engine's background work: the step programs queued to
+        build ahead and not started are cancelled (an ending process
+        would otherwise compile each before it exits). The engine still
+        serves; later steps compile what they need."""
+        programs = getattr(self.runner, "programs", None)
+        if programs is not None:
+            programs.build_ahead.close()
+
     def get_stats(self) -> EngineStats:
         s, kv = self.scheduler, self.scheduler.kv
         return EngineStats(

@@ -156,6 +156,16 @@ class BuildAhead:
         """Nothing more to build ahead (warm-up built every bucket)."""
         self.enabled = False
 
+    def close(self) -> None:
+        """Nothing more to build, and the builds not started cancelled:
+        at exit Python runs every queued job of a thread pool before it
+        joins the pool's thread, so a process ending with builds queued
+        would compile each first (tens of seconds on a busy CPU)."""
+        self.enabled = False
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
     def decode_buckets_after(self, out: SchedulerOutput,
                              requests: dict[str, NewRequestData]
                              ) -> list[Bucket]:

@@ -286,3 +286,34 @@ def test_the_switch_interval_is_short_only_while_builds_run():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
+
+
+def test_close_cancels_the_builds_not_started():
+    """An ending engine (`LLMEngine.close`) cancels its queued builds: at
+    exit Python would run each before joining the pool's thread, and an
+    engine-core process given SIGTERM outlived its stop's deadline so."""
+    import threading
+    release = threading.Event()
+
+    class Slow:  # jitted.lower(...).compile() blocks until released
+        def lower(self, *args):
+            return self
+
+        def compile(self):
+            release.wait(30)
+            return "program"
+
+    import collections
+    Key = collections.namedtuple("Key", "kind bucket")
+    ahead = BuildAhead(programs=None)
+    for i in range(4):
+        ahead._submit(Key("forward", i), ba.ProgramBuild(Slow(), (), ()))
+    futures = list(ahead._building.values())
+    deadline = time.time() + 10
+    while not futures[0].running() and time.time() < deadline:
+        time.sleep(0.01)
+    ahead.close()
+    release.set()
+    assert futures[0].result(10) == "program"  # the running one finishes
+    assert all(f.cancelled() for f in futures[1:])
+    assert ahead.enabled is False
