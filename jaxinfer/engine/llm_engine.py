@@ -379,14 +379,8 @@ class LLMEngine:
         elif sched_out.num_steps > 1:
             updated = self._take_window(sched_out, runner_out.window)
         else:
-            updated = self.scheduler.update_from_output(sched_out,
-                                                        runner_out.sampled)
-            self.num_generation_tokens += len(updated)
-            self.output_processor.record_logprobs(runner_out, updated)
-            for req in updated:
-                if self.output_processor.detokenize(req):
-                    self.scheduler.finish_requests(req.request_id,
-                                                   RequestStatus.FINISHED_STOPPED)
+            updated = self._take_tokens(sched_out, runner_out.sampled,
+                                        runner_out)
         outputs = []
         for req in updated:
             out = self.parallel.merge(self.output_processor.make_output(req))
@@ -395,6 +389,24 @@ class LLMEngine:
         if self.timeline is not None and sched_out.scheduled:
             self.timeline.collected(inflight, time.perf_counter() - t0)
         return outputs
+
+    def _take_tokens(self, sched_out: SchedulerOutput,
+                     sampled: dict[str, int],
+                     logprobs_from: ModelRunnerOutput | None = None
+                     ) -> list[Request]:
+        """One position's tokens: appended (every stop but stop strings
+        checked by the scheduler), counted, their logprobs recorded from
+        ``logprobs_from``, and each request whose text reached a stop
+        string finished. Returns the requests that got a token."""
+        updated = self.scheduler.update_from_output(sched_out, sampled)
+        self.num_generation_tokens += len(updated)
+        if logprobs_from is not None:
+            self.output_processor.record_logprobs(logprobs_from, updated)
+        for req in updated:
+            if self.output_processor.detokenize(req):
+                self.scheduler.finish_requests(req.request_id,
+                                               RequestStatus.FINISHED_STOPPED)
+        return updated
 
     def _pooled_outputs(self, sched_out, pooled: dict) -> list:
         """A pooling engine's step: each prompt whose last chunk ran is
@@ -425,13 +437,8 @@ class LLMEngine:
         got a token, once, in row order."""
         seen: dict[str, Request] = {}
         for i in range(sched_out.num_steps):
-            updated = self.scheduler.update_from_output(
-                sched_out, {rid: toks[i] for rid, toks in sampled.items()})
-            self.num_generation_tokens += len(updated)
-            for req in updated:
-                if self.output_processor.detokenize(req):
-                    self.scheduler.finish_requests(req.request_id,
-                                                   RequestStatus.FINISHED_STOPPED)
+            for req in self._take_tokens(
+                    sched_out, {rid: toks[i] for rid, toks in sampled.items()}):
                 seen[req.request_id] = req
         return list(seen.values())
 
@@ -452,14 +459,7 @@ class LLMEngine:
                 logprobs={rid: rows.slice(i, i + 1) for rid, rows in
                           runner_out.logprobs.items() if len(rows) > i},
                 prompt_logprobs=runner_out.prompt_logprobs if i == 0 else {})
-            updated = self.scheduler.update_from_output(sched_out,
-                                                        step.sampled)
-            self.num_generation_tokens += len(updated)
-            self.output_processor.record_logprobs(step, updated)
-            for req in updated:
-                if self.output_processor.detokenize(req):
-                    self.scheduler.finish_requests(req.request_id,
-                                                   RequestStatus.FINISHED_STOPPED)
+            for req in self._take_tokens(sched_out, step.sampled, step):
                 seen[req.request_id] = req
         self.scheduler.reject_drafts(sched_out)
         if self.spec_stats is not None:
