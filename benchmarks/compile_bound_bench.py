@@ -32,7 +32,6 @@ import concurrent.futures
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -42,7 +41,7 @@ import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_stamp import run_stamp
-from serving_speed import free_port, jaxinfer, wait_healthy
+from serving_speed import engine_flags, free_port, jaxinfer, stop_server, wait_healthy
 
 MODEL_NAME = "bench"
 
@@ -314,13 +313,7 @@ def main() -> int:
     V = vocab_size(ns)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flags = ["--model", ns.model, "--load-format", ns.load_format,
-             "--dtype", ns.dtype, "--max-model-len", str(ns.max_model_len)]
-    if ns.tokenizer:
-        flags += ["--tokenizer", ns.tokenizer]
-    for pair in ns.engine:
-        key, _, value = pair.partition("=")
-        flags += ["--" + key.replace("_", "-"), value]
+    flags = engine_flags(ns)
     log = open(os.path.join(ns.out, "server.log"), "w")
     t0 = time.perf_counter()
     server = subprocess.Popen(jaxinfer(
@@ -338,12 +331,7 @@ def main() -> int:
         alive = server.poll() is None and requests.get(
             base + "/health", timeout=30).status_code == 200
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+        stop_server(server)
         log.close()
     mem0, mem1 = run["memory"][0], run["memory"][-1]
     # The baseline: the ordinary client alone, before the attack and in

@@ -103,13 +103,18 @@ def online(ns, out: str, name: str, rate: str, num_prompts: int) -> dict:
         record.pop("per_request", None)
         return record
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+        stop_server(server)
         log.close()
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM (the server's graceful stop), SIGKILL after 120 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(30)
 
 
 def wait_healthy(base: str, server, timeout: float) -> None:
