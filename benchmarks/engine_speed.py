@@ -196,6 +196,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--model", default=ENGINE["model"],
+                    help="a model folder (config.json; dummy weights)")
     ap.add_argument("--tokenizer", default=".tok")
     ap.add_argument("--cache-dir", default="/tmp/jaxinfer-xla-cache")
     ap.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
@@ -207,6 +209,7 @@ def main() -> int:
                     help="also the decode step alone and HF transformers' "
                          "continuous batching (tp256-512's prompts)")
     args = ap.parse_args()
+    ENGINE["model"] = args.model
     if args.ready:
         ready(args.tokenizer, args.cache_dir)
         return 0
@@ -224,6 +227,7 @@ def main() -> int:
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, __file__, "--out", args.out,
                                 "--ready", "--tokenizer", args.tokenizer,
+                                "--model", args.model,
                                 "--cache-dir", args.cache_dir],
                                capture_output=True, text=True)
             lines = p.stdout.strip().splitlines()

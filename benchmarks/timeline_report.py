@@ -6,10 +6,16 @@ roofline of each of its steps, as a table and a PNG.
 
 Roofline of one step (docs/benchmarking.md, per step):
 ``t_min = max((W + kv_tokens * kv_bytes) / BW, (2 * P * tokens + 4 * N * H * L * pairs) / FLOPS)``
-with W the streamed weight bytes (all but the embedding table), P the
-parameters a token passes through, ``kv_tokens`` the KV entries the step
+with W the streamed weight bytes (all but an untied embedding table), P
+the parameters a token passes through, ``kv_tokens`` the KV entries the step
 reads, ``pairs`` its causal query-key pairs; BW and FLOPS measured in the
 same run. A run's roofline is the sum over its steps.
+
+For a mixture of experts, W counts the experts a step's T tokens touch: per
+layer ``E * (1 - (1 - k/E)^T)``, the expected count under uniform routing
+(every expert once T reaches a few hundred), and P the k experts a token
+runs through. The constants come from the model's config
+(``model_constants``; the run's ``summary.json`` names the model).
 """
 
 from __future__ import annotations
@@ -20,9 +26,61 @@ import json
 import os
 import sys
 
-# llama3-8b shape (benchmarks/models/llama3-8b/config.json), bf16.
+# llama3-8b shape (benchmarks/models/llama3-8b/config.json), bf16: what
+# model_constants gives for it, for summaries that name no model.
 LLAMA3_8B = dict(streamed_weight_bytes=15.01e9, token_params=7.50e9,
                  kv_bytes_per_token=131072, attn_flops_per_pair=4 * 32 * 128 * 32)
+
+
+def model_constants(model_dir: str, dtype_bytes: int = 2) -> dict:
+    """step_t_min's constants for the model whose config.json is in
+    ``model_dir``, counted on its abstract params (nothing allocated)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from jaxinfer.models.abstract import abstract_variables
+    from jaxinfer.models.config import load_hf_config, model_config_from_hf
+    from jaxinfer.models.registry import model_class
+    cfg = model_config_from_hf(load_hf_config(model_dir))
+    model = model_class(cfg.architecture)(cfg, dtype=jnp.bfloat16)
+    params = nn.unbox(abstract_variables(model, cfg)["params"])
+    expert, embedding, total = 0, 0, 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        keys = [getattr(k, "key", "") for k in path]
+        if keys[-1] in ("gate_proj", "up_proj", "down_proj") and "mlp" in keys \
+                and len(leaf.shape) == 3:  # stacked [E, ...] expert weights
+            expert += leaf.size
+        elif keys[0] == "embedding":
+            embedding += leaf.size
+        total += leaf.size
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    dense = total - expert - (0 if tied else embedding)
+    L = cfg.num_layers
+    out = dict(streamed_weight_bytes=dense * dtype_bytes,
+               token_params=dense,
+               kv_bytes_per_token=2 * L * cfg.num_kv_heads * cfg.head_dim
+               * dtype_bytes,
+               attn_flops_per_pair=4 * L * cfg.num_heads * cfg.head_dim)
+    E = getattr(cfg, "num_experts", 0)
+    if expert and E:
+        k = cfg.num_experts_per_tok
+        per_expert = expert // (L * E)  # one expert's params in one layer
+        out.update(num_layers=L, num_experts=E, experts_per_tok=k,
+                   expert_bytes=per_expert * dtype_bytes)
+        out["token_params"] += L * k * per_expert
+    return out
+
+
+def step_weight_bytes(m: dict, tokens: int) -> float:
+    """The weight bytes a step of ``tokens`` tokens reads: the dense ones,
+    plus for a mixture of experts the experts it is expected to touch."""
+    w = m["streamed_weight_bytes"]
+    if "num_experts" in m:
+        E, k = m["num_experts"], m["experts_per_tok"]
+        touched = E * (1.0 - (1.0 - k / E) ** tokens)
+        w += m["num_layers"] * touched * m["expert_bytes"]
+    return w
 
 
 def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
@@ -32,7 +90,7 @@ def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
     total = 0.0
     for i in range(r.get("num_steps", 1)):
         grown = i * r["decode_tokens"]  # decode rows gain a token per step
-        t_bytes = (m["streamed_weight_bytes"] + (r["kv_tokens"] + grown) *
+        t_bytes = (step_weight_bytes(m, tokens) + (r["kv_tokens"] + grown) *
                    m["kv_bytes_per_token"]) / roof["bw"]
         t_flops = (2 * m["token_params"] * tokens + m["attn_flops_per_pair"]
                    * (r["attn_pairs"] + grown)) / roof["flops"]
@@ -56,9 +114,10 @@ def kind(r: dict) -> str:
     return "decode" if r["decode_only"] else "mixed"
 
 
-def summarize(steps: list[dict], roof: dict, elapsed_s: float | None) -> dict:
+def summarize(steps: list[dict], roof: dict, elapsed_s: float | None,
+              m: dict = LLAMA3_8B) -> dict:
     out = {"steps": len(steps)}
-    t_min = sum(step_t_min(r, roof) for r in steps)
+    t_min = sum(step_t_min(r, roof, m) for r in steps)
     dev = sum(r["device_ms"] for r in steps) / 1e3
     out.update(roofline_s=t_min, device_s=dev,
                host_s=sum(r["host_ms"] for r in steps) / 1e3,
@@ -74,7 +133,7 @@ def summarize(steps: list[dict], roof: dict, elapsed_s: float | None) -> dict:
         b["n"] += 1
         b["device_s"] += r["device_ms"] / 1e3
         b["host_s"] += r["host_ms"] / 1e3
-        b["t_min_s"] += step_t_min(r, roof)
+        b["t_min_s"] += step_t_min(r, roof, m)
     out["by_kind"] = by
     return out
 
@@ -110,6 +169,10 @@ def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
         with open(os.path.join(d, "summary.json")) as f:
             summary = json.load(f)
     roof = summary["roofline"]
+    model = (summary.get("engine") or {}).get("model")
+    m = (model_constants(model) if model and os.path.exists(
+        os.path.join(model, "config.json")) else LLAMA3_8B)
+    summary["roofline_model"] = m
     parts = [f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul "
              f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof.get('device', '')})"]
     for name, run in summary["runs"].items():
@@ -118,17 +181,18 @@ def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
             parts.append(f"{name}: no timeline (rc={run.get('rc')})")
             continue
         steps = load_steps(path)
-        s = summarize(steps, roof, elapsed_of(run.get("bench")))
+        s = summarize(steps, roof, elapsed_of(run.get("bench")), m)
         run["timeline"] = s
         parts.append(table(name, s))
         if png:
-            plot(steps, roof, os.path.join(d, f"{name}.png"), name)
+            plot(steps, roof, os.path.join(d, f"{name}.png"), name, m)
     with open(os.path.join(d, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return "\n".join(parts)
 
 
-def plot(steps: list[dict], roof: dict, path: str, title: str) -> None:
+def plot(steps: list[dict], roof: dict, path: str, title: str,
+         m: dict = LLAMA3_8B) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -140,7 +204,7 @@ def plot(steps: list[dict], roof: dict, path: str, title: str) -> None:
         if xs:
             ax.scatter(xs, ys, s=3, c=c, label=f"{k} (device)")
     ax.plot([r["step"] for r in steps],
-            [1e3 * step_t_min(r, roof) for r in steps], "k-", lw=0.5,
+            [1e3 * step_t_min(r, roof, m) for r in steps], "k-", lw=0.5,
             label="roofline of the step")
     ax.plot([r["step"] for r in steps], [r["host_ms"] for r in steps],
             c="tab:green", lw=0.5, label="host")
