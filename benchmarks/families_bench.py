@@ -40,7 +40,7 @@ TARGETS = {
 
 PARTS = {
     "moe": [sys.executable, os.path.join(HERE, "moe_bench.py"),
-            "--sizes", "64:1024", "--grouped-tokens", "256"],
+            "--sizes", "64:1024", "--grouped-tokens", "256", "--sweep"],
     "qwen3-moe": [sys.executable, os.path.join(HERE, "engine_speed.py"),
                   "--model", os.path.join(HERE, "models", "qwen3-30b-a3b"),
                   "--only", "tp1000-1000", "--skip-ready"],

@@ -17,9 +17,11 @@ Two parts, written to ``moe-bench.json``:
   hidden rows (the first layer's router on the embedded tokens), not
   assumed. ``--num-layers`` cuts the model (and its roofline) for a GPU
   that cannot hold all of it.
-- ``grouped``: one layer's experts at S tokens, the grouped ragged_dot
-  product (``models.moe.grouped_experts``) against the dense loop over
-  every expert (``dense_experts_reference``), each jitted alone.
+- ``grouped``: one layer's experts at S tokens, the grouped product
+  (``models.moe.grouped_experts``: the grouped-matmul kernel on a GPU)
+  against the dense loop over every expert (``dense_experts_reference``)
+  and against ``jax.lax.ragged_dot``, each jitted alone; with
+  ``--sweep``, the kernel's tunings too (``grouped.tunings``).
 
 BW and FLOPS are measured in the same run (torch's copy_ and an 8192^3
 bf16 matmul, ``benchmarks/kernels/bench_attention.roofline``).
@@ -43,7 +45,13 @@ from benchmarks.decode_step import build, step_caller
 from benchmarks.kernels.bench_attention import time_fn
 from benchmarks.run_stamp import run_stamp
 from jaxinfer.models.config import load_hf_config, model_config_from_hf
-from jaxinfer.models.moe import MoEConfig, dense_experts_reference, grouped_experts, route
+from jaxinfer.models.moe import (
+    MoEConfig,
+    dense_experts_reference,
+    experts_impl,
+    grouped_experts,
+    route,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIXTRAL = os.path.join(HERE, "models", "mixtral-8x7b")
@@ -113,7 +121,38 @@ def bench_decode(cfg: MoEConfig, sizes, roof: dict, backend: str) -> list:
     return rows
 
 
-def bench_grouped(cfg: MoEConfig, S: int) -> dict:
+SWEEP = [(16, 64, 64, 4, 3), (16, 128, 64, 4, 3), (16, 128, 128, 8, 3),
+         (64, 128, 64, 4, 3), (64, 128, 64, 8, 4), (64, 64, 64, 4, 4),
+         (128, 128, 64, 8, 3), (32, 128, 64, 4, 4)]
+
+
+def bench_tunings(args: tuple, act) -> list:
+    """The kernel path of grouped_experts under each tuning of SWEEP
+    (block_m, block_n, block_k, warps, stages) for both projections."""
+    from jaxinfer.models import moe
+    from jaxinfer.pallas_kernels import grouped_matmul as gm
+    rows = []
+    real = gm.default_tuning
+    for bm, bn, bk, warps, stages in SWEEP:
+        t = gm.GroupedMatmulTuning(bm, bn, bk, warps, stages)
+        gm.default_tuning = lambda P, K, N, t=t: dataclasses.replace(
+            t, block_n=min(t.block_n, gm._block(N, t.block_n)),
+            block_k=min(t.block_k, gm._block(K, t.block_k)))
+        try:
+            fn = jax.jit(lambda *a: moe.grouped_experts(*a, act, impl="pallas"))
+            ms = statistics.median(time_fn(fn, *args)) * 1e3
+            rows.append(dict(block_m=bm, block_n=bn, block_k=bk,
+                             num_warps=warps, num_stages=stages, ms=ms))
+        except Exception as e:  # a tuning that fails to build
+            rows.append(dict(block_m=bm, block_n=bn, block_k=bk,
+                             num_warps=warps, num_stages=stages,
+                             error=str(e)[:300]))
+        finally:
+            gm.default_tuning = real
+    return rows
+
+
+def bench_grouped(cfg: MoEConfig, S: int, sweep: bool = False) -> dict:
     D, E, F = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     keys = jax.random.split(jax.random.key(0), 5)
     x = jax.random.normal(keys[0], (S, D), jnp.bfloat16)
@@ -124,13 +163,26 @@ def bench_grouped(cfg: MoEConfig, S: int) -> dict:
                              cfg.num_experts_per_tok, True)
     act = jax.nn.silu
     grouped = jax.jit(lambda *a: grouped_experts(*a, act))
+    ragged = jax.jit(lambda *a: grouped_experts(*a, act, impl="ragged_dot"))
     dense = jax.jit(lambda *a: dense_experts_reference(*a, act))
     args = (x, weights, experts, gate, up, down)
-    err = float(jnp.max(jnp.abs(grouped(*args) - dense(*args))))
+    want = dense(*args)
+    err = float(jnp.max(jnp.abs(grouped(*args) - want)))
+    scale = float(jnp.max(jnp.abs(want)))
     t_grouped = statistics.median(time_fn(grouped, *args))
+    t_ragged = statistics.median(time_fn(ragged, *args))
     t_dense = statistics.median(time_fn(dense, *args))
-    return dict(S=S, grouped_ms=t_grouped * 1e3, dense_loop_ms=t_dense * 1e3,
-                speedup=t_dense / t_grouped, max_abs_diff=err)
+    # The bytes the grouped product must read: every expert the tokens
+    # touch, once (bf16).
+    touched = int(np.unique(np.asarray(experts)).size)
+    out = dict(S=S, impl=experts_impl(), grouped_ms=t_grouped * 1e3,
+               ragged_dot_ms=t_ragged * 1e3, dense_loop_ms=t_dense * 1e3,
+               speedup=t_dense / t_grouped, max_abs_diff=err,
+               max_abs_ref=scale, touched_experts=touched,
+               weight_bytes=touched * _expert_bytes(cfg))
+    if sweep:
+        out["tunings"] = bench_tunings(args, act)
+    return out
 
 
 def main() -> None:
@@ -141,6 +193,8 @@ def main() -> None:
     ap.add_argument("--backend", default=None, help="attention backend")
     ap.add_argument("--sizes", default="64:1024", help="S:L,...")
     ap.add_argument("--grouped-tokens", type=int, default=256)
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time the grouped kernel's tunings")
     ap.add_argument("--num-layers", type=int, default=None,
                     help="decoder layers to build (default: the model's)")
     args = ap.parse_args()
@@ -155,7 +209,8 @@ def main() -> None:
     backend = args.backend or ("reference" if args.tiny else "pallas")
     roof = _roofline(args.tiny)
     decode = bench_decode(cfg, sizes, roof, backend)
-    grouped = bench_grouped(cfg, 16 if args.tiny else args.grouped_tokens)
+    grouped = bench_grouped(cfg, 16 if args.tiny else args.grouped_tokens,
+                            args.sweep)
     result = dict(
         workload="moe", model="tiny-mixtral" if args.tiny else "mixtral-8x7b",
         num_layers=cfg.num_layers, backend=backend, **run_stamp(),
@@ -170,8 +225,12 @@ def main() -> None:
               f"{r['t_min_ms']:.2f} ms ({r['roofline_fraction']:.2f}), "
               f"{r['touched_experts_per_layer']} experts touched per layer")
     g = grouped
-    print(f"experts S={g['S']}: grouped {g['grouped_ms']:.3f} ms, dense loop "
-          f"{g['dense_loop_ms']:.3f} ms ({g['speedup']:.2f}x)")
+    print(f"experts S={g['S']}: grouped ({g['impl']}) {g['grouped_ms']:.3f} ms, "
+          f"ragged_dot {g['ragged_dot_ms']:.3f} ms, dense loop "
+          f"{g['dense_loop_ms']:.3f} ms ({g['speedup']:.2f}x), max |diff| "
+          f"{g['max_abs_diff']:.2e} of {g['max_abs_ref']:.2e}")
+    for t in g.get("tunings", []):
+        print(f"  tuning {t}")
 
 
 if __name__ == "__main__":

@@ -69,10 +69,12 @@ class GGUFReader:
         self.path = path
         self._gguf = gguf
         self.arch = self.field("general.architecture")
-        spec = gguf_spec(self.arch)
+        experts = bool(self.field(f"{self.arch}.expert_count"))
+        spec = gguf_spec(self.arch, experts)
         if spec is None or spec.gguf is None:
+            what = repr(self.arch) + (" with experts" if experts else "")
             raise CheckpointError(
-                f"{path}: GGUF architecture {self.arch!r} is not supported; "
+                f"{path}: GGUF architecture {what} is not supported; "
                 f"supported: {', '.join(supported_gguf_architectures())}")
         self.spec = spec
         self._names = spec.gguf
@@ -114,7 +116,9 @@ class GGUFReader:
         }
         experts = get("expert_count")
         if experts:  # a mixture of experts
-            cfg["num_experts"] = int(experts)
+            # Qwen3-MoE's config names the count num_experts, Mixtral's
+            # num_local_experts.
+            cfg["num_experts"] = cfg["num_local_experts"] = int(experts)
             cfg["num_experts_per_tok"] = int(get("expert_used_count"))
             cfg["moe_intermediate_size"] = int(get(
                 "expert_feed_forward_length", cfg["intermediate_size"]))

@@ -7,14 +7,27 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .llama import decoder_weights
+from .llama import GGUF_LAYER_NAMES, GGUF_TOP_NAMES, decoder_weights
 from .moe import ExpertNames, MoEConfig, MoEForCausalLM, moe_config_from_hf
-from .spec import ModelSpec
+from .spec import GGUFNames, ModelSpec
 
 # HF's Mixtral checkpoints: w1 is the gate, w3 the up, w2 the down
 # projection of each expert.
 MIXTRAL_EXPERTS = ExpertNames(router="gate", gate="experts.{e}.w1",
                               up="experts.{e}.w3", down="experts.{e}.w2")
+
+
+# llama.cpp writes Mixtral as a "llama" file with an expert count: Llama's
+# attention names (q/k rows permuted) and each layer's experts stacked
+# [E, out, in] under one name.
+GGUF_MIXTRAL_LAYER_NAMES = {
+    **{k: v for k, v in GGUF_LAYER_NAMES.items()
+       if not v.startswith("mlp.")},
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.experts.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.w2",
+}
 
 
 def mixtral_config_from_hf(hf: dict[str, Any]) -> MoEConfig:
@@ -31,5 +44,8 @@ SPECS = (
               config_from_hf=mixtral_config_from_hf,
               weights=functools.partial(decoder_weights,
                                         mlp_cls=MIXTRAL_EXPERTS,
-                                        mlp_hf="block_sparse_moe")),
+                                        mlp_hf="block_sparse_moe"),
+              gguf=GGUFNames("llama", GGUF_MIXTRAL_LAYER_NAMES,
+                             GGUF_TOP_NAMES, permuted_qk=True,
+                             experts=True)),
 )

@@ -4,10 +4,13 @@ in (``mlp_cls``; the rest of the layer is Llama's).
 
 Each token's hidden row goes to its k best experts. The T*k (token, expert)
 pairs are sorted by expert so that each expert's rows are contiguous, and
-one ``jax.lax.ragged_dot`` per projection multiplies every group by its
-expert's weights: the work is the rows routed, not every expert over every
-token (``dense_experts_reference`` is that dense loop, for tests and the
-benchmark).
+each projection multiplies every group by its expert's weights: the work is
+the rows routed, not every expert over every token
+(``dense_experts_reference`` is that dense loop, for tests and the
+benchmark). On a GPU the grouped product is the Pallas kernel of
+``pallas_kernels/grouped_matmul.py`` (XLA's GPU ``ragged_dot`` multiplies
+every row by every expert and selects: E times the work and memory);
+elsewhere ``jax.lax.ragged_dot``.
 
 Expert weights are stacked ``[E, ...]`` with the logical axis ``experts``.
 Under tensor parallelism the sharding rules split the experts over the
@@ -39,6 +42,12 @@ from .llama import LlamaForCausalLM
 from .mlp import ACTIVATIONS
 from .quantization.errors import UnsupportedQuantizationConfigError
 from .spec import WeightSpec
+
+# How the grouped product runs: "pallas" (the Triton-lowered kernel, GPU),
+# "pallas_interpret" (that kernel interpreted: CPU tests), "ragged_dot"
+# (jax.lax.ragged_dot); None: "pallas" on a GPU, "ragged_dot" elsewhere.
+EXPERTS_IMPLS = ("pallas", "pallas_interpret", "ragged_dot")
+EXPERTS_IMPL: str | None = None
 
 EXPERT_AXES = ("experts", "embed", "mlp")  # gate_proj, up_proj [E, D, F]
 DOWN_AXES = ("experts", "mlp", "embed")  # down_proj [E, F, D]
@@ -89,6 +98,17 @@ def route(router_logits: jax.Array,  # [T, E]
     return weights, experts.astype(jnp.int32)
 
 
+def experts_impl(impl: str | None = None) -> str:
+    """The grouped product's implementation (``EXPERTS_IMPLS``)."""
+    impl = impl or EXPERTS_IMPL
+    if impl is None:
+        return "pallas" if jax.default_backend() == "gpu" else "ragged_dot"
+    if impl not in EXPERTS_IMPLS:
+        raise ValueError(f"experts implementation {impl!r} is not one of "
+                         f"{', '.join(EXPERTS_IMPLS)}")
+    return impl
+
+
 def grouped_experts(x: jax.Array,  # [T, D]
                     weights: jax.Array,  # [T, k] float32
                     experts: jax.Array,  # [T, k] int32, global expert ids
@@ -97,15 +117,20 @@ def grouped_experts(x: jax.Array,  # [T, D]
                     down: jax.Array,  # [E_local, F, D]
                     act: Callable[[jax.Array], jax.Array],
                     first_expert: jax.Array | int = 0,
+                    impl: str | None = None,
                     ) -> jax.Array:  # [T, D] float32
     """sum_k weights[t, k] * MLP_{experts[t, k]}(x[t]) over the experts this
     device holds (ids ``first_expert`` .. ``first_expert + E_local - 1``;
-    pairs routed elsewhere contribute zero), as one ragged_dot per
-    projection over the (token, expert) pairs sorted by expert."""
+    pairs routed elsewhere contribute zero), each projection one grouped
+    product over the (token, expert) pairs sorted by expert."""
     T, k = experts.shape
     e_local = gate.shape[0]
     local = experts.reshape(-1) - first_expert  # [T*k]
     here = (local >= 0) & (local < e_local)
+    impl = experts_impl(impl)
+    if impl != "ragged_dot" and kernel_takes(gate.shape[1], gate.shape[2]):
+        return _tiled_experts(x, weights, local, here, gate, up, down, act,
+                              interpret=impl == "pallas_interpret")
     # Pairs of other devices' experts sort last, into no group: ragged_dot
     # leaves rows past the groups' total zero and does no work for them.
     group_of = jnp.where(here, local, e_local)
@@ -120,6 +145,45 @@ def grouped_experts(x: jax.Array,  # [T, D]
     w = jnp.where(here, weights.reshape(-1), 0.0)[order]
     out = jnp.zeros(x.shape, jnp.float32)
     return out.at[token].add(y.astype(jnp.float32) * w[:, None])
+
+
+def kernel_takes(D: int, F: int) -> bool:
+    """Whether the grouped-matmul kernel takes hidden size D and expert
+    size F (multiples of its 16-wide blocks); ragged_dot serves others."""
+    return D % 16 == 0 and F % 16 == 0
+
+
+def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
+                   here: jax.Array, gate: jax.Array, up: jax.Array,
+                   down: jax.Array, act: Callable[[jax.Array], jax.Array],
+                   interpret: bool) -> jax.Array:  # [T, D] float32
+    """``grouped_experts`` on the grouped-matmul kernel: the pairs' rows in
+    expert-aligned tiles (``tile_layout``), gate and up in one pass, down,
+    then each token's k rows weighted and summed."""
+    from jaxinfer.pallas_kernels.grouped_matmul import (
+        default_tuning,
+        grouped_gated_matmul,
+        grouped_matmul,
+        tile_layout,
+    )
+    T, D = x.shape
+    P = local.shape[0]
+    k = P // T
+    e_local, _, F = gate.shape
+    t_in = default_tuning(P, D, F)
+    t_out = dataclasses.replace(default_tuning(P, F, D), block_m=t_in.block_m)
+    row, tile_group = tile_layout(jnp.where(here, local, e_local), e_local,
+                                  t_in.block_m)
+    M = tile_group.shape[0] * t_in.block_m
+    token = jnp.arange(P, dtype=jnp.int32) // k
+    # Row M is where pairs of no local expert go; it is cut off again.
+    rows = jnp.zeros((M + 1, D), x.dtype).at[row].set(x[token])[:M]
+    h = grouped_gated_matmul(rows, gate, up, tile_group, act=act,
+                             tuning=t_in, interpret=interpret)
+    y = grouped_matmul(h, down, tile_group, tuning=t_out, interpret=interpret)
+    y = jnp.concatenate([y, jnp.zeros((1, D), y.dtype)])[row]  # [P, D]
+    w = jnp.where(here, weights.reshape(-1), 0.0)
+    return (y.astype(jnp.float32) * w[:, None]).reshape(T, k, D).sum(axis=1)
 
 
 def dense_experts_reference(x: jax.Array, weights: jax.Array,

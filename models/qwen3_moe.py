@@ -61,5 +61,6 @@ SPECS = (
                                         mlp_cls=QWEN3_MOE_EXPERTS),
               gguf=GGUFNames("qwen3moe", GGUF_MOE_LAYER_NAMES,
                              GGUF_TOP_NAMES, permuted_qk=False,
-                             config_defaults={"norm_topk_prob": True})),
+                             config_defaults={"norm_topk_prob": True},
+                             experts=True)),
 )

@@ -15,7 +15,14 @@ from .errors import ModelConfigError
 from .spec import ModelContractError, ModelSpec, check_spec
 
 _SPECS: dict[str, ModelSpec] = {}
-_GGUF: dict[str, ModelSpec] = {}  # llama.cpp general.architecture -> spec
+# (llama.cpp general.architecture, whether the file holds experts) -> spec:
+# llama.cpp writes Mixtral under "llama", told apart by its expert count.
+_GGUF: dict[tuple[str, bool], ModelSpec] = {}
+
+
+def _gguf_key(spec: ModelSpec) -> tuple[str, bool]:
+    assert spec.gguf is not None
+    return spec.gguf.arch, spec.gguf.experts
 
 
 def register_model(spec: ModelSpec) -> ModelSpec:
@@ -24,13 +31,14 @@ def register_model(spec: ModelSpec) -> ModelSpec:
         raise ModelContractError(
             f"architecture {spec.architecture!r} is already registered (by "
             f"{_SPECS[spec.architecture].model.__name__})")
-    if spec.gguf is not None and spec.gguf.arch in _GGUF:
+    if spec.gguf is not None and _gguf_key(spec) in _GGUF:
         raise ModelContractError(
-            f"GGUF architecture {spec.gguf.arch!r} is already served by "
-            f"{_GGUF[spec.gguf.arch].architecture}")
+            f"GGUF architecture {spec.gguf.arch!r}"
+            f"{' with experts' if spec.gguf.experts else ''} is already "
+            f"served by {_GGUF[_gguf_key(spec)].architecture}")
     _SPECS[spec.architecture] = spec
     if spec.gguf is not None:
-        _GGUF[spec.gguf.arch] = spec
+        _GGUF[_gguf_key(spec)] = spec
     return spec
 
 
@@ -38,7 +46,7 @@ def unregister_model(architecture: str) -> None:
     """Removes a registered spec (plugins replacing one, tests)."""
     spec = _SPECS.pop(architecture)
     if spec.gguf is not None:
-        _GGUF.pop(spec.gguf.arch, None)
+        _GGUF.pop(_gguf_key(spec), None)
 
 
 def supported_architectures() -> list[str]:
@@ -46,7 +54,8 @@ def supported_architectures() -> list[str]:
 
 
 def supported_gguf_architectures() -> list[str]:
-    return sorted(_GGUF)
+    return sorted(arch + (" (with experts)" if experts and (arch, False) in _GGUF
+                          else "") for arch, experts in _GGUF)
 
 
 def model_spec(architecture: str) -> ModelSpec:
@@ -71,8 +80,10 @@ def find_spec(architectures: Iterable[str], model_type: str | None = None
         f"{', '.join(supported_architectures())}")
 
 
-def gguf_spec(gguf_arch: str) -> ModelSpec | None:
-    return _GGUF.get(gguf_arch)
+def gguf_spec(gguf_arch: str, experts: bool = False) -> ModelSpec | None:
+    """The spec serving GGUF files of ``gguf_arch``; ``experts``: the file
+    has a mixture of experts (``{arch}.expert_count`` above zero)."""
+    return _GGUF.get((gguf_arch, experts))
 
 
 def model_class(architecture: str) -> type:

@@ -114,6 +114,9 @@ class GGUFNames:
     # A stored convention undone on load: (HF name, array) -> array
     # (Gemma's norm weights, stored as 1 + w).
     from_stored: Callable[[str, np.ndarray], np.ndarray] | None = None
+    # Serves the files of ``arch`` that hold a mixture of experts
+    # (``{arch}.expert_count`` > 0): llama.cpp writes Mixtral as "llama".
+    experts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

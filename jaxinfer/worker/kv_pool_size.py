@@ -45,9 +45,13 @@ def num_kv_pages(cfg, placement, cache_config, scheduler_config,
     stats = jax.local_devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit", 0)
     in_use = stats.get("bytes_in_use", 0)
-    # Headroom for the step's activations and logits at the largest bucket.
+    # Headroom for the step's activations and logits at the largest bucket,
+    # prompt logprobs' included: float32 logits of every row of the bucket
+    # and their log-softmax (16.8 GB at 16384 rows of Gemma's 256000-entry
+    # vocabulary), which warm-up compiles and a request may ask for.
     workspace = (sc.max_num_batched_tokens *
-                 (cfg.hidden_size * 16 + cfg.intermediate_size * 8) *
+                 (cfg.hidden_size * 16 + cfg.intermediate_size * 8
+                  + cfg.vocab_size * 2) *
                  4 + sc.max_num_seqs * cfg.vocab_size * 16 + (1 << 30))
     free = limit * util - in_use - workspace
     n = int(free // page_bytes)

@@ -1,5 +1,6 @@
 """Mixture-of-experts models (Mixtral, Qwen3-MoE) against HF transformers
-(torch, float32), and the grouped expert product against a dense loop.
+(torch, float32), and the grouped expert product (ragged_dot, and the
+grouped-matmul kernel interpreted) against a dense loop.
 
 Tiny random checkpoints (tests/tiny_models.py: 4 experts, 2 per token)
 run mixed-length prompts as one engine batch with chunked prefill (at most
@@ -36,7 +37,12 @@ CASES = {
     "mixtral": ("mixtral", {}),
     "qwen3-moe": ("qwen3_moe", {}),  # HF's default: no renormalisation
     "qwen3-moe-norm-topk": ("qwen3_moe", {"norm_topk_prob": True}),
+    # The GPU's grouped-matmul kernel, interpreted. Eight experts make its
+    # config differ from the ragged_dot case's, so no jitted layer traced
+    # with the other implementation is reused.
+    "mixtral-grouped-kernel": ("mixtral", {"num_local_experts": 8}),
 }
+KERNEL_CASES = {"mixtral-grouped-kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +52,17 @@ def xla_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def tiny(request, tiny_model_factory, xla_cache):
+    from jaxinfer.models import moe
     arch, overrides = CASES[request.param]
     path = tiny_model_factory(arch, **overrides)
-    return (HfRunner(path),
-            JaxInferRunner(path, compilation_cache_dir=xla_cache,
-                           enable_prefix_caching=True, **ENGINE))
+    impl = "pallas_interpret" if request.param in KERNEL_CASES else None
+    old, moe.EXPERTS_IMPL = moe.EXPERTS_IMPL, impl
+    try:
+        yield (HfRunner(path),
+               JaxInferRunner(path, compilation_cache_dir=xla_cache,
+                              enable_prefix_caching=True, **ENGINE))
+    finally:
+        moe.EXPERTS_IMPL = old
 
 
 def test_greedy_equals_hf_with_chunked_prefill_and_prefix_cache(tiny):
@@ -132,23 +144,29 @@ def _experts(seed, T, D, F, E, k, dtype=jnp.float32):
     return x, weights, experts, gate, up, down
 
 
+IMPLS = ["ragged_dot", "pallas_interpret"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("T,E,k", [(1, 4, 2), (7, 8, 2), (64, 8, 1),
                                    (33, 5, 3), (16, 4, 4)])
-def test_grouped_experts_equal_the_dense_loop(T, E, k):
-    x, w, ids, gate, up, down = _experts(T * E + k, T, 16, 24, E, k)
+def test_grouped_experts_equal_the_dense_loop(T, E, k, impl):
+    x, w, ids, gate, up, down = _experts(T * E + k, T, 16, 32, E, k)
     want = dense_experts_reference(x, w, ids, gate, up, down, jax.nn.silu)
-    got = jax.jit(grouped_experts, static_argnums=6)(x, w, ids, gate, up,
-                                                     down, jax.nn.silu)
+    got = jax.jit(grouped_experts, static_argnums=(6, 8))(
+        x, w, ids, gate, up, down, jax.nn.silu, 0, impl)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_expert_slices_sum_to_the_whole():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_expert_slices_sum_to_the_whole(impl):
     """Each device of an expert-parallel mesh computes its own experts'
     share (``first_expert``); the shares add up to the full product."""
-    x, w, ids, gate, up, down = _experts(3, 20, 16, 24, 8, 2)
+    x, w, ids, gate, up, down = _experts(3, 20, 16, 32, 8, 2)
     whole = grouped_experts(x, w, ids, gate, up, down, jax.nn.silu)
     parts = [grouped_experts(x, w, ids, gate[s:s + 2], up[s:s + 2],
-                             down[s:s + 2], jax.nn.silu, first_expert=s)
+                             down[s:s + 2], jax.nn.silu, first_expert=s,
+                             impl=impl)
              for s in range(0, 8, 2)]
     assert all(float(jnp.abs(p).max()) > 0 for p in parts)
     np.testing.assert_allclose(sum(parts), whole, rtol=1e-5, atol=1e-5)
