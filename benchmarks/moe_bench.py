@@ -135,7 +135,7 @@ def bench_tunings(args: tuple, act) -> list:
     real = gm.default_tuning
     for bm, bn, bk, warps, stages in SWEEP:
         t = gm.GroupedMatmulTuning(bm, bn, bk, warps, stages)
-        gm.default_tuning = lambda P, K, N, t=t: dataclasses.replace(
+        gm.default_tuning = lambda P, K, N, G=1, t=t: dataclasses.replace(
             t, block_n=min(t.block_n, gm._block(N, t.block_n)),
             block_k=min(t.block_k, gm._block(K, t.block_k)))
         try:

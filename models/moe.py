@@ -170,8 +170,9 @@ def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
     P = local.shape[0]
     k = P // T
     e_local, _, F = gate.shape
-    t_in = default_tuning(P, D, F)
-    t_out = dataclasses.replace(default_tuning(P, F, D), block_m=t_in.block_m)
+    t_in = default_tuning(P, D, F, e_local)
+    t_out = dataclasses.replace(default_tuning(P, F, D, e_local),
+                                block_m=t_in.block_m)
     row, tile_group = tile_layout(jnp.where(here, local, e_local), e_local,
                                   t_in.block_m)
     M = tile_group.shape[0] * t_in.block_m

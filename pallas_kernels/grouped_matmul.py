@@ -56,12 +56,15 @@ class GroupedMatmulTuning:
                 raise ValueError(f"{name} must be a power of two >= 16, got {v}")
 
 
-def default_tuning(pairs: int, n_in: int, n_out: int) -> GroupedMatmulTuning:
-    """Tiles of 16 rows for decode-sized batches (an expert gets a few rows
-    each), 64 beyond; the largest power-of-two blocks that divide the
-    shapes."""
-    return GroupedMatmulTuning(block_m=16 if pairs <= 1024 else 64,
-                               block_n=_block(n_out, 128),
+def default_tuning(pairs: int, n_in: int, n_out: int,
+                   groups: int = 1) -> GroupedMatmulTuning:
+    """Row tiles about one group's expected rows (``pairs / groups``, 16 to
+    64: each tile reads its expert's whole weight block, so tiles much
+    smaller than a group read it several times); the largest power-of-two
+    blocks that divide the shapes."""
+    per_group = max(1, pairs // max(groups, 1))
+    block_m = min(64, max(16, 1 << (per_group - 1).bit_length()))
+    return GroupedMatmulTuning(block_m=block_m, block_n=_block(n_out, 128),
                                block_k=_block(n_in, 64))
 
 
