@@ -19,6 +19,11 @@ The row count is static: at most ``pairs + groups * (block_m - 1)``, which
 The gated form computes ``act(x W_gate) * (x W_up)`` in one pass over x
 (two accumulators), the first half of an expert MLP.
 
+Quantized weights (int8 or fp8 codes, weight-only) come with one float32
+scale per group and output feature: each code block is widened to x's
+dtype in registers for the dot and the accumulated product scaled by its
+columns' scales, ``x (q * s) = (x q) * s``.
+
 Anatomy as the other kernels': kernel bodies, ``pallas_call`` builder,
 jitted wrappers with a validated frozen tuning, ``jnp`` references.
 """
@@ -114,55 +119,73 @@ def _dot(a, b):
     return jax.lax.dot(a, b, preferred_element_type=jnp.float32)
 
 
+def _product(g, x_ref: Ref, w_refs: tuple, s_refs: tuple | None,
+             block_k: int) -> list[jax.Array]:
+    """Row tile x_ref times group g's block of each weight in ``w_refs``
+    ([E, K, bn] each), float32 [bm, bn] each, scaled by ``s_refs``
+    ([E, bn] each) when the weights are codes."""
+    bm = x_ref.shape[0]
+    bn = w_refs[0].shape[2]
+    K = x_ref.shape[1]
+
+    def body(k, accs):
+        cols = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
+        xk = x_ref[:, cols]
+        return tuple(acc + _dot(xk, w[g, cols, :].astype(xk.dtype))
+                     for acc, w in zip(accs, w_refs))
+    zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in w_refs)
+    accs = jax.lax.fori_loop(0, K // block_k, body, zeros)
+    if s_refs is None:
+        return list(accs)
+    return [acc * s[pl.ds(g, 1), :] for acc, s in zip(accs, s_refs)]
+
+
 def _kernel(group_ref: Ref,  # [tiles] int32
             x_ref: Ref,  # [bm, K]
-            w_ref: Ref,  # [E, K, bn]
-            o_ref: Ref,  # [bm, bn]
-            *, block_k: int) -> None:
+            *refs: Ref,  # w [E, K, bn], (scale [E, bn],) o [bm, bn]
+            block_k: int, scaled: bool) -> None:
     g = group_ref[pl.program_id(0)]
-    bm, bn = o_ref.shape
-    K = x_ref.shape[1]
+    o_ref = refs[-1]
 
     @pl.when(g >= 0)
     def _():
-        def body(k, acc):
-            cols = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
-            return acc + _dot(x_ref[:, cols], w_ref[g, cols, :])
-        acc = jax.lax.fori_loop(0, K // block_k, body,
-                                jnp.zeros((bm, bn), jnp.float32))
-        o_ref[...] = acc.astype(o_ref.dtype)
+        (y,) = _product(g, x_ref, refs[:1], refs[1:2] if scaled else None,
+                        block_k)
+        o_ref[...] = y.astype(o_ref.dtype)
 
     @pl.when(g < 0)
     def _():
-        o_ref[...] = jnp.zeros((bm, bn), o_ref.dtype)
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
 
 
-def _gated_kernel(group_ref: Ref, x_ref: Ref, gate_ref: Ref, up_ref: Ref,
-                  o_ref: Ref, *, block_k: int,
+def _gated_kernel(group_ref: Ref, x_ref: Ref,
+                  *refs: Ref,  # gate, up, (gate scale, up scale,) o
+                  block_k: int, scaled: bool,
                   act: Callable[[jax.Array], jax.Array]) -> None:
     g = group_ref[pl.program_id(0)]
-    bm, bn = o_ref.shape
-    K = x_ref.shape[1]
+    o_ref = refs[-1]
 
     @pl.when(g >= 0)
     def _():
-        def body(k, accs):
-            cols = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
-            xk = x_ref[:, cols]
-            return (accs[0] + _dot(xk, gate_ref[g, cols, :]),
-                    accs[1] + _dot(xk, up_ref[g, cols, :]))
-        zeros = jnp.zeros((bm, bn), jnp.float32)
-        a_gate, a_up = jax.lax.fori_loop(0, K // block_k, body, (zeros, zeros))
+        a_gate, a_up = _product(g, x_ref, refs[:2],
+                                refs[2:4] if scaled else None, block_k)
         o_ref[...] = (act(a_gate) * a_up).astype(o_ref.dtype)
 
     @pl.when(g < 0)
     def _():
-        o_ref[...] = jnp.zeros((bm, bn), o_ref.dtype)
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
 
 
-def _check(x, w, tile_group, tuning):
+def _check(x, w, tile_group, tuning, scale=None):
     M, K = x.shape
     E, K2, N = w.shape
+    if scale is None and w.dtype in (jnp.int8, jnp.float8_e4m3fn):
+        raise GroupedMatmulShapeError(
+            f"{w.dtype} weights for {x.dtype} rows need their scales "
+            "([E, N] float32, one per group and output)")
+    if scale is not None and scale.shape != (E, N):
+        raise GroupedMatmulShapeError(
+            f"scales {scale.shape} must be [E, N] = {(E, N)}")
     if K2 != K:
         raise GroupedMatmulShapeError(
             f"weights [E, K, N] = {w.shape} contract over {K2}, x has {K}")
@@ -176,57 +199,67 @@ def _check(x, w, tile_group, tuning):
             f"block_n={tuning.block_n} must divide N={N}")
 
 
-def _call(kernel, x, weights, tile_group, tuning, interpret, name):
+def _call(kernel, x, weights, scales, tile_group, tuning, interpret, name):
     M, K = x.shape
     E, _, N = weights[0].shape
     bm, bn = tuning.block_m, tuning.block_n
     tiles = tile_group.shape[0]
     w_spec = pl.BlockSpec((E, K, bn), lambda i, j: (0, 0, j))
+    s_spec = pl.BlockSpec((E, bn), lambda i, j: (0, j))
+    scales = tuple(scales or ())
     return pl.pallas_call(
-        functools.partial(kernel, block_k=tuning.block_k),
+        functools.partial(kernel, block_k=tuning.block_k, scaled=bool(scales)),
         grid=(tiles, N // bn),
         in_specs=[pl.BlockSpec((tiles,), lambda i, j: (0,)),
                   pl.BlockSpec((bm, K), lambda i, j: (i, 0)),
-                  *[w_spec] * len(weights)],
+                  *[w_spec] * len(weights), *[s_spec] * len(scales)],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((M, N), x.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=tuning.num_warps,
                                              num_stages=tuning.num_stages),
         interpret=interpret,
         name=name,
-    )(tile_group, x, *weights)
+    )(tile_group, x, *weights, *scales)
 
 
 @functools.partial(jax.jit, static_argnames=("tuning", "interpret"))
 def grouped_matmul(x: jax.Array,  # [tiles * bm, K] in tile layout
-                   w: jax.Array,  # [E, K, N]
+                   w: jax.Array,  # [E, K, N] (or int8 / fp8 codes)
                    tile_group: jax.Array,  # [tiles] int32, -1: no group
+                   scale: jax.Array | None = None,  # [E, N] f32 for codes
                    *, tuning: GroupedMatmulTuning,
                    interpret: bool = False) -> jax.Array:  # [tiles * bm, N]
     """Each row tile times its group's weights (zeros for tiles of none)."""
-    _check(x, w, tile_group, tuning)
-    return _call(_kernel, x, (w,), tile_group, tuning, interpret,
-                 "grouped_matmul")
+    _check(x, w, tile_group, tuning, scale)
+    return _call(_kernel, x, (w,), None if scale is None else (scale,),
+                 tile_group, tuning, interpret, "grouped_matmul")
 
 
 @functools.partial(jax.jit, static_argnames=("act", "tuning", "interpret"))
 def grouped_gated_matmul(x: jax.Array, gate: jax.Array, up: jax.Array,
-                         tile_group: jax.Array, *,
+                         tile_group: jax.Array,
+                         gate_scale: jax.Array | None = None,
+                         up_scale: jax.Array | None = None, *,
                          act: Callable[[jax.Array], jax.Array],
                          tuning: GroupedMatmulTuning,
                          interpret: bool = False) -> jax.Array:
     """``act(x W_gate[g]) * (x W_up[g])`` per row tile, one pass over x."""
-    _check(x, gate, tile_group, tuning)
-    _check(x, up, tile_group, tuning)
+    _check(x, gate, tile_group, tuning, gate_scale)
+    _check(x, up, tile_group, tuning, up_scale)
+    scales = None if gate_scale is None else (gate_scale, up_scale)
     return _call(functools.partial(_gated_kernel, act=act), x, (gate, up),
-                 tile_group, tuning, interpret, "grouped_gated_matmul")
+                 scales, tile_group, tuning, interpret, "grouped_gated_matmul")
 
 
-def grouped_matmul_reference(x, w, tile_group, block_m):
-    """The same product with each tile's weights gathered, in float32."""
+def grouped_matmul_reference(x, w, tile_group, block_m, scale=None):
+    """The same product with each tile's weights gathered (codes times
+    their scales), in float32."""
     tiles = tile_group.shape[0]
     xt = x.reshape(tiles, block_m, -1).astype(jnp.float32)
-    wt = w[jnp.maximum(tile_group, 0)].astype(jnp.float32)  # [tiles, K, N]
+    w = w.astype(jnp.float32)
+    if scale is not None:
+        w = w * scale[:, None, :]
+    wt = w[jnp.maximum(tile_group, 0)]  # [tiles, K, N]
     out = jnp.einsum("tmk,tkn->tmn", xt, wt)
     out = jnp.where((tile_group >= 0)[:, None, None], out, 0.0)
     return out.reshape(tiles * block_m, -1)

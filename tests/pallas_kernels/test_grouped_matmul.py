@@ -103,3 +103,25 @@ def test_compiled_grouped_experts_equal_the_dense_loop_on_gpu(P, E, D, F):
                                    *(a.astype(jnp.float32) for a in (gate, up, down)),
                                    jax.nn.silu)
     np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * float(jnp.abs(want).max()))
+
+
+@pytest.mark.parametrize("codes", [jnp.int8, jnp.float8_e4m3fn])
+def test_quantized_weights_are_widened_and_scaled_per_group_and_output(codes):
+    E, K, N, P, bm = 4, 32, 64, 30, 16
+    ks = jax.random.split(jax.random.key(2), 5)
+    _, tile_group = tile_layout(jax.random.randint(ks[0], (P,), 0, E), E, bm)
+    x = jax.random.normal(ks[1], (tile_group.shape[0] * bm, K))
+    q = (jax.random.normal(ks[2], (E, K, N)) * 20).astype(codes)
+    q_up = (jax.random.normal(ks[3], (E, K, N)) * 20).astype(codes)
+    scale = jax.random.uniform(ks[4], (E, N), minval=0.001, maxval=0.01)
+    tuning = GroupedMatmulTuning(block_m=bm, block_n=32, block_k=16)
+    got = grouped_matmul(x, q, tile_group, scale, tuning=tuning, interpret=True)
+    want = grouped_matmul_reference(x, q, tile_group, bm, scale)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got = grouped_gated_matmul(x, q, q_up, tile_group, scale, scale * 2,
+                               act=jax.nn.silu, tuning=tuning, interpret=True)
+    want = (jax.nn.silu(want)
+            * grouped_matmul_reference(x, q_up, tile_group, bm, scale * 2))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(GroupedMatmulShapeError, match="need their scales"):
+        grouped_matmul(x, q, tile_group, tuning=tuning, interpret=True)
