@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,7 @@ from .layers import param
 from .llama import LlamaForCausalLM
 from .mlp import ACTIVATIONS
 from .quantization.errors import UnsupportedQuantizationConfigError
-from .spec import WeightSpec
+from .spec import StackedExpertsLayout, WeightSpec
 
 # How the grouped product runs: "pallas" (the Triton-lowered kernel, GPU),
 # "pallas_interpret" (that kernel interpreted: CPU tests), "ragged_dot"
@@ -76,14 +76,67 @@ class MoEConfig(ModelConfig):
             raise ModelConfigError(
                 "moe_intermediate_size must be >= 1, got "
                 f"{self.moe_intermediate_size}")
-        if self.quantization is not None:
+        q = self.quantization
+        if q is not None and expert_codes_dtype(self) is None:
             # Only the attention's Linear layers would take it: the experts,
             # most of the weights, would stay unquantized without a word.
             raise UnsupportedQuantizationConfigError(
-                f"quantization={self.quantization.method!r}: "
-                f"{self.architecture}'s expert weights have no quantized "
-                "form yet; serve it unquantized (quantization=None; a GGUF "
-                "file's quantized tensors are then dequantized at load)")
+                f"quantization={q.method!r} (checkpoint format "
+                f"{q.checkpoint_format!r}): {self.architecture}'s expert "
+                "weights are quantized only at load, from a float "
+                "checkpoint, with quantization='fp8' or 'int8' (weight-only, "
+                "one scale per expert and output feature); checkpoints that "
+                "ship quantized experts (AWQ, GPTQ, fp8) are not served yet: "
+                "serve a float checkpoint (a GGUF file's quantized tensors "
+                "are dequantized at load)")
+
+
+# Expert weights quantized at load by quantization=...: their code dtype.
+EXPERT_CODES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
+EXPERT_FORMATS = ("float", "jaxinfer")  # quantized at load / already ours
+
+
+def expert_codes_dtype(cfg: ModelConfig) -> Any:
+    """The code dtype of the config's quantized experts (None: float)."""
+    q = getattr(cfg, "quantization", None)
+    if q is None or q.checkpoint_format not in EXPERT_FORMATS:
+        return None
+    return EXPERT_CODES.get(q.method)
+
+
+class QuantizedExperts(NamedTuple):
+    """Stacked expert weights as codes with one float32 scale per expert
+    and output feature: ``w[e, i, o] = codes[e, i, o] * scale[e, o]``."""
+    codes: jax.Array  # [E, in, out] int8 / fp8
+    scale: jax.Array  # [E, out] float32
+
+
+# An expert projection: float [E, in, out], or codes and scales.
+ExpertWeights = jax.Array | QuantizedExperts
+
+
+def expert_floats(w: ExpertWeights, dtype: Any) -> jax.Array:
+    """The float weights [E, in, out] in ``dtype`` (codes times scales)."""
+    if isinstance(w, QuantizedExperts):
+        return (w.codes.astype(jnp.float32)
+                * w.scale[:, None, :]).astype(dtype)
+    return w
+
+
+def quantize_experts(w: np.ndarray, codes_dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Float [E, in, out] -> (codes, scale [E, out] float32): symmetric,
+    amax / 448 (fp8) or amax / 127 (int8, rounded half to even) per expert
+    and output feature."""
+    w = np.asarray(w, np.float32)
+    amax = np.abs(w).max(axis=1)  # [E, out]
+    top = 127.0 if codes_dtype == jnp.int8 else float(jnp.finfo(codes_dtype).max)
+    scale = np.where(amax > 0, amax / np.float32(top), np.float32(1)).astype(np.float32)
+    q = w / scale[:, None, :]
+    if codes_dtype == jnp.int8:
+        codes = np.clip(np.round(q), -127, 127).astype(np.int8)
+    else:
+        codes = np.asarray(jnp.asarray(np.clip(q, -top, top)).astype(codes_dtype))
+    return codes, scale
 
 
 def route(router_logits: jax.Array,  # [T, E]
@@ -112,9 +165,9 @@ def experts_impl(impl: str | None = None) -> str:
 def grouped_experts(x: jax.Array,  # [T, D]
                     weights: jax.Array,  # [T, k] float32
                     experts: jax.Array,  # [T, k] int32, global expert ids
-                    gate: jax.Array,  # [E_local, D, F]
-                    up: jax.Array,  # [E_local, D, F]
-                    down: jax.Array,  # [E_local, F, D]
+                    gate: ExpertWeights,  # [E_local, D, F]
+                    up: ExpertWeights,  # [E_local, D, F]
+                    down: ExpertWeights,  # [E_local, F, D]
                     act: Callable[[jax.Array], jax.Array],
                     first_expert: jax.Array | int = 0,
                     impl: str | None = None,
@@ -124,13 +177,15 @@ def grouped_experts(x: jax.Array,  # [T, D]
     pairs routed elsewhere contribute zero), each projection one grouped
     product over the (token, expert) pairs sorted by expert."""
     T, k = experts.shape
-    e_local = gate.shape[0]
+    shape = (gate.codes if isinstance(gate, QuantizedExperts) else gate).shape
+    e_local = shape[0]
     local = experts.reshape(-1) - first_expert  # [T*k]
     here = (local >= 0) & (local < e_local)
     impl = experts_impl(impl)
-    if impl != "ragged_dot" and kernel_takes(gate.shape[1], gate.shape[2]):
+    if impl != "ragged_dot" and kernel_takes(shape[1], shape[2]):
         return _tiled_experts(x, weights, local, here, gate, up, down, act,
                               interpret=impl == "pallas_interpret")
+    gate, up, down = (expert_floats(w, x.dtype) for w in (gate, up, down))
     # Pairs of other devices' experts sort last, into no group: ragged_dot
     # leaves rows past the groups' total zero and does no work for them.
     group_of = jnp.where(here, local, e_local)
@@ -154,8 +209,9 @@ def kernel_takes(D: int, F: int) -> bool:
 
 
 def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
-                   here: jax.Array, gate: jax.Array, up: jax.Array,
-                   down: jax.Array, act: Callable[[jax.Array], jax.Array],
+                   here: jax.Array, gate: ExpertWeights, up: ExpertWeights,
+                   down: ExpertWeights,
+                   act: Callable[[jax.Array], jax.Array],
                    interpret: bool) -> jax.Array:  # [T, D] float32
     """``grouped_experts`` on the grouped-matmul kernel: the pairs' rows in
     expert-aligned tiles (``tile_layout``), gate and up in one pass, down,
@@ -169,6 +225,10 @@ def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
     T, D = x.shape
     P = local.shape[0]
     k = P // T
+
+    def split(w: ExpertWeights) -> tuple[jax.Array, jax.Array | None]:
+        return (tuple(w) if isinstance(w, QuantizedExperts) else (w, None))
+    (gate, gate_s), (up, up_s), (down, down_s) = map(split, (gate, up, down))
     e_local, _, F = gate.shape
     t_in = default_tuning(P, D, F, e_local)
     t_out = dataclasses.replace(default_tuning(P, F, D, e_local),
@@ -179,9 +239,10 @@ def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
     token = jnp.arange(P, dtype=jnp.int32) // k
     # Row M is where pairs of no local expert go; it is cut off again.
     rows = jnp.zeros((M + 1, D), x.dtype).at[row].set(x[token])[:M]
-    h = grouped_gated_matmul(rows, gate, up, tile_group, act=act,
-                             tuning=t_in, interpret=interpret)
-    y = grouped_matmul(h, down, tile_group, tuning=t_out, interpret=interpret)
+    h = grouped_gated_matmul(rows, gate, up, tile_group, gate_s, up_s,
+                             act=act, tuning=t_in, interpret=interpret)
+    y = grouped_matmul(h, down, tile_group, down_s, tuning=t_out,
+                       interpret=interpret)
     y = jnp.concatenate([y, jnp.zeros((1, D), y.dtype)])[row]  # [P, D]
     w = jnp.where(here, weights.reshape(-1), 0.0)
     return (y.astype(jnp.float32) * w[:, None]).reshape(T, k, D).sum(axis=1)
@@ -195,6 +256,7 @@ def dense_experts_reference(x: jax.Array, weights: jax.Array,
     """``grouped_experts`` as a loop over every expert applied to every
     token, each output weighted by the token's routing weight for that
     expert (zero where it was not chosen)."""
+    gate, up, down = (expert_floats(w, x.dtype) for w in (gate, up, down))
     out = jnp.zeros(x.shape, jnp.float32)
     for e in range(gate.shape[0]):
         w_e = jnp.sum(jnp.where(experts == e, weights, 0.0), axis=-1)  # [T]
@@ -204,7 +266,8 @@ def dense_experts_reference(x: jax.Array, weights: jax.Array,
 
 
 def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
-                     act: Callable[[jax.Array], jax.Array]
+                     act: Callable[[jax.Array], jax.Array],
+                     quantized: bool = False
                      ) -> Callable[..., jax.Array] | None:
     """``grouped_experts`` over the model axis, each device on the expert
     weights the sharding rules gave it, the partial outputs summed; None
@@ -219,15 +282,20 @@ def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
     by_expert = gate_spec[0] == "model"
 
     def per_device(x: jax.Array, weights: jax.Array, experts: jax.Array,
-                   gate: jax.Array, up: jax.Array, down: jax.Array
-                   ) -> jax.Array:
-        first = (jax.lax.axis_index("model") * gate.shape[0] if by_expert
-                 else 0)
+                   gate: ExpertWeights, up: ExpertWeights,
+                   down: ExpertWeights) -> jax.Array:
+        n = (gate.codes if isinstance(gate, QuantizedExperts) else gate).shape[0]
+        first = jax.lax.axis_index("model") * n if by_expert else 0
         part = grouped_experts(x, weights, experts, gate, up, down, act,
                                first)
         return jax.lax.psum(part, "model")
 
     rep = PartitionSpec()
+    if quantized:  # each scale [E, out] split as its codes' E and out axes
+        gate_spec = QuantizedExperts(gate_spec, PartitionSpec(gate_spec[0],
+                                                              gate_spec[2]))
+        down_spec = QuantizedExperts(down_spec, PartitionSpec(down_spec[0],
+                                                              down_spec[2]))
     in_specs = (rep, rep, rep, gate_spec, gate_spec, down_spec)
     context = jax.sharding.get_abstract_mesh()
     if not context.empty and context.manual_axes:
@@ -237,6 +305,24 @@ def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
                              axis_names={"model"})
     return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs,
                          out_specs=rep, check_vma=False)
+
+
+class _QuantizedExpertParams(nn.Module):
+    """One projection's quantized experts: ``weight`` codes [E, in, out]
+    and ``weight_scale`` [E, out] (the names quantized linear layers use,
+    so dummy weights and checkpoints treat them alike)."""
+    shape: tuple[int, int, int]
+    axes: tuple[str, str, str]
+    codes: Any
+
+    @nn.compact
+    def __call__(self) -> QuantizedExperts:
+        E, _, out = self.shape
+        return QuantizedExperts(
+            param(self, "weight", self.shape, self.axes, self.codes,
+                  nn.initializers.zeros),
+            param(self, "weight_scale", (E, out), (self.axes[0], self.axes[2]),
+                  jnp.float32, nn.initializers.ones))
 
 
 class SparseMoeBlock(nn.Module):
@@ -254,24 +340,30 @@ class SparseMoeBlock(nn.Module):
         # checkpoints ship it; its softmax runs in float32.
         router = param(self, "router", (D, E), ("embed", "router"),
                        self.dtype)
-        gate = param(self, "gate_proj", (E, D, F), EXPERT_AXES, self.dtype)
-        up = param(self, "up_proj", (E, D, F), EXPERT_AXES, self.dtype)
-        down = param(self, "down_proj", (E, F, D), DOWN_AXES, self.dtype)
+        codes = expert_codes_dtype(c)
+        if codes is None:
+            gate = param(self, "gate_proj", (E, D, F), EXPERT_AXES, self.dtype)
+            up = param(self, "up_proj", (E, D, F), EXPERT_AXES, self.dtype)
+            down = param(self, "down_proj", (E, F, D), DOWN_AXES, self.dtype)
+        else:
+            gate = _QuantizedExpertParams((E, D, F), EXPERT_AXES, codes,
+                                          name="gate_proj")()
+            up = _QuantizedExpertParams((E, D, F), EXPERT_AXES, codes,
+                                        name="up_proj")()
+            down = _QuantizedExpertParams((E, F, D), DOWN_AXES, codes,
+                                          name="down_proj")()
         weights, experts = route(x @ router, c.num_experts_per_tok,
                                  c.norm_topk_prob)
         act = ACTIVATIONS[c.hidden_act]
+        shapes = tuple((w.codes if codes is not None else w).shape
+                       for w in (gate, up, down))
         sharded = (None if self.mesh is None else _sharded_experts(
-            self.mesh, (gate.shape, up.shape, down.shape), act))
+            self.mesh, shapes, act, quantized=codes is not None))
         if sharded is None:
             out = grouped_experts(x, weights, experts, gate, up, down, act)
         else:
             out = sharded(x, weights, experts, gate, up, down)
         return out.astype(x.dtype)
-
-
-def _stacked_from_hf(w: Any) -> np.ndarray:
-    """HF Linear weights stacked [E, out, in] -> ours [E, in, out]."""
-    return np.asarray(w).transpose(0, 2, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +394,7 @@ class ExpertNames:
                           for e in range(E))
             stacked = hf_prefix + pattern.replace("{e}.", "") + ".weight"
             yield WeightSpec(stacked, path + (ours,), (E, out_dim, in_dim),
-                             _stacked_from_hf, parts=parts)
+                             StackedExpertsLayout(), parts=parts)
 
 
 def moe_config_from_hf(hf: dict[str, Any], architecture: str,

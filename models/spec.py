@@ -59,6 +59,16 @@ class LinearLayout:
         return np.asarray(w).T.reshape(*self.in_shape, *self.out_shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class StackedExpertsLayout:
+    """HF's per-expert Linear weights stacked [E, out, in] -> ours
+    [E, in, out]; a quantized model's loader quantizes them from it
+    (models/quantization/loading.py)."""
+
+    def __call__(self, w: Any) -> np.ndarray:
+        return np.asarray(w).transpose(0, 2, 1)
+
+
 def linear_from_hf(out_shape: tuple[int, ...], in_shape: tuple[int, ...]
                    ) -> LinearLayout:
     """HF Linear weight [out, in] -> our kernel in_shape + out_shape."""

@@ -74,7 +74,7 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype: Any, source: str,
                 for path, arr in items:
                     put(path, arr, arr.dtype)
                 continue
-        hf_name, path, shape = spec.hf_name, spec.path, spec.hf_shape
+        hf_name, path = spec.hf_name, spec.path
         stand_in = elsewhere(path) if elsewhere is not None else None
         if stand_in is not None:
             node = params
@@ -89,19 +89,26 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype: Any, source: str,
             w = get(alias)
         if w is None and spec.parts:
             w = _stacked(spec, get, source, cfg.architecture)
-        if w is None:
-            also = (f" (nor under {', '.join(map(repr, spec.aliases))})"
-                    if spec.aliases else "")
-            raise MissingWeightError(
-                f"{source}: tensor {hf_name!r} is missing{also} (needed by "
-                f"{cfg.architecture} with this config)")
-        if tuple(w.shape) != tuple(shape):
-            raise ShapeMismatchError(
-                f"{source}: tensor {hf_name!r} has shape {tuple(w.shape)}, "
-                f"but the config implies {tuple(shape)}")
+        check_shape(spec, w, source, cfg.architecture)
         arr = spec.convert(w)
         put(path, arr, param_dtype(spec, arr, dtype))
     return params
+
+
+def check_shape(spec: WeightSpec, w: np.ndarray | None, source: str,
+                architecture: str) -> None:
+    """A typed error naming the tensor when it is missing (``w`` None) or
+    its shape is not the one the config implies."""
+    if w is None:
+        also = (f" (nor under {', '.join(map(repr, spec.aliases))})"
+                if spec.aliases else "")
+        raise MissingWeightError(
+            f"{source}: tensor {spec.hf_name!r} is missing{also} (needed by "
+            f"{architecture} with this config)")
+    if tuple(w.shape) != tuple(spec.hf_shape):
+        raise ShapeMismatchError(
+            f"{source}: tensor {spec.hf_name!r} has shape {tuple(w.shape)}, "
+            f"but the config implies {tuple(spec.hf_shape)}")
 
 
 def _stacked(spec: WeightSpec, get: TensorGetter, source: str,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..spec import LinearLayout, WeightSpec
+from ..spec import LinearLayout, StackedExpertsLayout, WeightSpec
 from .hf_checkpoints import Get, quantize_linear, read_awq, read_fp8, read_gptq
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ def linear_loader(cfg: ModelConfig, reader: Any) -> Callable[..., Any] | None:
 
     def load(spec: WeightSpec, get: Get, source: str
              ) -> list[tuple[tuple[str, ...], np.ndarray]] | None:
+        if isinstance(spec.convert, StackedExpertsLayout):
+            return _quantized_experts(cfg, spec, get, source)
         if not isinstance(spec.convert, LinearLayout):
             return None
         path = tuple(spec.path[:-1])
@@ -59,3 +61,23 @@ def linear_loader(cfg: ModelConfig, reader: Any) -> Callable[..., Any] | None:
         return [(path + (name,), array) for name, array in arrays.items()]
 
     return load
+
+
+def _quantized_experts(cfg: ModelConfig, spec: WeightSpec, get: Get,
+                       source: str
+                       ) -> list[tuple[tuple[str, ...], np.ndarray]] | None:
+    """A mixture of experts' stacked projection quantized at load (codes
+    and per expert and output scales, ``moe.quantize_experts``); None where
+    the experts stay float."""
+    from ..moe import expert_codes_dtype, quantize_experts
+    from ..weights import _stacked, check_shape
+    codes_dtype = expert_codes_dtype(cfg)
+    if codes_dtype is None:
+        return None
+    w = get(spec.hf_name)
+    if w is None:
+        w = _stacked(spec, get, source, cfg.architecture)
+    check_shape(spec, w, source, cfg.architecture)
+    codes, scale = quantize_experts(spec.convert(w), codes_dtype)
+    return [(spec.path + ("weight",), codes),
+            (spec.path + ("weight_scale",), scale)]

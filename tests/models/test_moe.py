@@ -122,15 +122,6 @@ def test_bad_expert_counts_are_refused(tiny_model_factory):
         dataclasses.replace(cfg, num_experts_per_tok=5)
 
 
-def test_quantization_is_refused(tiny_model_factory):
-    """The experts have no quantized form: quantizing only the attention
-    would leave most of the weights as they were, so it is refused."""
-    from jaxinfer import LLM
-    with pytest.raises(ModelConfigError, match="quantization='int8'"):
-        LLM(tiny_model_factory("mixtral"), quantization="int8",
-            num_gpu_blocks_override=16, max_model_len=64)
-
-
 # -- the grouped product ----------------------------------------------------
 
 def _experts(seed, T, D, F, E, k, dtype=jnp.float32):
