@@ -50,10 +50,10 @@ PARTS = {
 }
 
 
-def run_part(name: str, out: str, tokenizer: str) -> dict:
+def run_part(name: str, out: str, tokenizer: str, extra: list[str]) -> dict:
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
-    cmd = PARTS[name] + ["--out", d]
+    cmd = PARTS[name] + ["--out", d] + extra
     if name != "moe":
         cmd += ["--tokenizer", tokenizer]
     t0 = time.perf_counter()
@@ -105,13 +105,18 @@ def main() -> int:
     ap.add_argument("--parts", default=",".join(PARTS),
                     help="comma-separated parts to run, or 'none' to gather only")
     ap.add_argument("--tokenizer", default=".tok")
+    ap.add_argument("--mixtral-layers", type=int, default=None,
+                    help="build this many of Mixtral's decoder layers (a GPU "
+                         "that cannot hold all 32); the roofline counts the same")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     runs = {}
     for name in [p for p in args.parts.split(",") if p and p != "none"]:
         if name not in PARTS:
             raise SystemExit(f"--parts: unknown part {name!r}; one of {sorted(PARTS)}")
-        runs[name] = run_part(name, args.out, args.tokenizer)
+        extra = (["--num-layers", str(args.mixtral_layers)]
+                 if name == "moe" and args.mixtral_layers else [])
+        runs[name] = run_part(name, args.out, args.tokenizer, extra)
         print(f"{name}: {runs[name]}", flush=True)
     result = gather(args.out)
     result["runs"] = runs
