@@ -81,15 +81,22 @@ def test_checkpoints_that_ship_quantized_experts_are_refused_naming_what_runs(
     assert isinstance(ok, MoEConfig)
 
 
+@pytest.fixture(scope="module")
+def float_logits(tiny_model_factory):
+    """The unquantized engine's prefill logits of PROMPTS."""
+    from tests.runners import JaxInferRunner
+    engine = JaxInferRunner(tiny_model_factory("mixtral"), **ENGINE)
+    return engine.prefill_logits([engine.tokenizer.encode(p) for p in PROMPTS])
+
+
 # quantization="fp8" also quantizes every activation to e4m3 (per tensor):
 # coarser than int8 weight-only on a tiny random model.
 @pytest.mark.parametrize("method,rel_err,agreement", [("int8", 0.1, 0.8),
                                                       ("fp8", 0.4, 0.6)])
-def test_engine_quantizes_the_experts_at_load(tiny_model_factory, method,
-                                              rel_err, agreement):
+def test_engine_quantizes_the_experts_at_load(tiny_model_factory, float_logits,
+                                              method, rel_err, agreement):
     from tests.runners import JaxInferRunner
     path = tiny_model_factory("mixtral")
-    float_engine = JaxInferRunner(path, **ENGINE)
     ours = JaxInferRunner(path, quantization=method, **ENGINE)
     mlp = ours.engine.runner.params["layers_1"]["mlp"]
     codes = jnp.int8 if method == "int8" else jnp.float8_e4m3fn
@@ -99,7 +106,7 @@ def test_engine_quantizes_the_experts_at_load(tiny_model_factory, method,
     # Quantizing every weight moves the logits a little, not the argmax of
     # most positions.
     ids = [ours.tokenizer.encode(p) for p in PROMPTS]
-    got, want = ours.prefill_logits(ids), float_engine.prefill_logits(ids)
+    got, want = ours.prefill_logits(ids), float_logits
     scale = max(float(np.abs(w).max()) for w in want)
     err = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     assert 0 < err < rel_err * scale
