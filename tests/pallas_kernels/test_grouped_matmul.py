@@ -115,13 +115,16 @@ def test_quantized_weights_are_widened_and_scaled_per_group_and_output(codes):
     q_up = (jax.random.normal(ks[3], (E, K, N)) * 20).astype(codes)
     scale = jax.random.uniform(ks[4], (E, N), minval=0.001, maxval=0.01)
     tuning = GroupedMatmulTuning(block_m=bm, block_n=32, block_k=16)
+    # Interpreted on a GPU, XLA's float32 dots may round their inputs to
+    # TF32 (10-bit mantissas).
+    tol = 1e-5 if jax.default_backend() == "cpu" else 3e-3
     got = grouped_matmul(x, q, tile_group, scale, tuning=tuning, interpret=True)
     want = grouped_matmul_reference(x, q, tile_group, bm, scale)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     got = grouped_gated_matmul(x, q, q_up, tile_group, scale, scale * 2,
                                act=jax.nn.silu, tuning=tuning, interpret=True)
     want = (jax.nn.silu(want)
             * grouped_matmul_reference(x, q_up, tile_group, bm, scale * 2))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     with pytest.raises(GroupedMatmulShapeError, match="need their scales"):
         grouped_matmul(x, q, tile_group, tuning=tuning, interpret=True)
