@@ -83,17 +83,22 @@ class MoEConfig(ModelConfig):
             raise UnsupportedQuantizationConfigError(
                 f"quantization={q.method!r} (checkpoint format "
                 f"{q.checkpoint_format!r}): {self.architecture}'s expert "
-                "weights are quantized only at load, from a float "
-                "checkpoint, with quantization='fp8' or 'int8' (weight-only, "
-                "one scale per expert and output feature); checkpoints that "
-                "ship quantized experts (AWQ, GPTQ, fp8) are not served yet: "
-                "serve a float checkpoint (a GGUF file's quantized tensors "
-                "are dequantized at load)")
+                "weights are served quantized from an fp8 checkpoint (per "
+                "tensor or channel scales) or quantized at load, from a "
+                "float checkpoint, with quantization='fp8' or 'int8' "
+                "(weight-only, one scale per expert and output feature); "
+                "AWQ and GPTQ experts are not served yet: serve a float or "
+                "fp8 checkpoint (a GGUF file's quantized tensors are "
+                "dequantized at load)")
 
 
-# Expert weights quantized at load by quantization=...: their code dtype.
-EXPERT_CODES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
-EXPERT_FORMATS = ("float", "jaxinfer")  # quantized at load / already ours
+# Quantized experts' code dtype by quantization method, and the checkpoint
+# formats they come from: quantized at load ("float"), an fp8 checkpoint's
+# e4m3 experts ("fp8"; they run weight-only, see docs/adding-a-model.md),
+# or our own layout ("jaxinfer").
+EXPERT_CODES = {"fp8": jnp.float8_e4m3fn, "compressed-tensors": jnp.float8_e4m3fn,
+                "int8": jnp.int8}
+EXPERT_FORMATS = ("float", "fp8", "jaxinfer")
 
 
 def expert_codes_dtype(cfg: ModelConfig) -> Any:

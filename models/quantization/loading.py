@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import CheckpointError, ShapeMismatchError
 from ..spec import LinearLayout, StackedExpertsLayout, WeightSpec
 from .hf_checkpoints import Get, quantize_linear, read_awq, read_fp8, read_gptq
 
@@ -74,6 +75,10 @@ def _quantized_experts(cfg: ModelConfig, spec: WeightSpec, get: Get,
     codes_dtype = expert_codes_dtype(cfg)
     if codes_dtype is None:
         return None
+    if cfg.quantization.checkpoint_format == "fp8":
+        codes, scale = read_fp8_experts(spec, get, source)
+        return [(spec.path + ("weight",), codes),
+                (spec.path + ("weight_scale",), scale)]
     w = get(spec.hf_name)
     if w is None:
         w = _stacked(spec, get, source, cfg.architecture)
@@ -81,3 +86,34 @@ def _quantized_experts(cfg: ModelConfig, spec: WeightSpec, get: Get,
     codes, scale = quantize_experts(spec.convert(w), codes_dtype)
     return [(spec.path + ("weight",), codes),
             (spec.path + ("weight_scale",), scale)]
+
+
+def read_fp8_experts(spec: WeightSpec, get: Get, source: str
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """An fp8 checkpoint's experts of one projection: each expert's e4m3
+    ``weight`` [out, in] and ``weight_scale`` (one value, or one per output)
+    -> codes [E, in, out] and scales [E, out]. The experts run weight-only
+    (the rows stay in the model's dtype), so an expert's ``input_scale`` is
+    not read."""
+    from .hf_checkpoints import FP8_DTYPE, _tensor
+    _, out, In = spec.hf_shape
+    if not spec.parts:
+        raise CheckpointError(
+            f"{source}: {spec.hf_name!r}: an fp8 checkpoint's experts are "
+            "read one tensor per expert; this architecture names them stacked")
+    codes, scales = [], []
+    for name in spec.parts:
+        w = _tensor(get, name, (out, In), source)
+        if w.dtype != np.dtype(FP8_DTYPE):
+            raise CheckpointError(
+                f"{source}: tensor {name!r} is {w.dtype}, not float8_e4m3fn "
+                "as the fp8 quantization_config says")
+        prefix = name[:-len("weight")]
+        s = _tensor(get, prefix + "weight_scale", None, source).astype(np.float32)
+        if s.size not in (1, out):
+            raise ShapeMismatchError(
+                f"{source}: {prefix}weight_scale has shape {s.shape}; an "
+                f"expert's scales are one value or one per output ({out})")
+        codes.append(w.T)
+        scales.append(np.broadcast_to(s.reshape(-1), (out,)))
+    return np.stack(codes), np.stack(scales).astype(np.float32)

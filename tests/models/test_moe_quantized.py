@@ -150,3 +150,60 @@ def test_quantized_experts_split_over_two_devices_give_one_devices_tokens(
     # Four experts over two devices: split by expert, codes and scales alike.
     assert out["2"]["codes_spec"][0] == "model"
     assert out["2"]["scale_spec"][0] == "model"
+
+
+def write_fp8_mixtral(src: str, dst: str) -> dict:
+    """A compressed-tensors fp8 checkpoint of a float Mixtral folder, as
+    llm-compressor writes one: every Linear (the experts' w1/w2/w3
+    included, the router not) as e4m3 codes with per-channel scales,
+    dynamic per-token activations. Returns the experts' codes and scales
+    by tensor name."""
+    import ml_dtypes
+
+    from tests.models.quant_checkpoints import LINEAR_SUFFIXES, _copy_folder, _write
+    tensors = _copy_folder(src, dst)
+    experts = {}
+    for name in list(tensors):
+        is_expert = ".experts." in name
+        if not (name.endswith(LINEAR_SUFFIXES) or is_expert):
+            continue
+        w = tensors.pop(name).astype(np.float32)
+        scale = (np.abs(w).max(1, keepdims=True) / 448.0).astype(np.float32)
+        codes = np.clip(w / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+        prefix = name[:-len("weight")]
+        tensors[name], tensors[prefix + "weight_scale"] = codes, scale
+        if is_expert:
+            experts[name] = (codes, scale)
+    _write(dst, tensors, {
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                        "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float",
+                                  "dynamic": True, "strategy": "token"}}},
+        "ignore": ["lm_head", "re:.*block_sparse_moe.gate$"]})
+    return experts
+
+
+def test_an_fp8_checkpoints_experts_load_as_its_codes_and_scales(
+        tiny_model_factory, tmp_path, float_logits):
+    from tests.runners import JaxInferRunner
+    src = tiny_model_factory("mixtral")
+    dst = str(tmp_path / "mixtral-fp8")
+    experts = write_fp8_mixtral(src, dst)
+    ours = JaxInferRunner(dst, **ENGINE)
+    mlp = ours.engine.runner.params["layers_1"]["mlp"]
+    for ours_name, hf in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        stored = [experts[f"model.layers.1.block_sparse_moe.experts.{e}.{hf}.weight"]
+                  for e in range(4)]
+        np.testing.assert_array_equal(
+            np.asarray(mlp[ours_name]["weight"]).astype(np.float32),
+            np.stack([c.T for c, _ in stored]).astype(np.float32))
+        np.testing.assert_array_equal(np.asarray(mlp[ours_name]["weight_scale"]),
+                                      np.stack([s[:, 0] for _, s in stored]))
+    ids = [ours.tokenizer.encode(p) for p in PROMPTS]
+    got = ours.prefill_logits(ids)
+    scale = max(float(np.abs(w).max()) for w in float_logits)
+    err = max(float(np.abs(g - w).max()) for g, w in zip(got, float_logits))
+    assert 0 < err < 0.4 * scale
