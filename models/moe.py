@@ -232,7 +232,9 @@ def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
     k = P // T
 
     def split(w: ExpertWeights) -> tuple[jax.Array, jax.Array | None]:
-        return (tuple(w) if isinstance(w, QuantizedExperts) else (w, None))
+        if isinstance(w, QuantizedExperts):
+            return w.codes, w.scale
+        return w, None
     (gate, gate_s), (up, up_s), (down, down_s) = map(split, (gate, up, down))
     e_local, _, F = gate.shape
     t_in = default_tuning(P, D, F, e_local)
@@ -296,12 +298,14 @@ def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
         return jax.lax.psum(part, "model")
 
     rep = PartitionSpec()
+    gate_in: Any = gate_spec
+    down_in: Any = down_spec
     if quantized:  # each scale [E, out] split as its codes' E and out axes
-        gate_spec = QuantizedExperts(gate_spec, PartitionSpec(gate_spec[0],
-                                                              gate_spec[2]))
-        down_spec = QuantizedExperts(down_spec, PartitionSpec(down_spec[0],
-                                                              down_spec[2]))
-    in_specs = (rep, rep, rep, gate_spec, gate_spec, down_spec)
+        gate_in = QuantizedExperts._make(
+            (gate_spec, PartitionSpec(gate_spec[0], gate_spec[2])))
+        down_in = QuantizedExperts._make(
+            (down_spec, PartitionSpec(down_spec[0], down_spec[2])))
+    in_specs = (rep, rep, rep, gate_in, gate_in, down_in)
     context = jax.sharding.get_abstract_mesh()
     if not context.empty and context.manual_axes:
         # Inside another shard_map (pipeline stages): nest on its mesh.
@@ -346,6 +350,9 @@ class SparseMoeBlock(nn.Module):
         router = param(self, "router", (D, E), ("embed", "router"),
                        self.dtype)
         codes = expert_codes_dtype(c)
+        gate: ExpertWeights
+        up: ExpertWeights
+        down: ExpertWeights
         if codes is None:
             gate = param(self, "gate_proj", (E, D, F), EXPERT_AXES, self.dtype)
             up = param(self, "up_proj", (E, D, F), EXPERT_AXES, self.dtype)
@@ -360,7 +367,7 @@ class SparseMoeBlock(nn.Module):
         weights, experts = route(x @ router, c.num_experts_per_tok,
                                  c.norm_topk_prob)
         act = ACTIVATIONS[c.hidden_act]
-        shapes = tuple((w.codes if codes is not None else w).shape
+        shapes = tuple((w.codes if isinstance(w, QuantizedExperts) else w).shape
                        for w in (gate, up, down))
         sharded = (None if self.mesh is None else _sharded_experts(
             self.mesh, shapes, act, quantized=codes is not None))

@@ -119,7 +119,7 @@ def _dot(a, b):
     return jax.lax.dot(a, b, preferred_element_type=jnp.float32)
 
 
-def _product(g, x_ref: Ref, w_refs: tuple, s_refs: tuple | None,
+def _product(g: jax.Array, x_ref: Ref, w_refs: tuple, s_refs: tuple | None,
              block_k: int) -> list[jax.Array]:
     """Row tile x_ref times group g's block of each weight in ``w_refs``
     ([E, K, bn] each), float32 [bm, bn] each, scaled by ``s_refs``
