@@ -83,7 +83,14 @@ def run_engine_core(args, address: str, ready, frontend_pipes: list,
     shutdown = getattr(engine, "shutdown", None)
     if shutdown is not None:  # worker processes (Ray, data parallel)
         shutdown()
-    sys.exit(code)
+    # A background build already compiling cannot be interrupted, and at
+    # exit Python joins its thread: on a busy machine that outlasted the
+    # server's SIGTERM grace and the core was killed. Everything this
+    # process owns is released by now, so it ends without the join.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class CoreLoop:
