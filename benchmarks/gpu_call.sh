@@ -7,8 +7,8 @@
 #
 # Each command runs with $PWD first on PYTHONPATH and its own output folder in
 # $PART_OUT; its log is $OUT/parts/NAME.log. A part that would start with
-# under 30 s left is skipped. Writes $OUT/parts.tgz and prints each part's
-# exit status and the last lines of its log.
+# under 30 s left is skipped. Writes $OUT/parts.tgz (again after each part)
+# and prints each part's exit status and the last lines of its log.
 set -uo pipefail
 budget=$1; out=$2; shift 2
 start=$(date +%s)
@@ -24,5 +24,8 @@ for spec in "$@"; do
     rc=$?
     echo "[$name] rc=$rc in $(( $(date +%s) - t0 ))s"
     tail -n 12 "$out/parts/$name.log"
+    # Packed after every part: a call cut off by the device's limit still
+    # brings back what the finished parts wrote.
+    tar -czf "$out/parts.tgz.tmp" -C "$out" parts && mv "$out/parts.tgz.tmp" "$out/parts.tgz"
 done
-tar -czf "$out/parts.tgz" -C "$out" parts && rm -rf "$out/parts"
+rm -rf "$out/parts"
