@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .llama import GGUF_LAYER_NAMES, GGUF_TOP_NAMES, decoder_weights
+from .llama import GGUF_TOP_NAMES, decoder_weights
 from .moe import ExpertNames, MoEConfig, MoEForCausalLM, moe_config_from_hf
 from .spec import GGUFNames, ModelSpec
 
@@ -20,14 +20,7 @@ MIXTRAL_EXPERTS = ExpertNames(router="gate", gate="experts.{e}.w1",
 # llama.cpp writes Mixtral as a "llama" file with an expert count: Llama's
 # attention names (q/k rows permuted) and each layer's experts stacked
 # [E, out, in] under one name.
-GGUF_MIXTRAL_LAYER_NAMES = {
-    **{k: v for k, v in GGUF_LAYER_NAMES.items()
-       if not v.startswith("mlp.")},
-    "ffn_gate_inp": "block_sparse_moe.gate",
-    "ffn_gate_exps": "block_sparse_moe.experts.w1",
-    "ffn_up_exps": "block_sparse_moe.experts.w3",
-    "ffn_down_exps": "block_sparse_moe.experts.w2",
-}
+GGUF_MIXTRAL_LAYER_NAMES = MIXTRAL_EXPERTS.gguf_layer_names("block_sparse_moe")
 
 
 def mixtral_config_from_hf(hf: dict[str, Any]) -> MoEConfig:

@@ -389,6 +389,21 @@ class ExpertNames:
     up: str
     down: str
 
+    def gguf_layer_names(self, block: str) -> dict[str, str]:
+        """llama.cpp's ``blk.N.<name>`` -> HF names of a decoder layer whose
+        experts sit under ``block``: the attention's as Llama's, the
+        router, and each projection's experts stacked under one name."""
+        from .llama import GGUF_LAYER_NAMES
+
+        def stacked(pattern: str) -> str:
+            return f"{block}.{pattern.replace('{e}.', '')}"
+        return {**{k: v for k, v in GGUF_LAYER_NAMES.items()
+                   if not v.startswith("mlp.")},
+                "ffn_gate_inp": f"{block}.{self.router}",
+                "ffn_gate_exps": stacked(self.gate),
+                "ffn_up_exps": stacked(self.up),
+                "ffn_down_exps": stacked(self.down)}
+
     def weights(self, cfg: MoEConfig, hf_prefix: str, path: tuple
                 ) -> Iterator[WeightSpec]:
         """One block's tensors. Each projection's E per-expert HF tensors

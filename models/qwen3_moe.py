@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from .errors import ModelConfigError
-from .llama import GGUF_LAYER_NAMES, GGUF_TOP_NAMES, decoder_weights
+from .llama import GGUF_TOP_NAMES, decoder_weights
 from .moe import ExpertNames, MoEConfig, MoEForCausalLM, moe_config_from_hf
 from .spec import GGUFNames, ModelSpec
 
@@ -22,14 +22,7 @@ QWEN3_MOE_EXPERTS = ExpertNames(router="gate", gate="experts.{e}.gate_proj",
 
 # llama.cpp's names: the attention's as Qwen3's; each layer's experts
 # stacked [E, out, in] under one name.
-GGUF_MOE_LAYER_NAMES = {
-    **{k: v for k, v in GGUF_LAYER_NAMES.items()
-       if not v.startswith("mlp.")},
-    "ffn_gate_inp": "mlp.gate",
-    "ffn_gate_exps": "mlp.experts.gate_proj",
-    "ffn_up_exps": "mlp.experts.up_proj",
-    "ffn_down_exps": "mlp.experts.down_proj",
-}
+GGUF_MOE_LAYER_NAMES = QWEN3_MOE_EXPERTS.gguf_layer_names("mlp")
 
 
 def qwen3_moe_config_from_hf(hf: dict[str, Any]) -> MoEConfig:

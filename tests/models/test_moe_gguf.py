@@ -74,11 +74,19 @@ def write_qwen3_moe_gguf(hf_dir: str, path: str) -> None:
         part = rest.rsplit(".", 1)[0]
         if part in LAYER:
             w.add_tensor(f"blk.{i}.{LAYER[part]}.weight", x)
-    for i in range(hp["num_hidden_layers"]):
-        for proj, gname in EXPERTS.items():
-            stacked = np.stack([
-                sd[f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"]
-                for e in range(E)]).astype(np.float32)
+    add_stacked_experts(w, sd, hp["num_hidden_layers"], E,
+                        "model.layers.{i}.mlp.experts.{e}.{proj}.weight", EXPERTS)
+
+
+def add_stacked_experts(w, sd: dict, layers: int, E: int, hf_name: str,
+                        gguf_names: dict) -> None:
+    """Each layer's experts of each projection stacked [E, out, in] under
+    one tensor, as llama.cpp writes them, then the file finished.
+    ``hf_name``: a per-expert tensor's name with {i}, {e} and {proj}."""
+    for i in range(layers):
+        for proj, gname in gguf_names.items():
+            stacked = np.stack([sd[hf_name.format(i=i, e=e, proj=proj)]
+                                for e in range(E)]).astype(np.float32)
             w.add_tensor(f"blk.{i}.{gname}.weight", stacked)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -158,16 +166,10 @@ def write_mixtral_gguf(hf_dir: str, path: str) -> None:
             x = llama_permute(x, heads[part])
         if part in MIXTRAL_LAYER:
             w.add_tensor(f"blk.{i}.{MIXTRAL_LAYER[part]}.weight", x)
-    for i in range(hp["num_hidden_layers"]):
-        for proj, gname in MIXTRAL_EXPERTS.items():
-            stacked = np.stack([
-                sd[f"model.layers.{i}.block_sparse_moe.experts.{e}.{proj}.weight"]
-                for e in range(E)]).astype(np.float32)
-            w.add_tensor(f"blk.{i}.{gname}.weight", stacked)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_stacked_experts(
+        w, sd, hp["num_hidden_layers"], E,
+        "model.layers.{i}.block_sparse_moe.experts.{e}.{proj}.weight",
+        MIXTRAL_EXPERTS)
 
 
 @pytest.fixture(scope="module")
