@@ -131,17 +131,15 @@ def expert_floats(w: ExpertWeights, dtype: Any) -> jax.Array:
 def quantize_experts(w: np.ndarray, codes_dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     """Float [E, in, out] -> (codes, scale [E, out] float32): symmetric,
     amax / 448 (fp8) or amax / 127 (int8, rounded half to even) per expert
-    and output feature."""
+    and output feature; the codes made as a quantized linear layer's are
+    (``hf_checkpoints``: the same division on every platform)."""
+    from .quantization.hf_checkpoints import _fp8_codes, _int8_codes
     w = np.asarray(w, np.float32)
     amax = np.abs(w).max(axis=1)  # [E, out]
     top = 127.0 if codes_dtype == jnp.int8 else float(jnp.finfo(codes_dtype).max)
     scale = np.where(amax > 0, amax / np.float32(top), np.float32(1)).astype(np.float32)
-    q = w / scale[:, None, :]
-    if codes_dtype == jnp.int8:
-        codes = np.clip(np.round(q), -127, 127).astype(np.int8)
-    else:
-        codes = np.asarray(jnp.asarray(np.clip(q, -top, top)).astype(codes_dtype))
-    return codes, scale
+    make = _int8_codes if codes_dtype == jnp.int8 else _fp8_codes
+    return np.asarray(make(jnp.asarray(w), scale[:, None, :])), scale
 
 
 def route(router_logits: jax.Array,  # [T, E]
