@@ -20,7 +20,8 @@ Two parts, written to ``moe-bench.json``:
 - ``grouped``: one layer's experts at S tokens, the grouped product
   (``models.moe.grouped_experts``: the grouped-matmul kernel on a GPU)
   against the dense loop over every expert (``dense_experts_reference``)
-  and against ``jax.lax.ragged_dot``, each jitted alone; with
+  and against ``jax.lax.ragged_dot``, each jitted alone, and the same
+  product on 4-bit codes (``int4_*``: AWQ / GPTQ experts); with
   ``--sweep``, the kernel's tunings too (``grouped.tunings``).
 
 BW and FLOPS are measured in the same run (torch's copy_ and an 8192^3
@@ -48,10 +49,12 @@ from jaxinfer.models.config import load_hf_config, model_config_from_hf
 from jaxinfer.models.moe import (
     MoEConfig,
     dense_experts_reference,
+    expert_floats,
     experts_impl,
     grouped_experts,
     route,
 )
+from jaxinfer.pallas_kernels.grouped_matmul import Int4Weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIXTRAL = os.path.join(HERE, "models", "mixtral-8x7b")
@@ -135,9 +138,9 @@ def bench_tunings(args: tuple, act) -> list:
     real = gm.default_tuning
     for bm, bn, bk, warps, stages in SWEEP:
         t = gm.GroupedMatmulTuning(bm, bn, bk, warps, stages)
-        gm.default_tuning = lambda P, K, N, G=1, t=t: dataclasses.replace(
+        gm.default_tuning = lambda P, K, N, G=1, q=None, t=t: dataclasses.replace(
             t, block_n=min(t.block_n, gm._block(N, t.block_n)),
-            block_k=min(t.block_k, gm._block(K, t.block_k)))
+            block_k=min(t.block_k, gm._block(q or K, t.block_k)))
         try:
             fn = jax.jit(lambda *a: moe.grouped_experts(*a, act, impl="pallas"))
             ms = statistics.median(time_fn(fn, *args)) * 1e3
@@ -180,9 +183,31 @@ def bench_grouped(cfg: MoEConfig, S: int, sweep: bool = False) -> dict:
                speedup=t_dense / t_grouped, max_abs_diff=err,
                max_abs_ref=scale, touched_experts=touched,
                weight_bytes=touched * _expert_bytes(cfg))
+    # The same experts as 4-bit codes (AWQ / GPTQ layout, 128-input scale
+    # groups): a quarter of the bytes.
+    int4 = tuple(_int4_experts(k, w) for k, w in
+                 zip(jax.random.split(keys[4], 3), (gate, up, down)))
+    int4_args = (x, weights, experts, *int4)
+    err4 = float(jnp.max(jnp.abs(grouped(*int4_args) - dense(
+        x, weights, experts, *(expert_floats(w, jnp.bfloat16) for w in int4)))))
+    t_int4 = statistics.median(time_fn(grouped, *int4_args))
+    out.update(int4_grouped_ms=t_int4 * 1e3, int4_max_abs_diff=err4,
+               int4_speedup_over_bf16=t_grouped / t_int4)
     if sweep:
         out["tunings"] = bench_tunings(args, act)
     return out
+
+
+def _int4_experts(key, w: jax.Array) -> Int4Weights:
+    """Random 4-bit codes of w's shape [E, K, N] (scales near w's), in
+    groups of 128 inputs (32 where 128 does not divide K)."""
+    E, K, N = w.shape
+    group = 128 if K % 128 == 0 else 32
+    ks = jax.random.split(key, 2)
+    packed = jax.random.randint(ks[0], (E, K // 2, N), 0, 256).astype(jnp.uint8)
+    scales = jnp.full((E, K // group, N), 0.003, jnp.bfloat16)
+    zeros = jax.random.randint(ks[1], (E, K // group, N), 7, 9).astype(jnp.uint8)
+    return Int4Weights(packed, scales, zeros)
 
 
 def main() -> None:
@@ -228,7 +253,9 @@ def main() -> None:
     print(f"experts S={g['S']}: grouped ({g['impl']}) {g['grouped_ms']:.3f} ms, "
           f"ragged_dot {g['ragged_dot_ms']:.3f} ms, dense loop "
           f"{g['dense_loop_ms']:.3f} ms ({g['speedup']:.2f}x), max |diff| "
-          f"{g['max_abs_diff']:.2e} of {g['max_abs_ref']:.2e}")
+          f"{g['max_abs_diff']:.2e} of {g['max_abs_ref']:.2e}; int4 "
+          f"{g['int4_grouped_ms']:.3f} ms ({g['int4_speedup_over_bf16']:.2f}x "
+          f"the bf16 grouped product)")
     for t in g.get("tunings", []):
         print(f"  tuning {t}")
 

@@ -33,6 +33,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, PartitionSpec
 
+from jaxinfer.pallas_kernels.grouped_matmul import Int4Weights, contraction, int4_floats
 from jaxinfer.sharding.rules import logical_spec
 
 from .config import ModelConfig, decoder_config_from_hf
@@ -77,19 +78,20 @@ class MoEConfig(ModelConfig):
                 "moe_intermediate_size must be >= 1, got "
                 f"{self.moe_intermediate_size}")
         q = self.quantization
-        if q is not None and expert_codes_dtype(self) is None:
+        if q is not None and expert_codes_dtype(self) is None \
+                and expert_int4_scheme(self) is None:
             # Only the attention's Linear layers would take it: the experts,
             # most of the weights, would stay unquantized without a word.
             raise UnsupportedQuantizationConfigError(
                 f"quantization={q.method!r} (checkpoint format "
-                f"{q.checkpoint_format!r}): {self.architecture}'s expert "
-                "weights are served quantized from an fp8 checkpoint (per "
-                "tensor or channel scales) or quantized at load, from a "
-                "float checkpoint, with quantization='fp8' or 'int8' "
-                "(weight-only, one scale per expert and output feature); "
-                "AWQ and GPTQ experts are not served yet: serve a float or "
-                "fp8 checkpoint (a GGUF file's quantized tensors are "
-                "dequantized at load)")
+                f"{q.checkpoint_format!r}, {q.scheme}): "
+                f"{self.architecture}'s expert weights are served from "
+                "4-bit AWQ or GPTQ checkpoints (zero points, groups of a "
+                "multiple of 32 inputs, GPTQ without desc_act), from fp8 "
+                "checkpoints (per tensor or channel scales), or quantized "
+                "at load from a float checkpoint with quantization='fp8' "
+                "or 'int8'; serve one of those (a GGUF file's quantized "
+                "tensors are dequantized at load)")
 
 
 # Quantized experts' code dtype by quantization method, and the checkpoint
@@ -109,6 +111,27 @@ def expert_codes_dtype(cfg: ModelConfig) -> Any:
     return EXPERT_CODES.get(q.method)
 
 
+def expert_int4_scheme(cfg: ModelConfig) -> Any:
+    """The ``GroupedWeights`` of 4-bit AWQ / GPTQ experts (None: other).
+    Served: zero points, groups of a multiple of 32 inputs (or one group)
+    dividing D and F, and inputs in their own order (GPTQ's desc_act
+    would gather every expert's rows in its own order)."""
+    from .quantization.methods import GroupedWeights
+    q = getattr(cfg, "quantization", None)
+    if q is None or q.method not in ("awq", "gptq") or \
+            q.checkpoint_format not in ("awq", "gptq", "gptq_v2", "jaxinfer"):
+        return None
+    scheme = q.scheme
+    if not (isinstance(scheme, GroupedWeights) and scheme.bits == 4
+            and scheme.zeros and not scheme.offsets and not scheme.act_order):
+        return None
+    sizes = (cfg.hidden_size, getattr(cfg, "moe_intermediate_size", 1))
+    if scheme.group_size != -1 and (scheme.group_size % 32 or any(
+            n % scheme.group_size for n in sizes)):
+        return None
+    return scheme
+
+
 class QuantizedExperts(NamedTuple):
     """Stacked expert weights as codes with one float32 scale per expert
     and output feature: ``w[e, i, o] = codes[e, i, o] * scale[e, o]``."""
@@ -116,16 +139,29 @@ class QuantizedExperts(NamedTuple):
     scale: jax.Array  # [E, out] float32
 
 
-# An expert projection: float [E, in, out], or codes and scales.
-ExpertWeights = jax.Array | QuantizedExperts
+# An expert projection: float [E, in, out], codes and scales, or 4-bit
+# codes with per-group scales and zeros (Int4Weights: [E, in / 2, out]
+# packed, [E, groups, out] each).
+ExpertWeights = jax.Array | QuantizedExperts | Int4Weights
 
 
 def expert_floats(w: ExpertWeights, dtype: Any) -> jax.Array:
-    """The float weights [E, in, out] in ``dtype`` (codes times scales)."""
+    """The float weights [E, in, out] in ``dtype`` (codes dequantized)."""
     if isinstance(w, QuantizedExperts):
         return (w.codes.astype(jnp.float32)
                 * w.scale[:, None, :]).astype(dtype)
+    if isinstance(w, Int4Weights):
+        return int4_floats(w).astype(dtype)
     return w
+
+
+def expert_shape(w: ExpertWeights) -> tuple[int, int, int]:
+    """(E, in, out) of an expert projection, however it is stored."""
+    if isinstance(w, Int4Weights):
+        E, _, out = w.packed.shape
+        return E, contraction(w), out
+    E, n_in, out = w.codes.shape if isinstance(w, QuantizedExperts) else w.shape
+    return E, n_in, out
 
 
 def quantize_experts(w: np.ndarray, codes_dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -180,12 +216,11 @@ def grouped_experts(x: jax.Array,  # [T, D]
     pairs routed elsewhere contribute zero), each projection one grouped
     product over the (token, expert) pairs sorted by expert."""
     T, k = experts.shape
-    shape = (gate.codes if isinstance(gate, QuantizedExperts) else gate).shape
-    e_local = shape[0]
+    e_local = expert_shape(gate)[0]
     local = experts.reshape(-1) - first_expert  # [T*k]
     here = (local >= 0) & (local < e_local)
     impl = experts_impl(impl)
-    if impl != "ragged_dot" and kernel_takes(shape[1], shape[2]):
+    if impl != "ragged_dot" and kernel_takes(gate, down):
         return _tiled_experts(x, weights, local, here, gate, up, down, act,
                               interpret=impl == "pallas_interpret")
     gate, up, down = (expert_floats(w, x.dtype) for w in (gate, up, down))
@@ -205,10 +240,23 @@ def grouped_experts(x: jax.Array,  # [T, D]
     return out.at[token].add(y.astype(jnp.float32) * w[:, None])
 
 
-def kernel_takes(D: int, F: int) -> bool:
-    """Whether the grouped-matmul kernel takes hidden size D and expert
-    size F (multiples of its 16-wide blocks); ragged_dot serves others."""
+def kernel_takes(gate: ExpertWeights, down: ExpertWeights) -> bool:
+    """Whether the grouped-matmul kernel takes these experts: hidden size D
+    and expert size F multiples of its 16-wide blocks, and 4-bit weights'
+    scale groups a multiple of 32 inputs; ragged_dot serves others."""
+    _, D, F = expert_shape(gate)
+    if isinstance(gate, Int4Weights) and isinstance(down, Int4Weights):
+        from jaxinfer.pallas_kernels.grouped_matmul import int4_takes
+        return (int4_takes(D, F, D // gate.scales.shape[1])
+                and int4_takes(F, D, F // down.scales.shape[1]))
     return D % 16 == 0 and F % 16 == 0
+
+
+def _quant_group(w: ExpertWeights) -> int | None:
+    """Inputs per scale of 4-bit weights (None: other weights)."""
+    if isinstance(w, Int4Weights):
+        return contraction(w) // w.scales.shape[1]
+    return None
 
 
 def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
@@ -229,15 +277,17 @@ def _tiled_experts(x: jax.Array, weights: jax.Array, local: jax.Array,
     P = local.shape[0]
     k = P // T
 
-    def split(w: ExpertWeights) -> tuple[jax.Array, jax.Array | None]:
+    e_local, _, F = expert_shape(gate)
+    t_in = default_tuning(P, D, F, e_local, _quant_group(gate))
+    t_out = dataclasses.replace(
+        default_tuning(P, F, D, e_local, _quant_group(down)),
+        block_m=t_in.block_m)
+
+    def split(w: ExpertWeights) -> tuple[Any, jax.Array | None]:
         if isinstance(w, QuantizedExperts):
             return w.codes, w.scale
         return w, None
     (gate, gate_s), (up, up_s), (down, down_s) = map(split, (gate, up, down))
-    e_local, _, F = gate.shape
-    t_in = default_tuning(P, D, F, e_local)
-    t_out = dataclasses.replace(default_tuning(P, F, D, e_local),
-                                block_m=t_in.block_m)
     row, tile_group = tile_layout(jnp.where(here, local, e_local), e_local,
                                   t_in.block_m)
     M = tile_group.shape[0] * t_in.block_m
@@ -270,9 +320,32 @@ def dense_experts_reference(x: jax.Array, weights: jax.Array,
     return out
 
 
-def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
-                     act: Callable[[jax.Array], jax.Array],
-                     quantized: bool = False
+def _weight_spec(w: ExpertWeights, axes: tuple[str, str, str], mesh: Mesh
+                 ) -> Any:
+    """The PartitionSpec (a tuple of them for codes) of one projection's
+    experts as the sharding rules place them: codes and their scales
+    split alike."""
+    if isinstance(w, QuantizedExperts):
+        spec = logical_spec(axes, w.codes.shape, mesh)
+        return QuantizedExperts._make((spec, PartitionSpec(spec[0], spec[2])))
+    if isinstance(w, Int4Weights):
+        packed, groups = (logical_spec(axes, a.shape, mesh)
+                          for a in (w.packed, w.scales))
+        if packed != groups:
+            E, G = w.scales.shape[:2]
+            raise ModelConfigError(
+                f"4-bit experts [{E}, {contraction(w)}, "
+                f"{w.packed.shape[2]}] in {G} scale groups cannot be split "
+                f"over a model axis of {mesh.shape['model']}: it must divide "
+                "the expert count or the scale groups; choose a "
+                "tensor_parallel_size that does")
+        return Int4Weights._make((packed, groups, groups))
+    return logical_spec(axes, w.shape, mesh)
+
+
+def _sharded_experts(mesh: Mesh, gate: ExpertWeights, up: ExpertWeights,
+                     down: ExpertWeights,
+                     act: Callable[[jax.Array], jax.Array]
                      ) -> Callable[..., jax.Array] | None:
     """``grouped_experts`` over the model axis, each device on the expert
     weights the sharding rules gave it, the partial outputs summed; None
@@ -280,30 +353,25 @@ def _sharded_experts(mesh: Mesh, shapes: tuple[tuple[int, ...], ...],
     E nor F divisible by the model axis)."""
     if "model" not in mesh.shape or mesh.shape["model"] == 1:
         return None
-    gate_spec = logical_spec(EXPERT_AXES, shapes[0], mesh)
-    down_spec = logical_spec(DOWN_AXES, shapes[2], mesh)
-    if all(a is None for a in gate_spec):
+    gate_in = _weight_spec(gate, EXPERT_AXES, mesh)
+    up_in = _weight_spec(up, EXPERT_AXES, mesh)
+    down_in = _weight_spec(down, DOWN_AXES, mesh)
+    first_spec = jax.tree.leaves(gate_in)[0]
+    if all(a is None for a in first_spec):
         return None
-    by_expert = gate_spec[0] == "model"
+    by_expert = first_spec[0] == "model"
 
     def per_device(x: jax.Array, weights: jax.Array, experts: jax.Array,
                    gate: ExpertWeights, up: ExpertWeights,
                    down: ExpertWeights) -> jax.Array:
-        n = (gate.codes if isinstance(gate, QuantizedExperts) else gate).shape[0]
+        n = expert_shape(gate)[0]
         first = jax.lax.axis_index("model") * n if by_expert else 0
         part = grouped_experts(x, weights, experts, gate, up, down, act,
                                first)
         return jax.lax.psum(part, "model")
 
     rep = PartitionSpec()
-    gate_in: Any = gate_spec
-    down_in: Any = down_spec
-    if quantized:  # each scale [E, out] split as its codes' E and out axes
-        gate_in = QuantizedExperts._make(
-            (gate_spec, PartitionSpec(gate_spec[0], gate_spec[2])))
-        down_in = QuantizedExperts._make(
-            (down_spec, PartitionSpec(down_spec[0], down_spec[2])))
-    in_specs = (rep, rep, rep, gate_in, gate_in, down_in)
+    in_specs = (rep, rep, rep, gate_in, up_in, down_in)
     context = jax.sharding.get_abstract_mesh()
     if not context.empty and context.manual_axes:
         # Inside another shard_map (pipeline stages): nest on its mesh.
@@ -332,6 +400,48 @@ class _QuantizedExpertParams(nn.Module):
                   jnp.float32, nn.initializers.ones))
 
 
+class _Int4ExpertParams(nn.Module):
+    """One projection's 4-bit experts (AWQ / GPTQ): ``qweight`` [E, in / 2,
+    out] uint8, ``scales`` [E, groups, out] and ``qzeros`` [E, groups, out]
+    uint8, the names the int4 linear layers use."""
+    shape: tuple[int, int, int]
+    axes: tuple[str, str, str]
+    group_size: int
+    scale_dtype: str
+
+    @nn.compact
+    def __call__(self) -> Int4Weights:
+        E, In, out = self.shape
+        G = 1 if self.group_size == -1 else In // self.group_size
+        return Int4Weights(
+            param(self, "qweight", (E, In // 2, out), self.axes, jnp.uint8,
+                  nn.initializers.zeros),
+            param(self, "scales", (E, G, out), self.axes,
+                  jnp.dtype(self.scale_dtype), nn.initializers.ones),
+            param(self, "qzeros", (E, G, out), self.axes, jnp.uint8,
+                  nn.initializers.zeros))
+
+
+def _expert_params(module: nn.Module, cfg: MoEConfig, dtype: Any
+                   ) -> tuple[ExpertWeights, ExpertWeights, ExpertWeights]:
+    """gate_proj, up_proj [E, D, F] and down_proj [E, F, D] as the config's
+    quantization stores them."""
+    D, E, F = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    shapes = (("gate_proj", (E, D, F), EXPERT_AXES),
+              ("up_proj", (E, D, F), EXPERT_AXES),
+              ("down_proj", (E, F, D), DOWN_AXES))
+    codes, int4 = expert_codes_dtype(cfg), expert_int4_scheme(cfg)
+    if int4 is not None:
+        return tuple(_Int4ExpertParams(shape, axes, int4.group_size,  # type: ignore[return-value]
+                                       int4.scale_dtype, name=name)()
+                     for name, shape, axes in shapes)
+    if codes is not None:
+        return tuple(_QuantizedExpertParams(shape, axes, codes, name=name)()  # type: ignore[return-value]
+                     for name, shape, axes in shapes)
+    return tuple(param(module, name, shape, axes, dtype)  # type: ignore[return-value]
+                 for name, shape, axes in shapes)
+
+
 class SparseMoeBlock(nn.Module):
     """[T, D] -> [T, D]: router, top-k, the chosen experts' gated MLPs
     (act(x W_gate) * (x W_up) W_down) weighted by their routing weights."""
@@ -342,33 +452,17 @@ class SparseMoeBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c = self.cfg
-        D, E, F = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        D, E = c.hidden_size, c.num_experts
         # The router stays in the model's dtype and unquantized, as the
         # checkpoints ship it; its softmax runs in float32.
         router = param(self, "router", (D, E), ("embed", "router"),
                        self.dtype)
-        codes = expert_codes_dtype(c)
-        gate: ExpertWeights
-        up: ExpertWeights
-        down: ExpertWeights
-        if codes is None:
-            gate = param(self, "gate_proj", (E, D, F), EXPERT_AXES, self.dtype)
-            up = param(self, "up_proj", (E, D, F), EXPERT_AXES, self.dtype)
-            down = param(self, "down_proj", (E, F, D), DOWN_AXES, self.dtype)
-        else:
-            gate = _QuantizedExpertParams((E, D, F), EXPERT_AXES, codes,
-                                          name="gate_proj")()
-            up = _QuantizedExpertParams((E, D, F), EXPERT_AXES, codes,
-                                        name="up_proj")()
-            down = _QuantizedExpertParams((E, F, D), DOWN_AXES, codes,
-                                          name="down_proj")()
+        gate, up, down = _expert_params(self, c, self.dtype)
         weights, experts = route(x @ router, c.num_experts_per_tok,
                                  c.norm_topk_prob)
         act = ACTIVATIONS[c.hidden_act]
-        shapes = tuple((w.codes if isinstance(w, QuantizedExperts) else w).shape
-                       for w in (gate, up, down))
         sharded = (None if self.mesh is None else _sharded_experts(
-            self.mesh, shapes, act, quantized=codes is not None))
+            self.mesh, gate, up, down, act))
         if sharded is None:
             out = grouped_experts(x, weights, experts, gate, up, down, act)
         else:

@@ -70,8 +70,12 @@ def _quantized_experts(cfg: ModelConfig, spec: WeightSpec, get: Get,
     """A mixture of experts' stacked projection quantized at load (codes
     and per expert and output scales, ``moe.quantize_experts``); None where
     the experts stay float."""
-    from ..moe import expert_codes_dtype, quantize_experts
+    from ..moe import expert_codes_dtype, expert_int4_scheme, quantize_experts
     from ..weights import _stacked, check_shape
+    int4 = expert_int4_scheme(cfg)
+    if int4 is not None and cfg.quantization.checkpoint_format != "jaxinfer":
+        return read_int4_experts(cfg.quantization.checkpoint_format, int4,
+                                 spec, get, source)
     codes_dtype = expert_codes_dtype(cfg)
     if codes_dtype is None:
         return None
@@ -117,3 +121,30 @@ def read_fp8_experts(spec: WeightSpec, get: Get, source: str
         codes.append(w.T)
         scales.append(np.broadcast_to(s.reshape(-1), (out,)))
     return np.stack(codes), np.stack(scales).astype(np.float32)
+
+
+def read_int4_experts(fmt: str, scheme: Any, spec: WeightSpec, get: Get,
+                      source: str
+                      ) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """An AWQ or GPTQ checkpoint's experts of one projection, each expert
+    read as its linear layer would be (``read_awq`` / ``read_gptq``: codes
+    [out, in / 2] packed along the input, scales and zeros [out, groups])
+    and stacked in the kernel's order: ``qweight`` [E, in / 2, out],
+    ``scales`` and ``qzeros`` [E, groups, out]."""
+    _, out, In = spec.hf_shape
+    if not spec.parts:
+        raise CheckpointError(
+            f"{source}: {spec.hf_name!r}: an {fmt} checkpoint's experts are "
+            "read one tensor per expert; this architecture names them stacked")
+    layout = LinearLayout(out_shape=(out,), in_shape=(In,))
+    stacks: dict[str, list[np.ndarray]] = {"qweight": [], "scales": [], "qzeros": []}
+    for name in spec.parts:
+        prefix = name[:-len("weight")]
+        if fmt == "awq":
+            arrays = read_awq(scheme, get, prefix, layout, source)
+        else:
+            arrays = read_gptq(scheme, get, prefix, layout, source,
+                               v2=fmt == "gptq_v2")
+        for key, stack in stacks.items():
+            stack.append(np.ascontiguousarray(arrays[key].T))
+    return [(spec.path + (key,), np.stack(stack)) for key, stack in stacks.items()]

@@ -102,14 +102,19 @@ def _write(dst: str, tensors: dict, quantization_config: dict | None,
         json.dump(cfg, f)
 
 
-def write_awq(src: str, dst: str, group: int = 32, skip=()):
-    """An AutoAWQ (GEMM, 4-bit) checkpoint of the float model in ``src``;
-    layers whose name contains one of ``skip`` stay float
-    (modules_to_not_convert)."""
+# Mixtral's experts: w1 (gate), w3 (up), w2 (down).
+MIXTRAL_EXPERT_SUFFIXES = ("w1.weight", "w2.weight", "w3.weight")
+
+
+def write_awq(src: str, dst: str, group: int = 32, skip=(),
+              suffixes=LINEAR_SUFFIXES):
+    """An AutoAWQ (GEMM, 4-bit) checkpoint of the float model in ``src``:
+    the tensors named ``*<suffix>`` quantized, except those whose name
+    contains one of ``skip`` (modules_to_not_convert)."""
     tensors = _copy_folder(src, dst)
     reference = {}
     for name in list(tensors):
-        if not name.endswith(LINEAR_SUFFIXES) or any(s in name for s in skip):
+        if not name.endswith(suffixes) or any(s in name for s in skip):
             continue
         w = tensors.pop(name)
         codes, zero, scale = rtn_asymmetric(w, 4, group)
@@ -129,14 +134,15 @@ def write_awq(src: str, dst: str, group: int = 32, skip=()):
 
 def write_gptq(src: str, dst: str, bits: int = 4, group: int = 32,
                desc_act: bool = False, seed: int = 0, v2: bool = False,
-               config_file: str | None = None):
-    """An AutoGPTQ checkpoint; with ``desc_act`` the input rows are given
-    groups in a random order (as act-order quantization does)."""
+               config_file: str | None = None, suffixes=LINEAR_SUFFIXES):
+    """An AutoGPTQ checkpoint (the tensors named ``*<suffix>`` quantized);
+    with ``desc_act`` the input rows are given groups in a random order
+    (as act-order quantization does)."""
     rng = np.random.default_rng(seed)
     tensors = _copy_folder(src, dst)
     reference = {}
     for name in list(tensors):
-        if not name.endswith(LINEAR_SUFFIXES):
+        if not name.endswith(suffixes):
             continue
         w = tensors.pop(name)
         out, n_in = w.shape
@@ -206,3 +212,14 @@ def write_fp8(src: str, dst: str, per_channel: bool = False,
             "input_activations": acts}},
         "ignore": ["lm_head"]})
     return reference
+
+
+def write_dequantized(src: str, dst: str, reference: dict) -> None:
+    """A float checkpoint of ``src`` with each quantized tensor replaced by
+    the weights its codes encode (``reference``, as the writers return
+    it): the model a quantized checkpoint means."""
+    tensors = _copy_folder(src, dst)
+    # (safetensors writes an array's buffer as it lies: C order first)
+    tensors.update({name: np.ascontiguousarray(w, np.float32)
+                    for name, w in reference.items()})
+    _write(dst, tensors, None)

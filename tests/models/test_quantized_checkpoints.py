@@ -101,17 +101,6 @@ def test_dequantized_weights_equal_the_numpy_reference(checkpoints, name):
     assert n == 7 * files.config.num_layers
 
 
-def _float_twin(float_dir, reference, dst):
-    """The float checkpoint whose linear weights are the dequantized ones."""
-    shutil.copytree(float_dir, dst)
-    tensors = load_file(os.path.join(dst, "model.safetensors"))
-    # (safetensors writes an array's buffer as it lies: C order first)
-    tensors.update({k: np.ascontiguousarray(v, np.float32)
-                    for k, v in reference.items()})
-    save_file(tensors, os.path.join(dst, "model.safetensors"))
-    return dst
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["awq", "gptq-desc-act", "gptq-8bit",
                                   "fp8-channel-static"])
@@ -120,7 +109,8 @@ def test_quantized_model_computes_its_float_twins_logits(
     """The step's dequantize-then-dot (and for fp8 the quantized
     activations) against a float model holding the same weights."""
     folder, reference = checkpoints[name]
-    twin = _float_twin(float_dir, reference, str(tmp_path / "twin"))
+    twin = str(tmp_path / "twin")
+    qc.write_dequantized(float_dir, twin, reference)
     rng = np.random.default_rng(0)
     ids = [list(rng.integers(0, 49152, n)) for n in (40, 17)]
     got, want = [], []

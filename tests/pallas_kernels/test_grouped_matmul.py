@@ -11,6 +11,7 @@ import pytest
 from jaxinfer.pallas_kernels.grouped_matmul import (
     GroupedMatmulShapeError,
     GroupedMatmulTuning,
+    Int4Weights,
     grouped_gated_matmul,
     grouped_matmul,
     grouped_matmul_reference,
@@ -128,3 +129,48 @@ def test_quantized_weights_are_widened_and_scaled_per_group_and_output(codes):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     with pytest.raises(GroupedMatmulShapeError, match="need their scales"):
         grouped_matmul(x, q, tile_group, tuning=tuning, interpret=True)
+
+
+def _int4_experts(rng, E, K, N, quant_group):
+    """Random 4-bit weights: (Int4Weights, the float32 weights they mean,
+    computed here from the unpacked codes)."""
+    codes = rng.integers(0, 16, (E, K, N)).astype(np.uint8)
+    G = K // quant_group
+    zeros = rng.integers(0, 16, (E, G, N)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.05, (E, G, N)).astype(np.float16)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # input 2j low, 2j + 1 high
+    group = np.arange(K) // quant_group
+    w = ((codes.astype(np.float32) - zeros[:, group].astype(np.float32))
+         * scales[:, group].astype(np.float32))
+    return Int4Weights(*map(jnp.asarray, (packed, scales, zeros))), w
+
+
+@pytest.mark.parametrize("quant_group,block_k", [(32, 32), (64, 32), (128, 64)])
+def test_int4_weights_are_dequantized_per_scale_group(quant_group, block_k):
+    E, K, N, P, bm = 4, 128, 64, 30, 16
+    rng = np.random.default_rng(quant_group)
+    _, tile_group = tile_layout(jnp.asarray(rng.integers(0, E, P)), E, bm)
+    x = jnp.asarray(rng.normal(size=(tile_group.shape[0] * bm, K)), jnp.float32)
+    gate, w_gate = _int4_experts(rng, E, K, N, quant_group)
+    up, w_up = _int4_experts(rng, E, K, N, quant_group)
+    tuning = GroupedMatmulTuning(block_m=bm, block_n=32, block_k=block_k)
+    tol = 1e-4 if jax.default_backend() == "cpu" else 3e-3
+    want = grouped_matmul_reference(x, jnp.asarray(w_gate), tile_group, bm)
+    got = grouped_matmul(x, gate, tile_group, tuning=tuning, interpret=True)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(grouped_matmul_reference(x, gate, tile_group, bm),
+                               want, rtol=1e-5, atol=1e-5)
+    got = grouped_gated_matmul(x, gate, up, tile_group, act=jax.nn.silu,
+                               tuning=tuning, interpret=True)
+    want = (jax.nn.silu(want)
+            * grouped_matmul_reference(x, jnp.asarray(w_up), tile_group, bm))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_int4_blocks_must_lie_in_one_scale_group():
+    rng = np.random.default_rng(0)
+    w, _ = _int4_experts(rng, 2, 128, 32, 32)
+    x, tile_group = jnp.zeros((32, 128)), jnp.zeros(2, jnp.int32)
+    with pytest.raises(GroupedMatmulShapeError, match="divide the 32 inputs"):
+        grouped_matmul(x, w, tile_group,
+                       tuning=GroupedMatmulTuning(16, 32, 64), interpret=True)
