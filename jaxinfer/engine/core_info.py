@@ -4,9 +4,15 @@ JAX: the server's own process and its front ends read it)."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any
 
 from .engine_client import ServedModel
+
+# The signal that makes an engine-core process write every thread's stack
+# to its stderr (the server sends it before killing a core that outlived
+# SIGTERM, so the log says where it was).
+DUMP_STACKS_SIGNAL = getattr(signal, "SIGUSR1", None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ clients) and the process exits 1.
 from __future__ import annotations
 
 import concurrent.futures
+import faulthandler
 import logging
 import os
 import queue
@@ -29,7 +30,7 @@ import zmq
 from ..errors import EngineDeadError
 from ..metrics import EngineMetrics
 from .core import EngineCore
-from .core_info import CoreInfo, frontend_identity, start_error
+from .core_info import DUMP_STACKS_SIGNAL, CoreInfo, frontend_identity, start_error
 from .core_messages import (
     UTILITY_METHODS,
     AbortRequests,
@@ -45,8 +46,9 @@ from .core_messages import (
 
 logger = logging.getLogger(__name__)
 
-# While idle, how often the loop looks at work finished on worker threads
-# when the wake-up pipe is quiet (it normally wakes the loop at once).
+# While idle, how often the loop looks up even when the wake-up pipe is
+# quiet (it normally wakes the loop at once): a bound on how long a missed
+# wake-up could keep a stop or a worker thread's result waiting.
 _IDLE_POLL_MS = 1000
 
 
@@ -72,7 +74,7 @@ def run_engine_core(args, address: str, ready, frontend_pipes: list,
                                             max_model_len=engine.max_model_len))
     core.register_loras(lora_requests)
     loop = CoreLoop(core, address, frontend_pipes)
-    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    loop.install_signal_handlers()
     ready.send(("ready", info))
     ready.close()
     code = loop.run()
@@ -107,6 +109,9 @@ class CoreLoop:
         self.frontends = {pipe.fileno(): (frontend_identity(i), pipe)
                           for i, pipe in enumerate(frontend_pipes)}
         self.wake_r, self.wake_w = os.pipe()
+        # Never blocks a writer (a signal's wake-up byte included): a full
+        # pipe already wakes the loop.
+        os.set_blocking(self.wake_w, False)
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(self.wake_r, zmq.POLLIN)
@@ -122,21 +127,39 @@ class CoreLoop:
         if on_failure is not None:  # a Ray worker died while we were idle
             on_failure(self._engine_failed)
 
+    def install_signal_handlers(self) -> None:
+        """SIGTERM stops the loop (`stop`); DUMP_STACKS_SIGNAL writes every
+        thread's stack to stderr. The main thread's only."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        # A signal may be delivered to any thread (XLA's, the build and I/O
+        # workers'); Python then runs the handler only once the main thread
+        # executes bytecode, which a poll that no event ends does not. With
+        # the pipe as the wake-up fd, the signal itself wakes the poll.
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        if DUMP_STACKS_SIGNAL is not None:
+            faulthandler.register(DUMP_STACKS_SIGNAL, all_threads=True)
+
     def stop(self) -> None:
         """Ends the loop after its current step (a signal handler)."""
         self.stopping = True
-        os.write(self.wake_w, b"!")
+        self._wake()
 
     def _engine_failed(self, error: BaseException) -> None:
         self.died = error
-        os.write(self.wake_w, b"!")
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"!")
+        except BlockingIOError:  # the pipe is full: the loop wakes anyway
+            pass
 
     def run(self) -> int:
         """Serves until SIGTERM (0) or the engine dies (1)."""
         try:
             while not self.stopping:
                 busy = self.core.has_unfinished_requests()
-                timeout = 0 if busy else (_IDLE_POLL_MS if self.jobs else None)
+                timeout = 0 if busy else _IDLE_POLL_MS
                 try:
                     events = dict(self.poller.poll(timeout))
                 except zmq.ZMQError:  # interrupted by SIGTERM
@@ -239,7 +262,7 @@ class CoreLoop:
         def job():
             result = work(msg)
             self.finished.put((frontend, msg, result))
-            os.write(self.wake_w, b".")
+            self._wake()
         self.jobs += 1
         self.pool.submit(job)
 

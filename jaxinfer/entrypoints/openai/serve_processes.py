@@ -33,7 +33,7 @@ import time
 import uuid
 from typing import Any
 
-from ...engine.core_info import CoreInfo
+from ...engine.core_info import DUMP_STACKS_SIGNAL, CoreInfo
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,11 @@ class CoreProcess:
             self.process.join(timeout)
         if self.process.is_alive():
             logger.warning("the engine core did not end within %.0f s of "
-                           "SIGTERM; killing it", timeout)
+                           "SIGTERM; killing it (its threads' stacks are in "
+                           "its stderr)", timeout)
+            if DUMP_STACKS_SIGNAL is not None:
+                os.kill(self.process.pid, DUMP_STACKS_SIGNAL)
+                time.sleep(1.0)  # faulthandler writes from the signal
             self.killed_by_stop = True
             self.process.kill()
             self.process.join(5)
