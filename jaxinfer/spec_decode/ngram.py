@@ -9,8 +9,9 @@ time are likely to follow again. Draft tokens cost nothing to propose and,
 being deterministic, are verified exactly by the sampler
 (`verify.py`).
 
-One NumPy pass per n over a [B, L] matrix of the batch's tokens: no
-Python loop over positions.
+One NumPy pass per suffix length over a [B, L] matrix of the batch's
+tokens, each pass growing the matches of the last by one token: no Python
+loop over positions.
 """
 
 from __future__ import annotations
@@ -41,24 +42,29 @@ def propose_ngram(seqs: Sequence[Sequence[int]], max_drafts: Sequence[int],
     tokens, lens = _batch_matrix(seqs)
     L = tokens.shape[1]
     limit = np.asarray(max_drafts, np.int64)
-    found = np.full(B, -1, np.int64)  # where each row's proposal starts
     rows = np.arange(B)
-    for n in range(n_max, n_min - 1, -1):
-        todo = (found < 0) & (lens > n) & (limit > 0)
-        if not todo.any() or L <= n:
-            continue
-        # [B, n] each row's last n tokens.
-        suffix = tokens[rows[:, None], lens[:, None] - n + np.arange(n)]
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, n, axis=1)
-        hit = np.all(windows == suffix[:, None, :], axis=2)  # [B, L - n + 1]
-        # An occurrence must end before the suffix starts being itself:
-        # start + n < len, so at least one token follows it.
-        starts = np.arange(hit.shape[1])
-        hit &= starts[None, :] + n < lens[:, None]
-        # The most recent occurrence.
-        last = hit.shape[1] - 1 - np.argmax(hit[:, ::-1], axis=1)
-        ok = todo & hit.any(axis=1)
-        found = np.where(ok, last + n, found)
+    # match[b, p]: the n tokens ending at position p equal row b's last n
+    # tokens, grown by one token per pass (n = j + 1): the passes for every
+    # n cost n_max compares of [B, L], not one [B, L, n] compare per n.
+    # An occurrence must end before the last token (p <= len - 2), so that
+    # at least one token follows it; the suffix itself never qualifies.
+    match = np.arange(L)[None, :] <= lens[:, None] - 2
+    match &= (limit > 0)[:, None]
+    found = np.full(B, -1, np.int64)  # where each row's proposal starts
+    for j in range(n_max):
+        # Row b's j-th token from its end against every token j before p
+        # (rows too short for it have no candidate p left).
+        tail = tokens[rows, np.maximum(lens - 1 - j, 0)]
+        match[:, :j] = False
+        match[:, j:] &= tokens[:, :L - j] == tail[:, None]
+        if not match.any():
+            break
+        n = j + 1
+        if n >= n_min:
+            # The most recent occurrence; a longer n (a later pass) wins.
+            hit = match.any(axis=1)
+            last = L - 1 - np.argmax(match[:, ::-1], axis=1)
+            found = np.where(hit, last + 1, found)
     out: list[list[int]] = []
     for i in range(B):
         if found[i] < 0:

@@ -70,13 +70,16 @@ def _lookup(seq, limit, n_min, n_max):
     return []
 
 
-def test_ngram_proposals_match_a_plain_lookup():
-    rng = random.Random(0)
-    seqs = [[rng.randrange(6) for _ in range(rng.randrange(1, 40))]
+@pytest.mark.parametrize("n_min,n_max,vocab", [
+    (1, 3, 6), (2, 5, 3), (5, 5, 2), (3, 7, 2), (1, 1, 50)])
+def test_ngram_proposals_match_a_plain_lookup(n_min, n_max, vocab):
+    rng = random.Random(n_min * 10 + n_max)
+    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
             for _ in range(200)]
     limits = [rng.randrange(0, 5) for _ in seqs]
-    got = propose_ngram(seqs, limits, 1, 3)
-    want = [_lookup(s, k, 1, 3) if k else [] for s, k in zip(seqs, limits)]
+    got = propose_ngram(seqs, limits, n_min, n_max)
+    want = [_lookup(s, k, n_min, n_max) if k else []
+            for s, k in zip(seqs, limits)]
     assert got == want
     assert sum(map(len, got)) > 100  # the test proposes something
 
