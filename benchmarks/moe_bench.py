@@ -49,11 +49,11 @@ from jaxinfer.models.config import load_hf_config, model_config_from_hf
 from jaxinfer.models.moe import (
     MoEConfig,
     dense_experts_reference,
-    expert_floats,
     experts_impl,
     grouped_experts,
     route,
 )
+from jaxinfer.models.moe_weights import expert_floats
 from jaxinfer.pallas_kernels.grouped_matmul import Int4Weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -68,9 +68,9 @@ def _quantized_experts(cfg: ModelConfig, spec: WeightSpec, get: Get,
                        source: str
                        ) -> list[tuple[tuple[str, ...], np.ndarray]] | None:
     """A mixture of experts' stacked projection quantized at load (codes
-    and per expert and output scales, ``moe.quantize_experts``); None where
+    and per expert and output scales, ``moe_weights.quantize_experts``); None where
     the experts stay float."""
-    from ..moe import expert_codes_dtype, expert_int4_scheme, quantize_experts
+    from ..moe_weights import expert_codes_dtype, expert_int4_scheme, quantize_experts
     from ..weights import _stacked, check_shape
     int4 = expert_int4_scheme(cfg)
     if int4 is not None and cfg.quantization.checkpoint_format != "jaxinfer":

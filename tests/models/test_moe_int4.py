@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from jaxinfer.models import resolve_model
-from jaxinfer.models.moe import expert_floats, grouped_experts, route
+from jaxinfer.models.moe import grouped_experts, route
+from jaxinfer.models.moe_weights import expert_floats
 from jaxinfer.models.quantization.config import QuantizationConfig
 from jaxinfer.models.quantization.errors import UnsupportedQuantizationConfigError
 from jaxinfer.models.quantization.methods import GroupedWeights

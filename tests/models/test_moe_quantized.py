@@ -16,14 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxinfer.models.moe import (
-    MoEConfig,
-    QuantizedExperts,
-    expert_floats,
-    grouped_experts,
-    quantize_experts,
-    route,
-)
+from jaxinfer.models.moe import MoEConfig, grouped_experts, route
+from jaxinfer.models.moe_weights import QuantizedExperts, expert_floats, quantize_experts
 from jaxinfer.models.quantization.config import QuantizationConfig
 from jaxinfer.models.quantization.errors import UnsupportedQuantizationConfigError
 
