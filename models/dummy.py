@@ -7,6 +7,7 @@ nothing of model size passes through host memory.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,14 +23,18 @@ from .quantization.methods import PARAM_NAMES
 def random_params(model: nn.Module, cfg: ModelConfig,
                   dtype: jax.typing.DTypeLike, shardings: Any = None,
                   seed: int = 0, std: float = 0.02) -> dict:
-    """Normal(0, std) matrices, unit norm scales, zero biases."""
+    """Normal(0, std) matrices, unit norm scales, zero biases. Each
+    param's draw depends on ``seed`` and its name alone, so two models
+    whose params share a name and shape share its value: a config with
+    fewer layers gives the first layers, embeddings and head of the
+    longer one (a draft model for speculative decoding's benchmarks)."""
     abstract = nn.unbox(abstract_variables(model, cfg)["params"])
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     shard_leaves = (jax.tree_util.tree_leaves(shardings) if shardings is not None
                     else [None] * len(leaves))
     out = []
     makers: dict = {}  # one compiled initializer per (kind, shape, sharding)
-    for i, ((path, leaf), sharding) in enumerate(zip(leaves, shard_leaves)):
+    for (path, leaf), sharding in zip(leaves, shard_leaves):
         name = jax.tree_util.keystr(path)
         last = getattr(path[-1], "key", None)
         if last in _QUANTIZED:  # codes and scales in their own dtypes
@@ -42,7 +47,8 @@ def random_params(model: nn.Module, cfg: ModelConfig,
         if key not in makers:
             makers[key] = _initializer(kind, leaf.shape, leaf_dtype, std,
                                        sharding)
-        out.append(makers[key](jax.random.key(seed * 100003 + i)))
+        draw = zlib.crc32(f"{seed}:{name}".encode())
+        out.append(makers[key](jax.random.key(draw)))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

@@ -144,3 +144,36 @@ def make_tiny_model(path: str, arch: str = "llama", rope: str = "default",
     model.save_pretrained(path, **kwargs)
     embedded_tokenizer().save_pretrained(path)
     return path
+
+
+def make_draft(target: str, path: str, num_layers: int | None = None,
+               noise: float = 0.0, seed: int = 0) -> str:
+    """A draft model for ``target`` (a folder make_tiny_model wrote): its
+    first ``num_layers`` decoder layers (default: all), embeddings, final
+    norm and head, each matrix plus Normal(0, ``noise``) noise, with the
+    same tokenizer. The fewer layers and the more noise, the less often
+    it agrees with the target."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target, "config.json")) as f:
+        cfg = json.load(f)
+    if num_layers is not None:
+        cfg["num_hidden_layers"] = num_layers
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    rng = np.random.default_rng(seed)
+    keep = {}
+    for name, t in load_file(os.path.join(target, "model.safetensors")).items():
+        if (name.startswith("model.layers.")
+                and int(name.split(".")[2]) >= cfg["num_hidden_layers"]):
+            continue
+        if noise and t.ndim > 1:
+            t = (t + rng.normal(0.0, noise, t.shape)).astype(t.dtype)
+        keep[name] = t
+    save_file(keep, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    embedded_tokenizer().save_pretrained(path)
+    return path

@@ -1,6 +1,11 @@
 """Which running requests get draft tokens this step, and which drafts
 (the scheduler's side of speculative decoding; no JAX).
 
+N-gram drafts are looked up here. A draft model's drafts are decoded by
+the runner once the step's pages are allocated
+(`spec_decode/draft_model.py`): here each drafted row gets placeholders,
+which the runner overwrites before the step is laid out.
+
 A request is drafted for when its next step is a plain decode (every
 token known, its last one not yet computed) and nothing it samples under
 depends on the tokens before it on the host: penalties, bad words and
@@ -16,6 +21,10 @@ from collections.abc import Iterable
 from ..request import Request, RequestStatus
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.ngram import propose_ngram
+
+# A draft model's token before the runner decodes it (any valid id would
+# do: the runner replaces every one).
+DRAFT_PLACEHOLDER = 0
 
 
 class Speculation:
@@ -44,6 +53,9 @@ class Speculation:
         if not reqs:
             return {}
         cfg = self.config
+        if cfg.uses_draft_model:
+            return {r.request_id: [DRAFT_PLACEHOLDER] * self._limit(r)
+                    for r in reqs}
         drafts = propose_ngram([r.all_token_ids for r in reqs],
                                [self._limit(r) for r in reqs],
                                cfg.prompt_lookup_min, cfg.prompt_lookup_max)

@@ -15,22 +15,26 @@ from typing import Any
 from ..errors import InvalidConfigError, UnsupportedFeatureError
 
 NAME = "speculative_config"
-SERVED_METHODS = ("ngram",)
+SERVED_METHODS = ("ngram", "draft_model")
 # vLLM's other methods: named so the refusal says "not yet", not "unknown".
-LATER_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator",
+LATER_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator",
                  "deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "mimo_mtp",
                  "longcat_flash_mtp", "mtp")
 # vLLM's prompt-lookup default when neither bound is given.
 DEFAULT_LOOKUP = 5
 SERVED_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max",
                "prompt_lookup_min", "model")
-# vLLM keys that only matter for a draft model (refused unless at their
-# "off" value, which vLLM's own configs often spell out).
+# vLLM keys for a draft model's own settings: none is served (the draft
+# runs unquantized, on the target's device, with its context and dtype),
+# so each is refused unless at its "off" value, which vLLM's own configs
+# often spell out.
 DRAFT_MODEL_KEYS = ("quantization", "max_model_len", "revision",
-                    "code_revision", "draft_tensor_parallel_size",
-                    "enforce_eager", "speculative_token_tree",
+                    "code_revision", "enforce_eager", "speculative_token_tree",
                     "disable_padded_drafter_batch", "disable_log_stats",
                     "enable_chunked_prefill")
+# 1 (or None) is the only draft tensor-parallel size: the draft runs whole
+# on the target's one device.
+DRAFT_TP_KEY = "draft_tensor_parallel_size"
 # vLLM keys with no counterpart here whatever their value.
 REFUSED_KEYS = ("disable_by_batch_size", "target_model_config",
                 "target_parallel_config", "draft_model_config",
@@ -39,10 +43,17 @@ REFUSED_KEYS = ("disable_by_batch_size", "target_model_config",
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram"
+    method: str  # "ngram" or "draft_model"
     num_speculative_tokens: int  # k: draft tokens verified per step and row
-    prompt_lookup_min: int  # shortest suffix n-gram looked up
-    prompt_lookup_max: int  # longest suffix n-gram looked up (tried first)
+    prompt_lookup_min: int = DEFAULT_LOOKUP  # shortest suffix n-gram (ngram)
+    prompt_lookup_max: int = DEFAULT_LOOKUP  # longest, tried first (ngram)
+    # draft_model: the draft's folder, .gguf file or embedded name, loaded
+    # with the target's load_format and dtype.
+    model: str | None = None
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
 
 
 def _int(key: str, value: Any, low: int) -> int:
@@ -66,15 +77,21 @@ def _method(cfg: dict) -> str:
     if method in LATER_METHODS:
         raise UnsupportedFeatureError(
             f"{NAME}.method={method!r}", f"the {method!r} speculative method "
-            "yet", "use method 'ngram' (prompt lookup)")
+            "yet", "use method 'ngram' (prompt lookup) or 'draft_model'")
     if method not in SERVED_METHODS:
         raise InvalidConfigError(
             f"{NAME}.method {method!r} is not a speculative method: use "
             f"one of {', '.join(SERVED_METHODS + LATER_METHODS)}")
-    if model not in (None, "ngram", "[ngram]"):
-        raise UnsupportedFeatureError(
-            f"{NAME}.model={model!r}", "a draft model with the ngram method",
-            "drop 'model' (n-gram proposes from the request's own tokens)")
+    if method == "ngram" and model not in (None, "ngram", "[ngram]"):
+        raise InvalidConfigError(
+            f"{NAME}.model={model!r} with method 'ngram': n-gram proposes "
+            "from the request's own tokens; drop 'model', or use method "
+            "'draft_model' to draft with that model")
+    if method == "draft_model" and (not isinstance(model, str) or not model
+                                    or model in ("ngram", "[ngram]")):
+        raise InvalidConfigError(
+            f"{NAME} with method 'draft_model' needs 'model': the draft's "
+            "folder, .gguf file or embedded name")
     return method
 
 
@@ -95,11 +112,13 @@ def parse_speculative_config(value: str | dict | None
         raise InvalidConfigError(f"{NAME} must be a JSON object, got {value!r}")
     for key in cfg:
         if key in REFUSED_KEYS or (key in DRAFT_MODEL_KEYS
-                                   and cfg[key] not in (None, False)):
+                                   and cfg[key] not in (None, False)) or (
+                key == DRAFT_TP_KEY and cfg[key] not in (None, 1)):
             raise UnsupportedFeatureError(
-                f"{NAME}.{key}", "draft-model settings",
-                f"drop {key!r}: jaxinfer proposes by n-gram lookup only")
-        if key not in SERVED_KEYS + DRAFT_MODEL_KEYS:
+                f"{NAME}.{key}", "a draft model's own settings",
+                f"drop {key!r}: a draft runs unquantized on the target's "
+                "device, with its dtype and context length")
+        if key not in SERVED_KEYS + DRAFT_MODEL_KEYS + (DRAFT_TP_KEY,):
             raise InvalidConfigError(
                 f"{NAME} has no key {key!r}: it takes "
                 f"{', '.join(SERVED_KEYS)}")
@@ -108,6 +127,13 @@ def parse_speculative_config(value: str | dict | None
         raise InvalidConfigError(
             f"{NAME} needs num_speculative_tokens (draft tokens per step)")
     k = _int("num_speculative_tokens", cfg["num_speculative_tokens"], 1)
+    if method == "draft_model":
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if cfg.get(key) is not None:
+                raise InvalidConfigError(
+                    f"{NAME}.{key} is for method 'ngram'; a draft model "
+                    "proposes by decoding")
+        return SpeculativeConfig(method, k, model=cfg["model"])
     lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
     if lo is None and hi is None:
         lo = hi = DEFAULT_LOOKUP

@@ -20,9 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.models import ModelFiles, load_params, model_class, resolve_backend
-from jaxinfer.models.dummy import random_params
-from jaxinfer.models.orbax_checkpoint import restore_params
+from jaxinfer.models import ModelFiles, model_class, resolve_backend
 from jaxinfer.models.quantization.methods import with_int4_kernel
 from jaxinfer.models.runtime import model_constants
 
@@ -30,6 +28,7 @@ from ..config import CacheConfig, SchedulerConfig
 from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..pooling.step import PooledSteps
+from ..spec_decode.draft_model import DraftModel
 from ..spec_decode.layout import spec_rows
 from .buckets import Bucket
 from .encoder_runner import EncoderRunner
@@ -47,6 +46,7 @@ from .sampling_inputs import PromptLogprobPlan, SamplingInputs
 from .step_functions import window_stop_ids
 from .step_layout import lay_out_step
 from .step_programs import DeviceState, StepInputs, StepOutputs, StepPrograms
+from .weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +59,14 @@ class ModelRunner:
                  load_format: str = "auto", lora_config=None,
                  pipeline_parallel_size: int = 1, devices=None,
                  build_first: bool = False, pooling=None,
-                 num_speculative_tokens: int = 0):
+                 num_speculative_tokens: int = 0,
+                 draft_model: str | None = None):
         # AWQ / GPTQ layers on one GPU multiply with the Pallas int4 kernel.
         self.cfg = with_int4_kernel(
             files.config, tensor_parallel_size * pipeline_parallel_size,
             jax.default_backend())
         self.dtype = dtype
+        self.draft: DraftModel | None = None  # loaded with the weights
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.block_size = cache_config.block_size
@@ -101,20 +103,22 @@ class ModelRunner:
                  and self.programs.can_build_first()
                  and self.programs.build_ahead.start_first(
                      self.expected_state()))
-        if load_format == "dummy":  # random weights, drawn in their sharding
-            self.params = random_params(self.model, self.cfg, dtype,
-                                        self.placement.param_shardings,
-                                        seed=seed)
-        elif files.format == "orbax":  # restored straight into the sharding
-            self.params = restore_params(files.source, self.model, self.cfg,
-                                         dtype, self.placement.param_shardings)
-        else:
-            self.params = load_params(files, dtype,
-                                      place=self.placement.place_param,
-                                      elsewhere=self.placement.elsewhere)
-        self.params = self.placement.finish_params(self.params)
+        self.params = load_weights(files, self.model, self.cfg, dtype,
+                                   self.placement, load_format, seed)
         logger.info("loaded %s (%.1fM params) in %.1fs", files.source,
                     self.cfg.num_params / 1e6, time.perf_counter() - t0)
+        # A draft model (speculative_config method "draft_model"): its
+        # weights load before the KV pool is sized, its pages ride the
+        # target's block tables (spec_decode/draft_model.py).
+        if draft_model is not None:
+            self.draft = DraftModel(
+                draft_model, target_cfg=self.cfg, dtype=dtype,
+                kv_dtype=self.kv_dtype, block_size=self.block_size,
+                max_model_len=scheduler_config.max_model_len,
+                num_speculative_tokens=num_speculative_tokens,
+                load_format=load_format, seed=seed, backend=self.backend,
+                devices=devices, tensor_parallel_size=tensor_parallel_size,
+                pipeline_parallel_size=pipeline_parallel_size)
         # LoRA adapter slots, allocated before the KV pool is sized.
         self.lora = (LoRAInputs(self.model, self.cfg, lora_config, dtype,
                                 self.placement.mesh) if lora_config else None)
@@ -134,6 +138,8 @@ class ModelRunner:
         self.num_host_blocks = int(cache_config.swap_space * 2**30 //
                                    (self.page_bytes * self.placement.kv_shards))
         self.page_mover = PageMover(self.num_blocks, self.num_host_blocks)
+        if self.draft is not None:
+            self.draft.allocate(self.num_blocks, self.num_host_blocks)
         self.penalty_state: PenaltyState | None = None  # made on first use
         # Seconds from launching each step to its tokens being ready: with
         # no host/device overlap, the device's busy time.
@@ -211,10 +217,12 @@ class ModelRunner:
     @property
     def page_bytes(self) -> int:
         """Bytes of one page across all layers, K and V (and fp8 pages'
-        scales), on one device."""
+        scales), on one device; a draft model's page of the same tokens
+        included."""
         return page_bytes(self.cfg.num_layers, self.block_size,
                           self.cfg.num_kv_heads, self.cfg.head_dim,
-                          self.kv_dtype, self.placement.kv_shards)
+                          self.kv_dtype, self.placement.kv_shards) + (
+            0 if self.draft is None else self.draft.page_bytes)
 
     def max_pages_per_array(self) -> int:
         """Pages a layer's page array may hold on one device."""
@@ -255,6 +263,8 @@ class ModelRunner:
             self.requests[new.request_id] = new
         if out.has_copies:
             self.kv_pages = self.page_mover.apply(self.kv_pages, out)
+            if self.draft is not None:
+                self.draft.copy_pages(out)
 
     def _step_inputs(self, out: SchedulerOutput):
         """The step as `StepInputs`, with each row's wish for logprobs and
@@ -325,11 +335,15 @@ class ModelRunner:
         # A first request other than start_first's guess: the guess's queued
         # builds would only compete with this step's own.
         self.programs.build_ahead.drop_missed_first(out)
+        t0 = time.perf_counter()
+        if self.draft is not None:  # the drafts, before the step's layout
+            self.draft.fill_drafts(out.scheduled, self.programs.buckets)
         inputs, wants_lp, plan = self._step_inputs(out)
         inputs.fill_token_masks = fill_token_masks
-        t0 = time.perf_counter()
         outputs = self.run_programs(inputs, self._take_penalty_state(inputs))
         self._keep(outputs)
+        if self.draft is not None:  # its pages take the step's tokens too
+            self.draft.mirror(inputs.bucket, inputs.packed)
         launched = time.perf_counter()
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}

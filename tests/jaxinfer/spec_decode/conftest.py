@@ -1,6 +1,7 @@
 """Speculative decoding fixtures: the tiny Llama with small pages, steps
-and context (chunked prefill on every prompt longer than 32 tokens), and
-a shared compilation cache."""
+and context (chunked prefill on every prompt longer than 32 tokens), a
+draft model for it that agrees on about half of its drafts, and a shared
+compilation cache."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3,
 @pytest.fixture(scope="session")
 def tiny_path(tiny_model_factory):
     return tiny_model_factory()
+
+
+@pytest.fixture(scope="session")
+def draft_path(tiny_path, tmp_path_factory):
+    """The tiny Llama's weights plus a little noise: about half of its
+    greedy drafts are accepted, so both verification branches run."""
+    from tests.tiny_models import make_draft
+    return make_draft(tiny_path, str(tmp_path_factory.mktemp("tiny-draft")),
+                      noise=0.004)
+
+
+def draft_config(path: str, k: int = 3) -> dict:
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
 
 
 @pytest.fixture(scope="session")

@@ -26,13 +26,25 @@ def test_vllm_keys_are_read():
         {"model": "[ngram]", "num_speculative_tokens": 2,
          "prompt_lookup_max": 4}) == SpeculativeConfig("ngram", 2, 4, 4)
     assert parse_speculative_config(None) is None
+    # A model other than "ngram" is a draft model (vLLM's rule), and a
+    # draft tensor-parallel size of 1 is the one served.
+    assert parse_speculative_config(
+        {"model": "some/draft", "num_speculative_tokens": 3,
+         "draft_tensor_parallel_size": 1}) == SpeculativeConfig(
+             "draft_model", 3, model="some/draft")
 
 
 @pytest.mark.parametrize("cfg,error,names", [
     ({"method": "eagle", "num_speculative_tokens": 2}, UnsupportedFeatureError, "eagle"),
     ({"method": "eagle3", "num_speculative_tokens": 2}, UnsupportedFeatureError, "eagle3"),
-    ({"model": "some/draft", "num_speculative_tokens": 2}, UnsupportedFeatureError,
-     "draft_model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, InvalidConfigError,
+     "needs 'model'"),
+    ({"method": "draft_model", "model": "d", "num_speculative_tokens": 2,
+      "prompt_lookup_max": 3}, InvalidConfigError, "prompt_lookup_max"),
+    ({"method": "draft_model", "model": "d", "num_speculative_tokens": 2,
+      "quantization": "fp8"}, UnsupportedFeatureError, "quantization"),
+    ({"method": "ngram", "model": "some/draft", "num_speculative_tokens": 2},
+     InvalidConfigError, "draft_model"),
     ({"method": "lookahead", "num_speculative_tokens": 2}, InvalidConfigError,
      "lookahead"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
@@ -139,3 +151,26 @@ def test_warm_up_builds_every_program_a_speculative_step_runs(make_llm):
     assert programs.num_outside == 0
     assert programs.keys_run <= set(programs.built)
     assert any(key.kind == "verify" for key in programs.keys_run)
+
+
+@pytest.mark.slow
+def test_a_draft_with_another_vocabulary_is_refused_at_start(
+        make_llm, tiny_model_factory):
+    other = tiny_model_factory(vocab_size=512)
+    with pytest.raises(InvalidConfigError, match="vocabulary of 512"):
+        make_llm(speculative_config={"method": "draft_model", "model": other,
+                                     "num_speculative_tokens": 2})
+
+
+@pytest.mark.slow
+def test_draft_model_metrics_count_its_drafts(make_llm, draft_path):
+    llm = make_llm(speculative_config={"method": "draft_model",
+                                       "model": draft_path,
+                                       "num_speculative_tokens": 3})
+    llm.generate([{"prompt_token_ids": list(range(40, 60))}] * 2,
+                 SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)
+    spec = llm.llm_engine.get_stats().spec_decode
+    # Every step after the first drafts for both rows until max_tokens.
+    assert spec.num_drafts >= 2 * 3
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens

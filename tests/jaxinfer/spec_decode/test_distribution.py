@@ -20,6 +20,8 @@ import pytest
 from jaxinfer import SamplingParams
 from jaxinfer.core.speculation import Speculation
 
+from .conftest import draft_config
+
 pytestmark = pytest.mark.slow
 
 ALPHA = 1e-3  # chance of a false alarm of the correct rule
@@ -117,3 +119,28 @@ def test_an_acceptance_rule_that_accepts_every_draft_is_caught(make_llm, exact):
     pairs, accepted = _draw_pairs(engine, best)
     assert accepted == NUM_DRAWS
     assert _p_value(pairs, joint) < ALPHA
+
+
+def test_draft_model_samples_follow_the_target_distribution(make_llm, exact,
+                                                            tiny_path):
+    """The target as its own draft model (one draft a step): the draft is
+    the greedy second token, as above, but decoded on the device by the
+    draft's own program and pages."""
+    joint, _ = exact
+    engine = make_llm(speculative_config=draft_config(tiny_path, k=1),
+                      max_num_seqs=16, max_num_batched_tokens=128).llm_engine
+    for seed in range(NUM_DRAWS):
+        engine.add_request(str(seed), {"prompt_token_ids": PROMPT},
+                           SamplingParams(temperature=1.0, top_k=TOP_K,
+                                          seed=seed, max_tokens=3,
+                                          ignore_eos=True))
+    pairs: collections.Counter = collections.Counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                pairs[tuple(out.outputs[0].token_ids[:2])] += 1
+    stats = engine.get_stats().spec_decode
+    # max_tokens=3 leaves room for one draft, at the second token only.
+    assert stats.num_drafts == NUM_DRAWS
+    assert 0 < stats.num_accepted_tokens < NUM_DRAWS
+    assert _p_value(pairs, joint) > ALPHA

@@ -1,5 +1,5 @@
-"""With n-gram speculation an engine produces the tokens it produces
-without: greedy rows token for token, seeded rows too (each position draws
+"""With speculation (n-gram lookup or a draft model) an engine produces
+the tokens it produces without: greedy rows token for token, seeded rows too (each position draws
 with the key a plain step uses there), stop strings, max_tokens and
 logprobs alike, under chunked prefill, prefix-cache hits, preemption and
 an abort; rejected drafts give their pages back after every step."""
@@ -13,7 +13,7 @@ import pytest
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.core.kv_cache_manager import cdiv
 
-from .conftest import NGRAM, repetitive_prompts
+from .conftest import NGRAM, draft_config, repetitive_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -73,12 +73,14 @@ def _same(a, b) -> None:
                 assert lx[t].logprob == pytest.approx(ly[t].logprob, abs=1e-4)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("blocks,swap", [(None, None), (14, None), (14, 0.01)],
                          ids=["roomy", "recomputing", "swapping"])
-def test_outputs_equal_with_and_without_speculation(make_llm, blocks, swap):
+def test_outputs_equal_with_and_without_speculation(make_llm, draft_path,
+                                                    method, blocks, swap):
     prompts = repetitive_prompts(16, seed=2)
     results = {}
-    for spec in (None, NGRAM):
+    for spec in (None, NGRAM if method == "ngram" else draft_config(draft_path)):
         engine = make_llm(speculative_config=spec, swap_space=swap,
                           num_gpu_blocks_override=blocks).llm_engine
         rng = random.Random(5)
@@ -90,6 +92,9 @@ def test_outputs_equal_with_and_without_speculation(make_llm, blocks, swap):
         if spec is not None:
             stats = engine.get_stats()
             assert stats.spec_decode.num_accepted_tokens > 0
+            # Drafts were rejected too (the draft model's half the time).
+            assert (stats.spec_decode.num_accepted_tokens
+                    < stats.spec_decode.num_draft_tokens)
             assert stats.num_preemptions > 0 or blocks is None
             assert stats.num_swap_outs > 0 or swap is None
             assert stats.prefix_cache_hits > 0
@@ -116,6 +121,24 @@ def test_greedy_equal_on_the_embedded_model():
     assert outs[False] == outs[True]
     stats = engines[False].get_stats().spec_decode
     assert stats.acceptance_rate > 0.3 and stats.mean_accepted_length > 1.5
+
+
+def test_the_embedded_model_drafting_for_itself_is_accepted_and_unchanged():
+    """The embedded SmolLM2 (GGUF) as its own draft model: its greedy
+    drafts are the target's greedy tokens, so nearly all are accepted,
+    and the output is plain decoding's."""
+    prompts = ["The capital of France is", "def fib(n):\n"]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs, engines = {}, {}
+    for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3,
+                        "model": "smollm2-135m-instruct"}):
+        llm = LLM(speculative_config=spec, max_num_seqs=2, max_model_len=128)
+        outs[spec is None] = [o.outputs[0].token_ids
+                              for o in llm.generate(prompts, sp, use_tqdm=False)]
+        engines[spec is None] = llm.llm_engine
+    assert outs[False] == outs[True]
+    stats = engines[False].get_stats().spec_decode
+    assert stats.acceptance_rate > 0.9 and stats.mean_accepted_length > 3.0
 
 
 def test_n_samples_and_prompt_logprobs_equal_without_speculation(make_llm):

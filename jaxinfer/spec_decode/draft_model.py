@@ -1,0 +1,207 @@
+"""A draft model's side of speculative decoding (``method: "draft_model"``):
+a smaller model with the target's vocabulary proposes each drafted row's k
+tokens by greedy decoding, on the same paged machinery as the target.
+
+Its K/V pages are a pool of their own, indexed by the target's block
+tables: page i of the draft's pool holds the draft's K/V of the tokens in
+the target's page i. So the scheduler's one bookkeeping covers both:
+allocation, rolling back rejected drafts, prefix-cache hits, preemption
+and swapping (the runner copies the draft's pages beside the target's).
+
+Per step, on the device:
+
+1. `propose`: for each drafted row, the draft decodes k tokens from the
+   row's first input (its last known token, at the row's start position),
+   each one the next one's input, in one program. The K/V of the inputs it
+   consumes land in the row's pages; writes past the row's d drafts go to
+   the null page (the step's pages cover d + 1 tokens).
+2. The target's step verifies the drafts (`verify.py`).
+3. `mirror`: the draft runs over the target's step inputs, as laid out, so
+   its pages hold every token the target's hold (prompt chunks, and the
+   verified row: its accepted drafts are then right, the rest is
+   overwritten when those positions are computed again).
+
+A draft is a deterministic proposal, so verification keeps the target's
+distribution exactly (`verify.py`): the draft's quality only changes how
+many drafts are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxinfer.models import model_class, resolve_model
+from jaxinfer.models.runtime import model_constants, run_model
+
+from ..errors import InvalidConfigError, UnsupportedFeatureError
+from ..worker.buckets import Bucket
+from ..worker.kv_dtype import page_bytes
+from ..worker.packing import pack_step, unpack_step
+from ..worker.page_ops import PageMover
+from ..worker.placement import Placement
+from ..worker.step_layout import lay_out_step
+from ..worker.weights import load_weights
+
+logger = logging.getLogger(__name__)
+
+
+def propose_greedy(model, block_size: int, num_steps: int, bucket, params,
+                   kv_pages, constants, packed, num_drafts):
+    """``num_steps`` greedy decode steps of every row from its one input
+    token (``packed``: a decode-only step, one token per row, bucket
+    ``bucket``). Step i's K/V lands at the row's position + i when i <
+    ``num_drafts`` [S] (the row's drafts, whose pages the scheduler
+    allocated), else in the null page. Returns (tokens [num_steps, S],
+    kv_pages)."""
+    input_ids, positions, md = unpack_step(packed, bucket)
+    S, P = md.block_tables.shape
+    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
+    rows = jnp.arange(S, dtype=jnp.int32)
+    tok = jnp.arange(T, dtype=jnp.int32)
+    tok_row = jnp.minimum(tok, S - 1)
+    real_tok = tok < md.num_seqs[0]
+    real_row = rows < md.num_seqs[0]
+    tok_drafts = num_drafts[tok_row]
+
+    def one_step(i, carry):
+        kv_pages, ids, tokens = carry
+        pos = jnp.where(real_tok, positions + i, 0)
+        page_col = pos // block_size
+        writes = real_tok & (i < tok_drafts) & (page_col < P)
+        page = md.block_tables[tok_row, jnp.minimum(page_col, P - 1)]
+        md_i = dataclasses.replace(
+            md, slot_mapping=jnp.where(writes, page * block_size
+                                       + pos % block_size, 0),
+            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+        logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
+                                     pos, md_i, rows)
+        new = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        ids = jnp.zeros_like(ids).at[:S].set(new)
+        return kv_pages, ids, tokens.at[i].set(new)
+
+    tokens = jnp.zeros((num_steps, S), jnp.int32)
+    kv_pages, _, tokens = jax.lax.fori_loop(
+        0, num_steps, one_step, (kv_pages, input_ids, tokens))
+    return tokens, kv_pages
+
+
+def mirror_step(model, bucket, params, kv_pages, constants, packed):
+    """The draft's K/V of a target step's tokens (``packed`` as the target's
+    step took it); its logits are not needed (and not computed: XLA drops
+    the unused head)."""
+    input_ids, positions, md = unpack_step(packed, bucket)
+    _, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
+                            positions, md, jnp.zeros(1, jnp.int32))
+    return kv_pages
+
+
+@dataclasses.dataclass
+class _Row:
+    """A drafted row's proposal input, in `lay_out_step`'s terms."""
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool = True
+
+
+class DraftModel:
+    """The draft's weights, K/V pool and programs, on the target's device."""
+
+    def __init__(self, source: str, *, target_cfg, dtype, kv_dtype,
+                 block_size: int, max_model_len: int, num_speculative_tokens:
+                 int, load_format: str, seed: int, backend, devices,
+                 tensor_parallel_size: int, pipeline_parallel_size: int):
+        if tensor_parallel_size * pipeline_parallel_size > 1:
+            raise UnsupportedFeatureError(
+                "speculative_config.method='draft_model'",
+                "a draft model beside tensor or pipeline parallelism",
+                "run the target on one device, or use method 'ngram'")
+        t0 = time.perf_counter()
+        files = resolve_model(source, load_format)
+        self.cfg = files.config
+        if self.cfg.vocab_size != target_cfg.vocab_size:
+            raise InvalidConfigError(
+                f"speculative_config.model {source!r} has a vocabulary of "
+                f"{self.cfg.vocab_size} tokens, the target "
+                f"{target_cfg.vocab_size}: a draft must share the target's "
+                "tokenizer")
+        if getattr(self.cfg, "quantization", None):
+            raise UnsupportedFeatureError(
+                f"speculative_config.model={source!r}",
+                "a quantized draft model", "use a float draft checkpoint")
+        self.k = num_speculative_tokens
+        self.block_size = block_size
+        self.kv_dtype = kv_dtype
+        self.model = model_class(self.cfg.architecture)(
+            self.cfg, backend=backend, dtype=dtype)
+        self.placement = Placement(self.model, self.cfg, 1, 1, devices)
+        self.model = self.model.clone(mesh=self.placement.mesh)
+        self.constants = model_constants(self.model, max_model_len)
+        self.params = load_weights(files, self.model, self.cfg, dtype,
+                                   self.placement, load_format, seed)
+        logger.info("loaded the draft model %s (%.1fM params) in %.1fs",
+                    source, self.cfg.num_params / 1e6,
+                    time.perf_counter() - t0)
+        self.kv_pages = None  # allocate() once the pool's size is known
+        self.page_mover: PageMover | None = None
+        self._propose = jax.jit(
+            functools.partial(propose_greedy, self.model, block_size, self.k),
+            static_argnums=(0,), donate_argnums=(2,))
+        self._mirror = jax.jit(functools.partial(mirror_step, self.model),
+                               static_argnums=(0,), donate_argnums=(2,))
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one of the draft's pages (all its layers, K and V)."""
+        return page_bytes(self.cfg.num_layers, self.block_size,
+                          self.cfg.num_kv_heads, self.cfg.head_dim,
+                          self.kv_dtype, 1)
+
+    def allocate(self, num_pages: int, num_host_pages: int) -> None:
+        """The draft's K/V pool: as many pages as the target's."""
+        self.kv_pages = self.placement.zeros_kv(
+            self.cfg.num_layers, num_pages, self.block_size, self.kv_dtype)
+        self.page_mover = PageMover(num_pages, num_host_pages)
+
+    def copy_pages(self, out) -> None:
+        """The step's swaps, applied to the draft's pages as to the
+        target's."""
+        if self.page_mover is None:
+            raise RuntimeError("the draft's pages are not allocated")
+        self.kv_pages = self.page_mover.apply(self.kv_pages, out)
+
+    def fill_drafts(self, scheduled, buckets) -> None:
+        """Decodes every drafted row's drafts and writes them over the
+        scheduler's placeholders (the last ``num_draft_tokens`` of the
+        row's token_ids), before the step is laid out."""
+        drafted = [s for s in scheduled if s.num_draft_tokens]
+        if not drafted:
+            return
+        rows = [_Row([s.token_ids[0]], s.start_pos, s.block_table)
+                for s in drafted]
+        bucket = buckets.bucket(len(rows), len(rows),
+                                max(len(r.block_table) for r in rows))
+        input_ids, positions, md, _ = lay_out_step(
+            rows, bucket[:3], self.block_size, {}, True)
+        num_drafts = np.zeros(bucket.seqs, np.int32)
+        num_drafts[:len(rows)] = [s.num_draft_tokens for s in drafted]
+        tokens, self.kv_pages = self._propose(
+            bucket, self.params, self.kv_pages, self.constants,
+            pack_step(input_ids, positions, md), num_drafts)
+        tokens = np.asarray(jax.device_get(tokens))  # [k, S]
+        for i, s in enumerate(drafted):
+            d = s.num_draft_tokens
+            s.token_ids[-d:] = tokens[:d, i].tolist()
+
+    def mirror(self, bucket: Bucket, packed) -> None:
+        """Runs the draft over a target step's inputs (enqueued; nothing
+        is read back)."""
+        self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
+                                     self.constants, packed)
