@@ -111,6 +111,8 @@ def child(ns) -> dict:
               warmup=False)
     if ns.tokenizer:
         kw["tokenizer"] = ns.tokenizer
+    if ns.timeline:  # one JSON line per step (the last batch size's run)
+        kw["profile_steps"] = os.path.join(ns.out, f"steps-{ns.child}.jsonl")
     for pair in ns.engine:
         key, _, value = pair.partition("=")
         kw[key] = json.loads(value) if value[:1] in "0123456789[{tf" else value
@@ -137,6 +139,8 @@ def child(ns) -> dict:
         engine.reset_prefix_cache()
         before = engine.get_stats().spec_decode
         steps = engine.num_steps
+        if engine.timeline is not None:
+            engine.timeline.restart()
         t0 = time.perf_counter()
         outs = llm.generate(batch, sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
@@ -145,6 +149,13 @@ def child(ns) -> dict:
                "output_tok_s": tokens / seconds,
                "steps": engine.num_steps - steps,
                "token_ids": [list(o.outputs[0].token_ids) for o in outs]}
+        if engine.timeline is not None and engine.timeline.records:
+            recs = engine.timeline.records
+            row["timeline"] = {  # per step of the timed run, in ms
+                "host_ms": sum(r.host_ms for r in recs) / len(recs),
+                "device_ms": sum(r.device_ms for r in recs) / len(recs),
+                "compile_ms_total": sum(r.compile_ms for r in recs),
+                "buckets": sorted({f"{r.T}x{r.S}" for r in recs})}
         after = engine.get_stats().spec_decode
         if after is not None and before is not None:
             drafts = after.num_drafts - before.num_drafts
@@ -194,6 +205,8 @@ def run_child(ns, which: str, scale: float | None) -> dict:
         value = getattr(ns, key)
         if value is not None:
             argv += ["--" + key.replace("_", "-"), str(value)]
+    if ns.timeline:
+        argv.append("--timeline")
     argv += ["--batch-sizes", ",".join(map(str, ns.batch_sizes)),
              "--agreement-scales", ",".join(map(str, ns.agreement_scales))]
     if scale is not None:
@@ -230,6 +243,8 @@ def summarize(ns, base: dict, specs: dict[str, dict]) -> dict:
                 "speedup": s["output_tok_s"] / b["output_tok_s"],
                 "plain_steps": b["steps"], "spec_steps": s["steps"],
                 "same_tokens": b["token_ids"] == s["token_ids"],
+                "plain_timeline": b.get("timeline"),
+                "spec_timeline": s.get("timeline"),
                 # bf16 on a GPU: verifying k + 1 positions in a ragged step
                 # rounds differently from one-token decode steps, so greedy
                 # paths of a random model part after near ties; the share
@@ -279,6 +294,9 @@ def main() -> int:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeline", action="store_true",
+                   help="each engine's step timeline: mean host and device "
+                   "ms per step of each timed run into the JSON")
     p.add_argument("--methods", default="ngram,draft_model",
                    type=lambda s: s.split(","))
     p.add_argument("--draft-model", default=None,
@@ -326,6 +344,13 @@ def main() -> int:
                   f"acceptance {row.get('acceptance_rate', 0):.2f}, mean length "
                   f"{row.get('mean_accepted_length', 0):.2f}, same tokens "
                   f"{row['same_tokens']}")
+            for side in ("plain", "spec"):
+                tl = row.get(f"{side}_timeline")
+                if tl:
+                    print(f"{'':12s}   {side}: host {tl['host_ms']:.2f} ms, "
+                          f"device {tl['device_ms']:.2f} ms a step, "
+                          f"compiles {tl['compile_ms_total']:.0f} ms, "
+                          f"buckets {tl['buckets']}")
     print(json.dumps({m: r["verdicts"] for m, r in result["methods"].items()}))
     return 0
 

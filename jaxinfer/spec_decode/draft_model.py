@@ -15,8 +15,11 @@ Per step, on the device:
    each one the next one's input, in one program. The K/V of the inputs it
    consumes land in the row's pages; writes past the row's d drafts go to
    the null page (the step's pages cover d + 1 tokens).
-2. The target's step verifies the drafts (`verify.py`).
-3. `mirror`: the draft runs over the target's step inputs, as laid out, so
+2. `inject`: the drafts go into the target step's laid-out inputs on the
+   device, over the scheduler's placeholders (the host never reads them:
+   the target's step is enqueued behind the draft's with no wait).
+3. The target's step verifies the drafts (`verify.py`).
+4. `mirror`: the draft runs over the target's step inputs, as laid out, so
    its pages hold every token the target's hold (prompt chunks, and the
    verified row: its accepted drafts are then right, the rest is
    overwritten when those positions are computed again).
@@ -92,6 +95,18 @@ def propose_greedy(model, block_size: int, num_steps: int, bucket, params,
     return tokens, kv_pages
 
 
+def inject_drafts(packed, drafts, tokens, token_index, draft_index):
+    """``tokens`` [k, Sp] (the draft's, per proposal row) written into the
+    step's packed inputs at ``token_index`` [Sp, k] and into its drafts
+    [S, k] at the flat ``draft_index`` [Sp, k]; out-of-range indices (a
+    row's unused drafts, padding rows) write nothing."""
+    values = tokens.T.reshape(-1)
+    packed = packed.at[token_index.reshape(-1)].set(values, mode="drop")
+    flat = drafts.reshape(-1).at[draft_index.reshape(-1)].set(values,
+                                                              mode="drop")
+    return packed, flat.reshape(drafts.shape)
+
+
 def mirror_step(model, bucket, params, kv_pages, constants, packed):
     """The draft's K/V of a target step's tokens (``packed`` as the target's
     step took it); its logits are not needed (and not computed: XLA drops
@@ -100,6 +115,14 @@ def mirror_step(model, bucket, params, kv_pages, constants, packed):
     _, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
                             positions, md, jnp.zeros(1, jnp.int32))
     return kv_pages
+
+
+@dataclasses.dataclass
+class Proposal:
+    """A step's drafts, still on the device."""
+    tokens: jax.Array  # [k, Sp]: proposal row r's drafts in column r
+    rows: list[int]  # the step row of each proposal row
+    num_drafts: list[int]  # its drafts (the first this many of the k)
 
 
 @dataclasses.dataclass
@@ -156,6 +179,9 @@ class DraftModel:
             static_argnums=(0,), donate_argnums=(2,))
         self._mirror = jax.jit(functools.partial(mirror_step, self.model),
                                static_argnums=(0,), donate_argnums=(2,))
+        # Placed as the step programs take their inputs.
+        self._inject = jax.jit(inject_drafts, out_shardings=(
+            self.placement.replicated, self.placement.replicated))
 
     @property
     def page_bytes(self) -> int:
@@ -177,28 +203,43 @@ class DraftModel:
             raise RuntimeError("the draft's pages are not allocated")
         self.kv_pages = self.page_mover.apply(self.kv_pages, out)
 
-    def fill_drafts(self, scheduled, buckets) -> None:
-        """Decodes every drafted row's drafts and writes them over the
-        scheduler's placeholders (the last ``num_draft_tokens`` of the
-        row's token_ids), before the step is laid out."""
-        drafted = [s for s in scheduled if s.num_draft_tokens]
-        if not drafted:
-            return
-        rows = [_Row([s.token_ids[0]], s.start_pos, s.block_table)
-                for s in drafted]
-        bucket = buckets.bucket(len(rows), len(rows),
-                                max(len(r.block_table) for r in rows))
+    def propose(self, scheduled, buckets) -> Proposal | None:
+        """Enqueues the decoding of every drafted row's drafts (None: no
+        row drafts this step)."""
+        rows = [i for i, s in enumerate(scheduled) if s.num_draft_tokens]
+        if not rows:
+            return None
+        inputs = [_Row([scheduled[i].token_ids[0]], scheduled[i].start_pos,
+                       scheduled[i].block_table) for i in rows]
+        bucket = buckets.bucket(len(inputs), len(inputs),
+                                max(len(r.block_table) for r in inputs))
         input_ids, positions, md, _ = lay_out_step(
-            rows, bucket[:3], self.block_size, {}, True)
-        num_drafts = np.zeros(bucket.seqs, np.int32)
-        num_drafts[:len(rows)] = [s.num_draft_tokens for s in drafted]
+            inputs, bucket[:3], self.block_size, {}, True)
+        num_drafts = [scheduled[i].num_draft_tokens for i in rows]
+        padded = np.zeros(bucket.seqs, np.int32)
+        padded[:len(rows)] = num_drafts
         tokens, self.kv_pages = self._propose(
             bucket, self.params, self.kv_pages, self.constants,
-            pack_step(input_ids, positions, md), num_drafts)
-        tokens = np.asarray(jax.device_get(tokens))  # [k, S]
-        for i, s in enumerate(drafted):
-            d = s.num_draft_tokens
-            s.token_ids[-d:] = tokens[:d, i].tolist()
+            pack_step(input_ids, positions, md), padded)
+        return Proposal(tokens, rows, num_drafts)
+
+    def inject(self, proposal: Proposal, scheduled, packed: np.ndarray,
+               drafts: np.ndarray):
+        """(packed, drafts) of the laid-out step with the proposal's
+        drafts in place of the placeholders, as device arrays. A row's
+        drafts are the last of its tokens, which the layout packs from
+        the row's offset in the step (the input ids lead the buffer)."""
+        k, Sp = proposal.tokens.shape
+        lens = np.fromiter((len(s.token_ids) for s in scheduled), np.int64,
+                           len(scheduled))
+        ends = np.cumsum(lens)
+        token_index = np.full((Sp, k), packed.size, np.int32)
+        draft_index = np.full((Sp, k), drafts.size, np.int32)
+        for r, (i, d) in enumerate(zip(proposal.rows, proposal.num_drafts)):
+            token_index[r, :d] = ends[i] - d + np.arange(d)
+            draft_index[r, :d] = i * k + np.arange(d)
+        return self._inject(packed, drafts, proposal.tokens, token_index,
+                            draft_index)
 
     def mirror(self, bucket: Bucket, packed) -> None:
         """Runs the draft over a target step's inputs (enqueued; nothing

@@ -15,6 +15,14 @@ build, so the set is kept to what costs little to pad:
   max_num_seqs): a row per possible sequence costs a logits row, little
   next to the T tokens' matmuls, and a second ladder would multiply the
   programs.
+- Verifying steps of a speculative engine (every row samples, none
+  brings more than its k drafts and one more token): S on the decode
+  ladder and T = S (k + 1), rounded up to 16, when its T + S (k + 1)
+  rows (tokens through the model, sampled rows through the head and the
+  sampler) are no more than the prefill bucket's. A verifying step scores
+  k + 1 rows per sequence, so the prefill buckets' S = min(T,
+  max_num_seqs) would sample up to max_num_seqs (k + 1) rows for a batch
+  of a few.
 - P: a ladder where attention's cost grows with the table width (the
   CPU reference gathers whole tables), a single width where it does not
   (the GPU kernels stop at each sequence's own length).
@@ -24,6 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 from typing import NamedTuple
+
+# A verifying bucket's T is a multiple of this (the prefill ladder's
+# smallest T, which the attention kernels' query tiles divide).
+VERIFY_TOKEN_ALIGN = 16
 
 
 class Bucket(NamedTuple):
@@ -56,11 +68,12 @@ class Buckets:
     seqs: tuple[int, ...]  # S of decode-only steps
     pages: tuple[int, ...]  # P
     decode_floor: int = 16  # T of a decode-only step is at least this
+    verify_width: int = 0  # k + 1 under speculative decoding (else 0)
 
     @classmethod
     def make(cls, max_num_batched_tokens: int, max_num_seqs: int,
              max_pages_per_seq: int, fixed_pages: bool = False,
-             small_decode: bool = False) -> Buckets:
+             small_decode: bool = False, verify_width: int = 0) -> Buckets:
         pages = ((max_pages_per_seq,) if fixed_pages else
                  _pow2_ladder(min(4, max_pages_per_seq), max_pages_per_seq))
         tokens = _pow2_ladder(min(16, max_num_batched_tokens),
@@ -69,7 +82,8 @@ class Buckets:
         if small_decode and seqs[0] > 1:
             seqs = (1,) + seqs
         return cls(tokens=tokens, seqs=seqs, pages=pages,
-                   decode_floor=1 if small_decode else tokens[0])
+                   decode_floor=1 if small_decode else tokens[0],
+                   verify_width=verify_width)
 
     @property
     def max_num_seqs(self) -> int:
@@ -93,8 +107,22 @@ class Buckets:
         decode-only bucket never scores prompt tokens and needs no
         prompt-logprob variant."""
         decode_only = num_tokens == num_seqs and all_sample
-        return Bucket(*self.pick(num_tokens, num_seqs, num_pages, decode_only),
-                      decode_only)
+        T, S, P = self.pick(num_tokens, num_seqs, num_pages, decode_only)
+        if (self.verify_width and all_sample and not decode_only
+                and num_tokens <= num_seqs * self.verify_width):
+            verify = self._verify_shape(_round_up(num_seqs, self.seqs))
+            w = self.verify_width
+            # Fewer rows in all: tokens through the model, sampled rows
+            # through the head and the sampler.
+            if verify is not None and verify[0] + verify[1] * w <= T + S * w:
+                return Bucket(*verify, P, False)
+        return Bucket(T, S, P, decode_only)
+
+    def _verify_shape(self, S: int) -> tuple[int, int] | None:
+        """(T, S) of a verifying step of S sequences (None: over the
+        largest T)."""
+        T = -(-S * self.verify_width // VERIFY_TOKEN_ALIGN) * VERIFY_TOKEN_ALIGN
+        return (T, S) if T <= self.tokens[-1] else None
 
     def all_shapes(self) -> list[Bucket]:
         """Every bucket a step can land in."""
@@ -104,4 +132,8 @@ class Buckets:
                     for s in self.seqs]
             out += [Bucket(t, min(t, self.max_num_seqs), p, False)
                     for t in self.tokens]
+            if self.verify_width:
+                verify = [self._verify_shape(s) for s in self.seqs]
+                out += [Bucket(*v, p, False) for v in verify
+                        if v is not None and Bucket(*v, p, False) not in out]
         return out

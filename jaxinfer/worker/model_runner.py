@@ -336,9 +336,13 @@ class ModelRunner:
         # builds would only compete with this step's own.
         self.programs.build_ahead.drop_missed_first(out)
         t0 = time.perf_counter()
-        if self.draft is not None:  # the drafts, before the step's layout
-            self.draft.fill_drafts(out.scheduled, self.programs.buckets)
+        draft = self.draft
+        proposal = (None if draft is None else
+                    draft.propose(out.scheduled, self.programs.buckets))
         inputs, wants_lp, plan = self._step_inputs(out)
+        if draft is not None and proposal is not None:  # over placeholders
+            inputs.packed, inputs.drafts = draft.inject(
+                proposal, out.scheduled, inputs.packed, inputs.drafts)
         inputs.fill_token_masks = fill_token_masks
         outputs = self.run_programs(inputs, self._take_penalty_state(inputs))
         self._keep(outputs)

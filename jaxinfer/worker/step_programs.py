@@ -89,7 +89,9 @@ class DeviceState:
 class StepInputs:
     """One step's inputs on the host, laid out in its bucket's shapes."""
     bucket: Bucket
-    packed: np.ndarray  # ids, positions, attention metadata (packing.py)
+    # ids, positions, attention metadata (packing.py); a device array once
+    # a draft model's drafts are written in (spec_decode/draft_model.py)
+    packed: np.ndarray | jax.Array
     sampling: SamplingMetadata
     logits_indices: Any = None  # [S + Tp]: sampled rows, then prompt rows
     num_logprobs: int | None = None  # top-K logprobs to return
@@ -144,7 +146,9 @@ class StepPrograms:
             cdiv(scheduler_config.max_model_len, self.block_size),
             fixed_pages=model.backend in FIXED_PAGE_BACKENDS,
             small_decode=(on_cpu and
-                          self.cfg.num_params >= SMALL_DECODE_MIN_PARAMS))
+                          self.cfg.num_params >= SMALL_DECODE_MIN_PARAMS),
+            verify_width=(num_speculative_tokens + 1
+                          if num_speculative_tokens else 0))
         # A step is two programs: the forward pass, one per bucket whatever
         # the batch's sampling needs, and the sampler, one per sampling
         # variant and S. The logits between them are pinned replicated, so

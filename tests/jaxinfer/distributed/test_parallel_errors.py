@@ -130,9 +130,9 @@ def test_llm_fails_before_loading_weights(tiny_model_factory, monkeypatch,
     """One CPU device in the test process: each error comes from the
     checks, not from a half-built engine."""
     from jaxinfer import LLM
-    from jaxinfer.worker import model_runner
+    from jaxinfer.worker import weights
     loaded = []
-    monkeypatch.setattr(model_runner, "load_params",
+    monkeypatch.setattr(weights, "load_params",
                         lambda *a, **k: loaded.append(1))
     t0 = time.perf_counter()
     with pytest.raises(InvalidConfigError, match=message):

@@ -27,6 +27,16 @@ def test_every_step_lands_in_a_listed_bucket(max_tokens, max_seqs, max_pages,
     T, S, P = b.pick(n_tok, n_seqs, pages, decode_only)
     assert (T, S, P, decode_only) in shapes
     assert T >= n_tok and S >= n_seqs and P >= pages and S <= T
+    # A speculative engine's buckets (verifying steps among them) too.
+    width = data.draw(st.integers(2, 9))
+    v = Buckets.make(max_tokens, max_seqs, max_pages, fixed_pages=fixed,
+                     small_decode=small, verify_width=width)
+    n_tok = data.draw(st.integers(n_seqs, min(max_tokens, n_seqs * width)))
+    got = v.bucket(n_tok, n_seqs, pages)
+    assert got in set(v.all_shapes()) and len(set(v.all_shapes())) == len(
+        v.all_shapes())
+    assert (got.tokens >= n_tok and got.seqs >= n_seqs and got.pages >= pages
+            and got.seqs <= got.tokens)
 
 
 def test_fixed_pages_make_one_width_and_few_programs():
@@ -58,3 +68,22 @@ def test_a_one_token_prompt_chunk_makes_a_prefill_bucket():
     mixed = b.bucket(4, 4, 2, all_sample=False)
     assert not mixed.decode_only
     assert mixed in b.all_shapes()
+
+
+def test_a_verifying_step_samples_its_own_rows_not_max_num_seqs():
+    """Speculative decoding with k = 4: 64 rows of 5 tokens land in T = 320,
+    S = 64 (320 sampled rows), not the prefill ladder's T = 512, S = 256
+    (1280); a step with a longer chunk keeps the prefill ladder, and one
+    whose aligned shape would have more rows in all too."""
+    b = Buckets.make(2048, 256, 128, fixed_pages=True, verify_width=5)
+    assert b.bucket(320, 64, 10) == (320, 64, 128, False)
+    assert b.bucket(200, 50, 10) == (320, 64, 128, False)  # 640 < 1536 rows
+    assert b.bucket(330, 64, 10) == (512, 256, 128, False)  # a longer chunk
+    assert b.bucket(10, 2, 3) == (32, 4, 128, False)  # 52 < 96 rows
+    small = Buckets.make(2048, 256, 128, verify_width=17)
+    assert small.bucket(1000, 250, 3).seqs == 256  # 256 x 17 > the largest T
+    assert b.bucket(64, 64, 3) == (64, 64, 128, True)  # no drafts: decode
+    assert b.bucket(320, 64, 10, all_sample=False).seqs == 256
+    shapes = b.all_shapes()
+    assert (320, 64, 128, False) in shapes and len(set(shapes)) == len(shapes)
+    assert Buckets.make(2048, 256, 128).bucket(320, 64, 10).seqs == 256
