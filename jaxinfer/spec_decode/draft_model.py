@@ -50,6 +50,7 @@ from ..worker.packing import pack_step, unpack_step
 from ..worker.page_ops import PageMover
 from ..worker.placement import Placement
 from ..worker.step_layout import lay_out_step
+from ..worker.warmup import dummy_batch
 from ..worker.weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -241,8 +242,32 @@ class DraftModel:
         return self._inject(packed, drafts, proposal.tokens, token_index,
                             draft_index)
 
+    def warm_up(self, buckets) -> int:
+        """Builds the draft's pass over every bucket a step can land in,
+        and its proposal program for every decode-only one, by running
+        each on a batch that writes only the null page. Returns how many
+        programs that was. (Writing the drafts into a step's inputs, a
+        program of a few scatters, builds on first use.)"""
+        built = 0
+        for bucket in buckets.all_shapes():
+            T, S, P, decode_only = bucket
+            input_ids, positions, md, _ = dummy_batch(T, S, P)
+            packed = pack_step(input_ids, positions, md)
+            self.mirror(bucket, packed)
+            built += 1
+            if decode_only:
+                _, self.kv_pages = self._propose(
+                    bucket, self.params, self.kv_pages, self.constants,
+                    packed, np.zeros(S, np.int32))
+                built += 1
+        jax.block_until_ready(self.kv_pages)
+        return built
+
     def mirror(self, bucket: Bucket, packed) -> None:
         """Runs the draft over a target step's inputs (enqueued; nothing
-        is read back)."""
+        is read back). ``packed``: host arrays, or the device array the
+        drafts were written into; both are placed alike, so that one
+        program serves each bucket."""
+        packed = jax.device_put(packed, self.placement.replicated)
         self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
                                      self.constants, packed)

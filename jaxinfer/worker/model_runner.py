@@ -177,8 +177,8 @@ class ModelRunner:
     def warm_up(self, compilation_cache_dir: str | None = None
                 ) -> tuple[int, float]:
         """Builds every step program ahead (`StepPrograms.warm_up`), and
-        the page copy, image encoder and adapter slot programs. Returns
-        (programs, seconds)."""
+        the page copy, image encoder, adapter slot and draft model
+        programs. Returns (programs, seconds)."""
         t0 = time.perf_counter()
         lora_pool, encoder_cache = self._extra_inputs()
         compiled, loaded, _ = self.programs.warm_up(
@@ -191,9 +191,12 @@ class ModelRunner:
         if self.lora is not None:  # the adapter slot writer
             self.lora.pool.warm_up()
             n_copy += 1
+        if self.draft is not None:  # its pass and proposal per bucket
+            n_copy += self.draft.warm_up(self.programs.buckets)
         jax.block_until_ready(self.kv_pages)
         seconds = time.perf_counter() - t0
-        logger.info("warm-up built %d copy and encoder programs; %.1fs in all",
+        logger.info("warm-up built %d copy, encoder, adapter and draft "
+                    "programs; %.1fs in all",
                     n_copy, seconds)
         return compiled + loaded + n_copy, seconds
 

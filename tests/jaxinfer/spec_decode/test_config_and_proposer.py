@@ -174,3 +174,29 @@ def test_draft_model_metrics_count_its_drafts(make_llm, draft_path):
     # Every step after the first drafts for both rows until max_tokens.
     assert spec.num_drafts >= 2 * 3
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+
+
+@pytest.mark.slow
+def test_warm_up_builds_the_draft_models_programs(make_llm, draft_path):
+    """The draft's pass over each bucket and its proposal per decode-only
+    bucket are built at warm-up: serving drafted steps builds none."""
+    # Small limits: few buckets to build.
+    llm = make_llm(warmup=True, max_num_seqs=4, max_num_batched_tokens=16,
+                   max_model_len=64, speculative_config={
+                       "method": "draft_model", "model": draft_path,
+                       "num_speculative_tokens": 2})
+    runner = llm.llm_engine.runner
+    draft = runner.draft
+    shapes = runner.programs.buckets.all_shapes()
+
+    def built():
+        return draft._mirror._cache_size(), draft._propose._cache_size()
+    before = built()
+    assert before == (len(shapes), sum(b.decode_only for b in shapes))
+    llm.generate([{"prompt_token_ids": [7, 8, 9] * 6},
+                  {"prompt_token_ids": list(range(40, 90))}],
+                 SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                 use_tqdm=False)
+    assert llm.llm_engine.get_stats().spec_decode.num_drafts > 0
+    assert built() == before
+    assert runner.programs.num_outside == 0

@@ -55,6 +55,22 @@ def exact(tiny_path):
     return joint, best
 
 
+def _seeded_pairs(engine) -> collections.Counter:
+    """The (t0, t1) counts of NUM_DRAWS seeded requests of three tokens
+    (room for one draft, at the second token only)."""
+    for seed in range(NUM_DRAWS):
+        engine.add_request(str(seed), {"prompt_token_ids": PROMPT},
+                           SamplingParams(temperature=1.0, top_k=TOP_K,
+                                          seed=seed, max_tokens=3,
+                                          ignore_eos=True))
+    pairs: collections.Counter = collections.Counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                pairs[tuple(out.outputs[0].token_ids[:2])] += 1
+    return pairs
+
+
 def _draw_pairs(engine, best: dict[int, int]
                 ) -> tuple[collections.Counter, int]:
     """NUM_DRAWS seeded requests; each one's second token is verified
@@ -67,16 +83,7 @@ def _draw_pairs(engine, best: dict[int, int]
                 for r in running
                 if Speculation.eligible(r) and len(r.output_token_ids) == 1}
     spec.propose = propose
-    for seed in range(NUM_DRAWS):
-        engine.add_request(str(seed), {"prompt_token_ids": PROMPT},
-                           SamplingParams(temperature=1.0, top_k=TOP_K,
-                                          seed=seed, max_tokens=3,
-                                          ignore_eos=True))
-    pairs: collections.Counter = collections.Counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                pairs[tuple(out.outputs[0].token_ids[:2])] += 1
+    pairs = _seeded_pairs(engine)
     stats = engine.get_stats().spec_decode
     assert stats.num_drafts == NUM_DRAWS  # every second token was verified
     return pairs, stats.num_accepted_tokens
@@ -129,18 +136,8 @@ def test_draft_model_samples_follow_the_target_distribution(make_llm, exact,
     joint, _ = exact
     engine = make_llm(speculative_config=draft_config(tiny_path, k=1),
                       max_num_seqs=16, max_num_batched_tokens=128).llm_engine
-    for seed in range(NUM_DRAWS):
-        engine.add_request(str(seed), {"prompt_token_ids": PROMPT},
-                           SamplingParams(temperature=1.0, top_k=TOP_K,
-                                          seed=seed, max_tokens=3,
-                                          ignore_eos=True))
-    pairs: collections.Counter = collections.Counter()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                pairs[tuple(out.outputs[0].token_ids[:2])] += 1
+    pairs = _seeded_pairs(engine)
     stats = engine.get_stats().spec_decode
-    # max_tokens=3 leaves room for one draft, at the second token only.
     assert stats.num_drafts == NUM_DRAWS
     assert 0 < stats.num_accepted_tokens < NUM_DRAWS
     assert _p_value(pairs, joint) > ALPHA

@@ -104,41 +104,37 @@ def test_outputs_equal_with_and_without_speculation(make_llm, draft_path,
     assert {"stop", "length"} <= reasons
 
 
-def test_greedy_equal_on_the_embedded_model():
-    """The embedded SmolLM2 on text that repeats itself: drafts are
-    accepted often, and the tokens stay those of plain decoding."""
-    prompts = ["def add(a, b):\n    return a + b\n\n"
+# The embedded SmolLM2, with each method where it drafts well: n-gram
+# lookup on text that repeats itself, and the model (GGUF) as its own draft
+# (its greedy drafts are the target's greedy tokens, so nearly all are
+# accepted). Either way the tokens stay those of plain decoding.
+EMBEDDED_CASES = {
+    "ngram": ({"method": "ngram", "num_speculative_tokens": 4,
+               "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+              ["def add(a, b):\n    return a + b\n\n"
                "def sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-               "one two three four five one two three four five one two"]
+               "one two three four five one two three four five one two"],
+              0.3, 1.5),
+    "draft_model": ({"method": "draft_model", "num_speculative_tokens": 3,
+                     "model": "smollm2-135m-instruct"},
+                    ["The capital of France is", "def fib(n):\n"], 0.9, 3.0),
+}
+
+
+@pytest.mark.parametrize("method", list(EMBEDDED_CASES))
+def test_greedy_equal_on_the_embedded_model(method):
+    spec, prompts, min_rate, min_length = EMBEDDED_CASES[method]
     sp = SamplingParams(temperature=0.0, max_tokens=32)
     outs, engines = {}, {}
-    for spec in (None, {"method": "ngram", "num_speculative_tokens": 4,
-                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}):
-        llm = LLM(speculative_config=spec, max_num_seqs=2, max_model_len=256)
-        outs[spec is None] = [o.outputs[0].token_ids
-                              for o in llm.generate(prompts, sp, use_tqdm=False)]
-        engines[spec is None] = llm.llm_engine
+    for config in (None, spec):
+        llm = LLM(speculative_config=config, max_num_seqs=2, max_model_len=256)
+        outs[config is None] = [o.outputs[0].token_ids for o in
+                                llm.generate(prompts, sp, use_tqdm=False)]
+        engines[config is None] = llm.llm_engine
     assert outs[False] == outs[True]
     stats = engines[False].get_stats().spec_decode
-    assert stats.acceptance_rate > 0.3 and stats.mean_accepted_length > 1.5
-
-
-def test_the_embedded_model_drafting_for_itself_is_accepted_and_unchanged():
-    """The embedded SmolLM2 (GGUF) as its own draft model: its greedy
-    drafts are the target's greedy tokens, so nearly all are accepted,
-    and the output is plain decoding's."""
-    prompts = ["The capital of France is", "def fib(n):\n"]
-    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outs, engines = {}, {}
-    for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3,
-                        "model": "smollm2-135m-instruct"}):
-        llm = LLM(speculative_config=spec, max_num_seqs=2, max_model_len=128)
-        outs[spec is None] = [o.outputs[0].token_ids
-                              for o in llm.generate(prompts, sp, use_tqdm=False)]
-        engines[spec is None] = llm.llm_engine
-    assert outs[False] == outs[True]
-    stats = engines[False].get_stats().spec_decode
-    assert stats.acceptance_rate > 0.9 and stats.mean_accepted_length > 3.0
+    assert stats.acceptance_rate > min_rate
+    assert stats.mean_accepted_length > min_length
 
 
 def test_n_samples_and_prompt_logprobs_equal_without_speculation(make_llm):
