@@ -15,7 +15,7 @@ Per step, on the device:
    each one the next one's input, in one program. The K/V of the inputs it
    consumes land in the row's pages; writes past the row's d drafts go to
    the null page (the step's pages cover d + 1 tokens).
-2. `inject`: the drafts go into the target step's laid-out inputs on the
+2. `place_inputs`: the drafts go into the target step's laid-out inputs on the
    device, over the scheduler's placeholders (the host never reads them:
    the target's step is enqueued behind the draft's with no wait).
 3. The target's step verifies the drafts (`verify.py`).
@@ -49,6 +49,7 @@ from ..worker.kv_dtype import page_bytes
 from ..worker.packing import pack_step, unpack_step
 from ..worker.page_ops import PageMover
 from ..worker.placement import Placement
+from ..worker.step_functions import window_step
 from ..worker.step_layout import lay_out_step
 from ..worker.warmup import dummy_batch
 from ..worker.weights import load_weights
@@ -65,25 +66,15 @@ def propose_greedy(model, block_size: int, num_steps: int, bucket, params,
     allocated), else in the null page. Returns (tokens [num_steps, S],
     kv_pages)."""
     input_ids, positions, md = unpack_step(packed, bucket)
-    S, P = md.block_tables.shape
-    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
+    S = md.block_tables.shape[0]
     rows = jnp.arange(S, dtype=jnp.int32)
-    tok = jnp.arange(T, dtype=jnp.int32)
-    tok_row = jnp.minimum(tok, S - 1)
-    real_tok = tok < md.num_seqs[0]
-    real_row = rows < md.num_seqs[0]
-    tok_drafts = num_drafts[tok_row]
+    # Each token's row's drafts (padding tokens: the last row's).
+    tok_drafts = num_drafts[jnp.minimum(jnp.arange(input_ids.shape[0]), S - 1)]
 
     def one_step(i, carry):
         kv_pages, ids, tokens = carry
-        pos = jnp.where(real_tok, positions + i, 0)
-        page_col = pos // block_size
-        writes = real_tok & (i < tok_drafts) & (page_col < P)
-        page = md.block_tables[tok_row, jnp.minimum(page_col, P - 1)]
-        md_i = dataclasses.replace(
-            md, slot_mapping=jnp.where(writes, page * block_size
-                                       + pos % block_size, 0),
-            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+        pos, md_i = window_step(md, positions, i, block_size,
+                                writes=i < tok_drafts)
         logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
                                      pos, md_i, rows)
         new = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -224,21 +215,28 @@ class DraftModel:
             pack_step(input_ids, positions, md), padded)
         return Proposal(tokens, rows, num_drafts)
 
-    def inject(self, proposal: Proposal, scheduled, packed: np.ndarray,
-               drafts: np.ndarray):
-        """(packed, drafts) of the laid-out step with the proposal's
-        drafts in place of the placeholders, as device arrays. A row's
-        drafts are the last of its tokens, which the layout packs from
-        the row's offset in the step (the input ids lead the buffer)."""
+    def place_inputs(self, proposal: Proposal | None, scheduled,
+                     packed: np.ndarray, drafts):
+        """(packed, drafts) of the laid-out step on the device, placed once
+        for the target's programs and the draft's pass alike; with the
+        proposal's drafts written over the placeholders when rows draft.
+        A row's drafts are the last of its tokens, which the layout packs
+        from the row's offset in the step (the input ids lead the
+        buffer)."""
+        if proposal is None:
+            return jax.device_put(packed, self.placement.replicated), drafts
         k, Sp = proposal.tokens.shape
-        lens = np.fromiter((len(s.token_ids) for s in scheduled), np.int64,
-                           len(scheduled))
-        ends = np.cumsum(lens)
+        R = len(proposal.rows)
+        ends = np.cumsum([len(s.token_ids) for s in scheduled])
+        rows = np.asarray(proposal.rows)
+        d = np.asarray(proposal.num_drafts)[:, None]
+        j = np.arange(k)[None, :]
+        real = j < d
         token_index = np.full((Sp, k), packed.size, np.int32)
         draft_index = np.full((Sp, k), drafts.size, np.int32)
-        for r, (i, d) in enumerate(zip(proposal.rows, proposal.num_drafts)):
-            token_index[r, :d] = ends[i] - d + np.arange(d)
-            draft_index[r, :d] = i * k + np.arange(d)
+        token_index[:R] = np.where(real, ends[rows][:, None] - d + j,
+                                   packed.size)
+        draft_index[:R] = np.where(real, rows[:, None] * k + j, drafts.size)
         return self._inject(packed, drafts, proposal.tokens, token_index,
                             draft_index)
 
@@ -253,7 +251,8 @@ class DraftModel:
             T, S, P, decode_only = bucket
             input_ids, positions, md, _ = dummy_batch(T, S, P)
             packed = pack_step(input_ids, positions, md)
-            self.mirror(bucket, packed)
+            self.mirror(bucket, jax.device_put(packed,
+                                               self.placement.replicated))
             built += 1
             if decode_only:
                 _, self.kv_pages = self._propose(
@@ -265,9 +264,7 @@ class DraftModel:
 
     def mirror(self, bucket: Bucket, packed) -> None:
         """Runs the draft over a target step's inputs (enqueued; nothing
-        is read back). ``packed``: host arrays, or the device array the
-        drafts were written into; both are placed alike, so that one
+        is read back). ``packed``: as `place_inputs` placed it, so that one
         program serves each bucket."""
-        packed = jax.device_put(packed, self.placement.replicated)
         self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
                                      self.constants, packed)

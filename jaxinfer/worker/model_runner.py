@@ -343,8 +343,8 @@ class ModelRunner:
         proposal = (None if draft is None else
                     draft.propose(out.scheduled, self.programs.buckets))
         inputs, wants_lp, plan = self._step_inputs(out)
-        if draft is not None and proposal is not None:  # over placeholders
-            inputs.packed, inputs.drafts = draft.inject(
+        if draft is not None:  # one transfer for both models; drafts in
+            inputs.packed, inputs.drafts = draft.place_inputs(
                 proposal, out.scheduled, inputs.packed, inputs.drafts)
         inputs.fill_token_masks = fill_token_masks
         outputs = self.run_programs(inputs, self._take_penalty_state(inputs))

@@ -138,6 +138,29 @@ def window_stop_ids(sched, S: int, loop: str) -> np.ndarray | None:
     return out
 
 
+def window_step(md, positions, i, block_size: int, writes=None):
+    """(positions [T], metadata) of step ``i`` of a window of decode steps
+    over a decode-only layout (``positions``, ``md``): token t <
+    num_seqs is row t's (the rest is padding), one position on per step,
+    its K/V slot read from the row's block table. Padding tokens, tokens
+    past the table and those where ``writes`` [T] (default: all) is False
+    write to the null page; rows without a sequence attend to nothing."""
+    S, P = md.block_tables.shape
+    T = positions.shape[0]  # >= S: decode buckets may pad tokens past rows
+    tok = jnp.arange(T, dtype=jnp.int32)
+    real_tok = tok < md.num_seqs[0]
+    pos = jnp.where(real_tok, positions + i, 0)
+    col = pos // block_size
+    page = md.block_tables[jnp.minimum(tok, S - 1), jnp.minimum(col, P - 1)]
+    ok = real_tok & (col < P)
+    if writes is not None:
+        ok &= writes
+    real_row = jnp.arange(S, dtype=jnp.int32) < md.num_seqs[0]
+    return pos, dataclasses.replace(
+        md, slot_mapping=jnp.where(ok, page * block_size + pos % block_size, 0),
+        kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+
+
 def multi_step(model, block_size, num_steps, bucket, params, kv_pages,
                 constants, prev_tokens, packed, smd: SamplingMetadata,
                 stop_ids, lora_pool=None, *, loop: str = "scan"):
@@ -162,24 +185,14 @@ def multi_step(model, block_size, num_steps, bucket, params, kv_pages,
     lora = None
     if lora_pool is not None:
         lora = (lora_pool, unpack_lora_slots(packed, bucket))
-    S, P = md.block_tables.shape
-    T = input_ids.shape[0]  # >= S: decode buckets may pad tokens past rows
+    S = md.block_tables.shape[0]
     rows = jnp.arange(S, dtype=jnp.int32)
-    # Token t < num_seqs is row t's (one token per row); the rest is padding,
-    # which keeps the null page, as do rows without a sequence.
-    tok = jnp.arange(T, dtype=jnp.int32)
-    real_tok = tok < md.num_seqs[0]
-    tok_row = jnp.minimum(tok, S - 1)
     real_row = rows < md.num_seqs[0]
 
     def one_step(carry):
         i, kv_pages, ids, tokens, running = carry
         i = jnp.asarray(i, jnp.int32)
-        pos = jnp.where(real_tok, positions + i, 0)
-        page = md.block_tables[tok_row, jnp.minimum(pos // block_size, P - 1)]
-        md_i = dataclasses.replace(
-            md, slot_mapping=jnp.where(real_tok, page * block_size + pos % block_size, 0),
-            kv_lens=jnp.where(real_row, md.kv_lens + i, 0))
+        pos, md_i = window_step(md, positions, i, block_size)
         logits, kv_pages = run_model(model, params, constants, kv_pages, ids,
                                      pos, md_i, rows, lora=lora)
         smd_i = smd if smd.positions is None else dataclasses.replace(
