@@ -101,7 +101,7 @@ def child(ns) -> dict:
     elif ns.child == "draft_model":
         spec = {"method": "draft_model",
                 "num_speculative_tokens": ns.num_speculative_tokens,
-                "model": (ns.draft_model if ns.load_format != "dummy"
+                "model": (ns.draft_model if ns.draft_model is not None
                           else draft_folder(ns))}
     kw = dict(model=ns.model, load_format=ns.load_format, dtype=ns.dtype,
               max_model_len=ns.max_model_len,
@@ -319,6 +319,14 @@ def main() -> int:
         ns.dtype, ns.max_model_len = "float32", 256
         ns.prompt_len, ns.output_len, ns.batch_sizes = 64, 24, [1, 4]
         ns.draft_model = ns.draft_model or ns.model
+    if "draft_model" in ns.methods and not ns.child:
+        dummy = ns.load_format == "dummy"
+        if dummy and ns.draft_model is not None:
+            p.error("--draft-model with dummy weights: the draft is the "
+                    "target's first --draft-layers layers; drop --draft-model")
+        if not dummy and ns.draft_model is None:
+            p.error("--methods draft_model with real weights needs "
+                    "--draft-model (the draft's folder)")
     if ns.child:
         record = child(ns)
         with open(os.path.join(ns.out, f"{ns.child}.part.json"), "w") as f:
