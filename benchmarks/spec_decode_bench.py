@@ -43,6 +43,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -168,8 +169,40 @@ def child(ns) -> dict:
                 mean_accepted_length=1 + accepted / max(1, drafts),
                 accepted_per_pos=[a - b for a, b in zip(
                     after.accepted_per_pos, before.accepted_per_pos)])
+        if ns.profile_steps:
+            row["profile"] = profile_decode(engine, batch, sp,
+                                            ns.profile_steps)
         record["batches"][str(S)] = row
     return record
+
+
+def profile_decode(engine, batch, sp, steps: int) -> dict:
+    """GPU kernels of ``steps`` engine steps once every request of
+    ``batch`` is past its prompt (decode or verifying steps only), grouped
+    as step_breakdown.py groups them, with the host's wall time per step."""
+    import jax
+
+    from benchmarks.step_breakdown import summarize_trace
+    engine.reset_prefix_cache()
+    ids = [engine.add_request(f"profile-{i}", b, sp)
+           for i, b in enumerate(batch)]
+    reqs = [engine.scheduler.requests[i] for i in ids]
+    while any(r.num_computed_tokens <= r.num_prompt_tokens + 1 for r in reqs):
+        engine.step()
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        jax.effects_barrier()
+        wall = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        out = summarize_trace(d, steps)
+    out["wall_ms"] = wall * 1e3 / steps
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return out
 
 
 def calibrate(llm, ns, vocab: int, originals: dict) -> tuple[float, list]:
@@ -207,6 +240,8 @@ def run_child(ns, which: str, scale: float | None) -> dict:
             argv += ["--" + key.replace("_", "-"), str(value)]
     if ns.timeline:
         argv.append("--timeline")
+    if ns.profile_steps:
+        argv += ["--profile-steps", str(ns.profile_steps)]
     argv += ["--batch-sizes", ",".join(map(str, ns.batch_sizes)),
              "--agreement-scales", ",".join(map(str, ns.agreement_scales))]
     if scale is not None:
@@ -245,6 +280,8 @@ def summarize(ns, base: dict, specs: dict[str, dict]) -> dict:
                 "same_tokens": b["token_ids"] == s["token_ids"],
                 "plain_timeline": b.get("timeline"),
                 "spec_timeline": s.get("timeline"),
+                "plain_profile": b.get("profile"),
+                "spec_profile": s.get("profile"),
                 # bf16 on a GPU: verifying k + 1 positions in a ragged step
                 # rounds differently from one-token decode steps, so greedy
                 # paths of a random model part after near ties; the share
@@ -297,6 +334,9 @@ def main() -> int:
     p.add_argument("--timeline", action="store_true",
                    help="each engine's step timeline: mean host and device "
                    "ms per step of each timed run into the JSON")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="per batch size, the GPU kernels of this many "
+                   "decode-phase steps under the JAX profiler, grouped")
     p.add_argument("--methods", default="ngram,draft_model",
                    type=lambda s: s.split(","))
     p.add_argument("--draft-model", default=None,
@@ -359,6 +399,13 @@ def main() -> int:
                           f"device {tl['device_ms']:.2f} ms a step, "
                           f"compiles {tl['compile_ms_total']:.0f} ms, "
                           f"buckets {tl['buckets']}")
+                pr = row.get(f"{side}_profile")
+                if pr and pr.get("groups"):
+                    groups = ", ".join(f"{g} {v['ms']:.2f}" for g, v in
+                                       sorted(pr["groups"].items()))
+                    print(f"{'':12s}   {side} profile: wall "
+                          f"{pr['wall_ms']:.2f} ms, busy {pr['busy_ms']:.2f}, "
+                          f"idle {pr['idle_ms']:.2f}; {groups}")
     print(json.dumps({m: r["verdicts"] for m, r in result["methods"].items()}))
     return 0
 
