@@ -40,7 +40,7 @@ StepArray = jax.Array | np.ndarray
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["slot_mapping", "block_tables", "kv_lens",
                                 "cu_q_lens", "num_seqs"],
-                   meta_fields=["decode_only"])
+                   meta_fields=["decode_only", "max_q_len"])
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:
     """Where this step's tokens live in the page pool. All int32, padded to
@@ -54,6 +54,9 @@ class AttentionMetadata:
     # the Pallas kernels run the decode kernel alone. Part of the step's
     # compile key, like the bucket shape.
     decode_only: bool = False
+    # Static: > 1 when every real sequence brings at most this many tokens
+    # (a speculative verifying step), which the kernels serve as decodes.
+    max_q_len: int = 0
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -125,7 +128,8 @@ def paged_attention(
     attn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
                              sliding_window=sliding_window,
                              logit_soft_cap=logit_soft_cap,
-                             decode_only=md.decode_only)
+                             decode_only=md.decode_only,
+                             max_q_len=md.max_q_len)
 
     def fn(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
            kv_lens: jax.Array, tables: jax.Array, cu: jax.Array,

@@ -220,6 +220,51 @@ def _decode(q_dec, k_pages, v_pages, dec_kv_lens, block_tables, tables,
     return combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
 
 
+def _short_queries(q, k_pages, v_pages, kv_lens, q_lens, block_tables, tables,
+                   cu_q_lens, num_seqs, scales, page_scales, width, *,
+                   sm_scale,
+                   sliding_window, logit_soft_cap, tuning, interpret):
+    """[T, N, H] of a step whose sequences bring at most ``width`` query
+    tokens each, through the Triton decode kernel: sequence s's tokens
+    gathered into [K, width * G] rows (token-major), each masked causally
+    (token j of q_len sees kv_len - q_len + 1 + j positions)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[0]
+    num_seq_rows = block_tables.shape[0]
+    group = num_q_heads // num_kv_heads
+    live = jnp.arange(num_seq_rows) < num_seqs
+    j = jnp.arange(width, dtype=jnp.int32)
+    # Token j of sequence s (a sequence's tokens past its q_len repeat its
+    # last one: their rows are computed and dropped).
+    idx = cu_q_lens[:-1, None] + jnp.minimum(
+        j[None, :], jnp.maximum(q_lens - 1, 0)[:, None])
+    idx = jnp.minimum(idx, num_tokens - 1)
+    rows = width * group
+    padded = max(16, 1 << (rows - 1).bit_length())
+    q_rows = q[idx].reshape(num_seq_rows, width, num_kv_heads, group, head_dim)
+    q_rows = q_rows.transpose(0, 2, 1, 3, 4).reshape(
+        num_seq_rows, num_kv_heads, rows, head_dim)
+    q_rows = jnp.pad(q_rows, ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
+    seq_kv_lens = jnp.where(live & (q_lens > 0), kv_lens, 0)
+    splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
+                              tables.shape[1] // tuning.decode_pages_per_block)
+    o, m, l = decode_call(
+        q_rows, k_pages, v_pages, seq_kv_lens, tables, scales, page_scales,
+        sm_scale=sm_scale, sliding_window=sliding_window,
+        logit_soft_cap=logit_soft_cap,
+        pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
+        prefetch=tuning.decode_prefetch, num_warps=tuning.decode_num_warps,
+        num_stages=tuning.decode_num_stages, interpret=interpret,
+        q_lens=q_lens, query_tokens=width, group=group)
+    o = combine_splits(o, m, l)[:, :, :rows] * scales[1]
+    o = o.reshape(num_seq_rows, num_kv_heads, width, group, head_dim)
+    o = o.transpose(0, 2, 1, 3, 4).reshape(num_seq_rows * width, num_q_heads,
+                                           head_dim).astype(q.dtype)
+    keep = (j[None, :] < q_lens[:, None]) & live[:, None]
+    target = jnp.where(keep, idx, num_tokens).reshape(-1)
+    return jnp.zeros_like(q).at[target].set(o, mode="drop")
+
+
 def _decode_only_output(o_dec, is_dec, num_tokens):
     """[T, N, H] of a decode-only step: row s is sequence s's output."""
     num_seq_rows = o_dec.shape[0]
@@ -263,7 +308,7 @@ def _triton_prefill(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs,
 @functools.partial(
     jax.jit,
     static_argnames=("sm_scale", "sliding_window", "logit_soft_cap",
-                     "tuning", "interpret", "decode_only"))
+                     "tuning", "interpret", "decode_only", "max_q_len"))
 def ragged_paged_attention(
     q: jax.Array,  # [T, N, H]
     k_pages: jax.Array,  # [K, num_pages, B, H]
@@ -281,6 +326,7 @@ def ragged_paged_attention(
     tuning: RaggedPagedAttentionTuning | None = None,
     interpret: bool = False,
     decode_only: bool = False,
+    max_q_len: int = 0,
 ) -> jax.Array:  # [T, N, H]
     """Attention of a ragged batch over the paged KV pool (see module doc).
 
@@ -289,7 +335,13 @@ def ragged_paged_attention(
     s``). Only the decode kernel runs then: no prefill work items, no
     prefill launch, no row gather or scatter around it. Rows
     of a sequence with ``q_len > 1`` would come back wrong, so the engine
-    sets it only for steps it scheduled as decodes alone."""
+    sets it only for steps it scheduled as decodes alone.
+
+    ``max_q_len`` (static, > 1): the caller's promise that every real
+    sequence has at most this many query tokens (a speculative verifying
+    step: k + 1 per sequence). The decode kernel then serves all of them
+    (`_short_queries`): each sequence's K/V is read once per GQA group, not
+    once per query head and 64-row tile as the prefill kernel would."""
     _check_shapes(q, k_pages, v_pages, kv_lens, block_tables, cu_q_lens)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape
@@ -315,8 +367,12 @@ def ragged_paged_attention(
     tables = jnp.pad(block_tables.astype(jnp.int32),
                      ((0, 0), (0, pages_padded - pages_per_seq)))
 
-    # Decode: one row per sequence; everything else gets kv_len 0 (no work).
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    if max_q_len > 1:
+        return _short_queries(q, k_pages, v_pages, kv_lens, q_lens,
+                              block_tables, tables, cu_q_lens, num_seqs,
+                              scales, page_scales, max_q_len, **kernel_kw)
+    # Decode: one row per sequence; everything else gets kv_len 0 (no work).
     is_dec = (q_lens == 1) & (jnp.arange(num_seq_rows) < num_seqs)
     dec_kv_lens = jnp.where(is_dec, kv_lens, 0)
     q_dec = _decode_queries(q, cu_q_lens, num_seq_rows, decode_only).reshape(

@@ -67,10 +67,13 @@ def ragged_paged_attention_reference(
     k_scale: jax.Array | None = None,
     v_scale: jax.Array | None = None,
     decode_only: bool = False,
+    max_q_len: int = 0,
 ) -> jax.Array:
     """``decode_only``: every real sequence has exactly one query token
     (token s belongs to sequence s), which lets each sequence attend to its
-    own gathered K/V instead of every token gathering its sequence's."""
+    own gathered K/V instead of every token gathering its sequence's.
+    ``max_q_len``: the kernels' hint for short queries; any layout is
+    served here as it is."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[0]
     if num_q_heads % num_kv_heads:

@@ -59,6 +59,7 @@ def _token_scales(page_scales_ref, pages, page_size):
 
 def decode_kernel(
     kv_lens_ref,  # [S] int32; 0 for sequences that are not decodes
+    q_lens_ref,  # [S] int32 query tokens per sequence (read when query_tokens > 1)
     block_tables_ref,  # [P_pad] int32 this sequence's pages
     scales_ref,  # [2] f32 (k_scale, v_scale)
     page_scales_ref,  # [2, num_pages] f32 this kv head's per-page (k, v) scales
@@ -69,18 +70,29 @@ def decode_kernel(
     m_ref,  # [Gp] f32 running max (base 2)
     l_ref,  # [Gp] f32 running sum
     *, sm_scale, sliding_window, logit_soft_cap, pages_per_block, num_splits,
-    prefetch, per_page_scales):
+    prefetch, per_page_scales, query_tokens, group):
+    """``query_tokens`` (static) > 1: a sequence brings up to that many
+    query tokens (a verifying step), row r being query token r // group's
+    head r % group; token j of q_len sees the first kv_len - q_len + 1 + j
+    positions (causal). 1: one token per sequence, every row sees kv_len."""
     seq, split = pl.program_id(0), pl.program_id(2)
     rows, head_dim = q_ref.shape
     page_size = k_pages_ref.shape[1]
     bk = pages_per_block * page_size
     kv_len = kv_lens_ref[seq]
     k_scale = scales_ref[0]
+    # Per row: how many positions it sees (row_lim) and the fewest any
+    # row sees (first_lim): blocks below first_lim need no mask.
+    row_lim, first_lim = None, kv_len
+    if query_tokens > 1:
+        first_lim = kv_len - jnp.maximum(q_lens_ref[seq], 1) + 1
+        token = jnp.arange(rows, dtype=jnp.int32) // group
+        row_lim = jnp.minimum(first_lim + token, kv_len)
 
     num_blocks = pl.cdiv(kv_len, bk)
     lo = 0
     if sliding_window is not None:
-        lo = jnp.maximum(kv_len - sliding_window, 0) // bk
+        lo = jnp.maximum(first_lim - sliding_window, 0) // bk
     per_split = pl.cdiv(num_blocks - lo, num_splits)
     start = lo + split * per_split
     end = jnp.minimum(start + per_split, num_blocks)
@@ -99,10 +111,16 @@ def decode_kernel(
         s = _logits(q, k, sm_scale, k_scale, logit_soft_cap, ks)
         if masked:
             kv_pos = b * bk + jnp.arange(bk, dtype=jnp.int32)
-            mask = kv_pos < kv_len
-            if sliding_window is not None:
-                mask &= kv_pos >= kv_len - sliding_window
-            s = jnp.where(mask[None, :], s, MASK_VALUE)
+            if row_lim is None:
+                mask = kv_pos < kv_len
+                if sliding_window is not None:
+                    mask &= kv_pos >= kv_len - sliding_window
+                mask = mask[None, :]
+            else:
+                mask = kv_pos[None, :] < row_lim[:, None]
+                if sliding_window is not None:
+                    mask &= kv_pos[None, :] >= row_lim[:, None] - sliding_window
+            s = jnp.where(mask, s, MASK_VALUE)
         return _online_softmax_step(carry, s, v.astype(q.dtype), vs)
 
     carry = (jnp.zeros((rows, head_dim), jnp.float32),
@@ -124,7 +142,7 @@ def decode_kernel(
             return attend(b, c, k, v, masked)
         # Whole blocks below kv_len need no mask; only the last one (and,
         # with a window, every block) does.
-        full = start if sliding_window is not None else kv_len // bk
+        full = start if sliding_window is not None else first_lim // bk
         mid = jnp.clip(full, start, end)
         carry = jax.lax.fori_loop(start, mid,
                                   functools.partial(body, masked=False), carry)
@@ -138,8 +156,10 @@ def decode_kernel(
 def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
                  page_scales, *, sm_scale, sliding_window, logit_soft_cap,
                  pages_per_block, num_splits, prefetch, num_warps, num_stages,
-                 interpret):
-    """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None."""
+                 interpret, q_lens=None, query_tokens=1, group=1):
+    """``page_scales``: [K, 2, num_pages] per-page (k, v) scales, or None.
+    ``q_lens`` [S], ``query_tokens``, ``group``: several query tokens per
+    sequence, their rows token-major (see decode_kernel)."""
     # Imported here: a CPU process never builds Triton kernels, and the
     # lowering is a noticeable part of its start-up imports.
     from jax.experimental.pallas import triton as plgpu
@@ -150,7 +170,10 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
     kernel = functools.partial(
         decode_kernel, sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, pages_per_block=pages_per_block,
-        num_splits=num_splits, prefetch=prefetch, per_page_scales=per_page)
+        num_splits=num_splits, prefetch=prefetch, per_page_scales=per_page,
+        query_tokens=query_tokens, group=group)
+    if q_lens is None:
+        q_lens = jnp.ones_like(kv_lens)
     part = (num_seqs, num_kv_heads, num_splits)
     pages_spec = pl.BlockSpec((None, num_pages, page_size, head_dim),
                               lambda s, k, j: (k, 0, 0, 0))
@@ -158,6 +181,7 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
         kernel,
         grid=(num_seqs, num_kv_heads, num_splits),
         in_specs=[
+            pl.BlockSpec((num_seqs,), lambda s, k, j: (0,)),
             pl.BlockSpec((num_seqs,), lambda s, k, j: (0,)),
             pl.BlockSpec((None, pages_padded), lambda s, k, j: (s, 0)),
             pl.BlockSpec((2,), lambda s, k, j: (0,)),
@@ -182,7 +206,8 @@ def decode_call(q_dec, k_pages, v_pages, kv_lens, block_tables, scales,
                                              num_stages=num_stages),
         interpret=interpret,
         name="ragged_paged_attention_decode",
-    )(kv_lens, block_tables, scales, page_scales, q_dec, k_pages, v_pages)
+    )(kv_lens, q_lens.astype(jnp.int32), block_tables, scales, page_scales,
+      q_dec, k_pages, v_pages)
 
 
 def _page_scales_or_dummy(page_scales, num_kv_heads):

@@ -248,7 +248,7 @@ class DraftModel:
         program of a few scatters, builds on first use.)"""
         built = 0
         for bucket in buckets.all_shapes():
-            T, S, P, decode_only = bucket
+            T, S, P, decode_only = bucket[:4]
             input_ids, positions, md, _ = dummy_batch(T, S, P)
             packed = pack_step(input_ids, positions, md)
             self.mirror(bucket, jax.device_put(packed,

@@ -44,6 +44,9 @@ class Bucket(NamedTuple):
     seqs: int  # S: sequence rows (block tables, logits rows)
     pages: int  # P: pages per sequence (block table width)
     decode_only: bool  # every sequence brings one token
+    # > 1: a verifying step's bucket, every sequence brings at most this
+    # many tokens (k + 1), which the attention kernels serve as decodes.
+    max_q_len: int = 0
 
 
 def _pow2_ladder(lo: int, hi: int) -> tuple[int, ...]:
@@ -99,23 +102,27 @@ class Buckets:
         return T, min(T, self.max_num_seqs), P
 
     def bucket(self, num_tokens: int, num_seqs: int, num_pages: int,
-               all_sample: bool = True) -> Bucket:
+               all_sample: bool = True, longest: int | None = None) -> Bucket:
         """The bucket of a step of ``num_seqs`` sequences bringing
         ``num_tokens`` tokens over at most ``num_pages`` pages each.
         ``all_sample``: every row ends at its request's last known token.
+        ``longest``: the most tokens a row brings (default: the most the
+        counts allow); a verifying bucket takes only rows of at most k + 1.
         A one-token row inside a prompt makes a prefill bucket, so a
         decode-only bucket never scores prompt tokens and needs no
         prompt-logprob variant."""
         decode_only = num_tokens == num_seqs and all_sample
         T, S, P = self.pick(num_tokens, num_seqs, num_pages, decode_only)
+        if longest is None:
+            longest = num_tokens - num_seqs + 1
         if (self.verify_width and all_sample and not decode_only
-                and num_tokens <= num_seqs * self.verify_width):
+                and longest <= self.verify_width):
             verify = self._verify_shape(_round_up(num_seqs, self.seqs))
             w = self.verify_width
             # Fewer rows in all: tokens through the model, sampled rows
             # through the head and the sampler.
             if verify is not None and verify[0] + verify[1] * w <= T + S * w:
-                return Bucket(*verify, P, False)
+                return Bucket(*verify, P, False, self.verify_width)
         return Bucket(T, S, P, decode_only)
 
     def _verify_shape(self, S: int) -> tuple[int, int] | None:
@@ -134,6 +141,6 @@ class Buckets:
                     for t in self.tokens]
             if self.verify_width:
                 verify = [self._verify_shape(s) for s in self.seqs]
-                out += [Bucket(*v, p, False) for v in verify
-                        if v is not None and Bucket(*v, p, False) not in out]
+                out += [Bucket(*v, p, False, self.verify_width)
+                        for v in verify if v is not None]
         return out

@@ -244,9 +244,10 @@ class ModelRunner:
         """Packs a step into host arrays padded to its bucket
         (`step_layout.lay_out_step`), with its sampling metadata."""
         sched = out.scheduled
-        T, S, P, decode_only = self.programs.bucket(out)
+        T, S, P, decode_only, max_q_len = self.programs.bucket(out)
         input_ids, positions, md, logits_idx = lay_out_step(
-            sched, (T, S, P), self.block_size, self.prev_rows, decode_only)
+            sched, (T, S, P), self.block_size, self.prev_rows, decode_only,
+            max_q_len)
         smd = self.sampling_inputs.build(sched, self.requests, S,
                                          wants_logprobs)
         return input_ids, positions, md, logits_idx, smd
@@ -299,7 +300,7 @@ class ModelRunner:
         if plan is not None:
             logits_idx = np.concatenate([logits_idx, plan.indices])
             targets = plan.targets
-        bucket = Bucket(len(input_ids), S, P, md.decode_only)
+        bucket = Bucket(len(input_ids), S, P, md.decode_only, md.max_q_len)
         # Adapters the rows need go into device slots first (queued before
         # the step); a step of base-model rows keeps the program without LoRA.
         lora_slots = lora_pool = None
@@ -367,10 +368,11 @@ class ModelRunner:
         (jaxinfer/pooling/step.py); nothing is sampled."""
         if self.pooled is None:
             raise RuntimeError("a pooled step on a generating runner")
-        T, S, P, decode_only = self.programs.bucket(out)
+        T, S, P, decode_only, max_q_len = self.programs.bucket(out)
         input_ids, positions, md, last_idx = lay_out_step(
-            out.scheduled, (T, S, P), self.block_size, {}, decode_only)
-        bucket = Bucket(len(input_ids), S, P, md.decode_only)
+            out.scheduled, (T, S, P), self.block_size, {}, decode_only,
+            max_q_len)
+        bucket = Bucket(len(input_ids), S, P, md.decode_only, md.max_q_len)
         t0 = time.perf_counter()
         rows, self.kv_pages = self.pooled.run(
             bucket, self.params, self.kv_pages, self.constants,

@@ -49,20 +49,22 @@ def pack_step(input_ids, positions, md: AttentionMetadata,
     return out
 
 
-def unpack_step(packed, dims: tuple[int, int, int, bool]):
+def unpack_step(packed, dims: tuple):
     """The inverse of `pack_step` (works on jax and numpy arrays); ``dims`` =
-    (T, S, P, decode_only), the last being the metadata's static flag."""
-    T, S, P, decode_only = dims
+    (T, S, P, decode_only[, max_q_len]) (a `Bucket`), the last two being
+    the metadata's static hints."""
+    T, S, P, decode_only = dims[:4]
+    max_q_len = dims[4] if len(dims) > 4 else 0
     spans, _ = _layout((T, S, P))
     parts = [packed[at:at + size] for at, size in spans]
     input_ids, positions, slots, tables, kv_lens, cu, num_seqs = parts
     return input_ids, positions, AttentionMetadata(
         slots, tables.reshape(S, P), kv_lens, cu, num_seqs,
-        decode_only=decode_only)
+        decode_only=decode_only, max_q_len=max_q_len)
 
 
-def unpack_lora_slots(packed, dims: tuple[int, int, int, bool]):
+def unpack_lora_slots(packed, dims: tuple):
     """The [T] LoRA slot ids `pack_step` appended."""
-    T, S, P, _ = dims
+    T, S, P = dims[:3]
     _, total = _layout((T, S, P))
     return packed[total:total + T]

@@ -19,13 +19,14 @@ from ..request import PENDING_TOKEN
 
 
 def lay_out_step(sched, dims: tuple[int, int, int], block_size: int,
-                 prev_rows: dict[str, int], decode_only: bool | None = None):
+                 prev_rows: dict[str, int], decode_only: bool | None = None,
+                 max_q_len: int = 0):
     """``sched`` (ScheduledRequest list) in bucket ``dims`` = (T, S, P) ->
     (input_ids [T], positions [T], AttentionMetadata, logits_idx [S]).
     A PENDING_TOKEN input (the step before's token, not read back yet)
     becomes -1 - r, r its row in ``prev_rows``: the step reads it on the
     device. ``decode_only``: the bucket's flag (default: one token per
-    row)."""
+    row); ``max_q_len``: the bucket's (> 1 for a verifying bucket)."""
     T, S, P = dims
     B, R = block_size, len(sched)
     q_lens = np.fromiter((len(s.token_ids) for s in sched), np.int32, R)
@@ -64,5 +65,6 @@ def lay_out_step(sched, dims: tuple[int, int, int], block_size: int,
     md = AttentionMetadata(slots, tables, kv_lens, cu,
                            np.array([R], np.int32),
                            decode_only=(n_tok == R if decode_only is None
-                                        else decode_only))
+                                        else decode_only),
+                           max_q_len=max_q_len)
     return input_ids, positions, md, logits_idx

@@ -210,7 +210,8 @@ class StepPrograms:
         return self.buckets.bucket(sum(len(s.token_ids) for s in sched),
                                    len(sched),
                                    max(len(s.block_table) for s in sched),
-                                   all(s.sample for s in sched))
+                                   all(s.sample for s in sched),
+                                   max(len(s.token_ids) for s in sched))
 
     def will_build(self, out: SchedulerOutput) -> bool:
         """Whether running ``out`` would first build its bucket's model
@@ -225,6 +226,11 @@ class StepPrograms:
 
     def has_run(self, program: ModelProgram) -> bool:
         return program in self._models_run
+
+    @property
+    def models_run(self) -> frozenset[ModelProgram]:
+        """Every model program a step has run in."""
+        return frozenset(self._models_run)
 
     def forward_program(self, bucket: Bucket, one_row: bool = False):
         """The jitted forward of a bucket: few-row buckets (decode-only ones

@@ -138,7 +138,7 @@ def forward_build(programs: StepPrograms, bucket: Bucket, state: DeviceState,
     given, with T more logits rows for prompt logprobs when ``prompt_lp``,
     and scoring one row per sequence when ``one_row`` (a speculative
     engine's draftless decode-only step)."""
-    T, S, P, _ = bucket
+    T, S, P = bucket[:3]
     input_ids, positions, md, _ = dummy_batch(T, S, P)
     rows = S * (1 if one_row else programs.sampled_rows_per_seq)
     logits_idx = np.zeros(rows + T if prompt_lp else rows, np.int32)
@@ -193,7 +193,7 @@ def count_build(programs: StepPrograms):
 def window_build(programs: StepPrograms, num_steps: int, bucket: Bucket,
                  state: DeviceState, sp: SamplingParams, lora_pool=None):
     """(key, ProgramBuild) of a decode bucket's window of ``num_steps``."""
-    T, S, P, _ = bucket
+    T, S, P = bucket[:3]
     input_ids, positions, md, _ = dummy_batch(T, S, P)
     packed = pack_step(input_ids, positions, md,
                        None if lora_pool is None else np.zeros(T, np.int32))

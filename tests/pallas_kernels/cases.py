@@ -93,10 +93,9 @@ def check_against_reference(case, tuning=None, **kw):
     zero. Returns the kernel's output."""
     from jaxinfer.pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
     scale = case[0].shape[-1] ** -0.5
-    decode_only = kw.pop("decode_only", False)  # a kernel-only hint
+    hints = {k: kw.pop(k) for k in ("decode_only", "max_q_len") if k in kw}
     out = ragged_paged_attention(*case, sm_scale=scale, tuning=tuning,
-                                 interpret=INTERPRET, decode_only=decode_only,
-                                 **kw)
+                                 interpret=INTERPRET, **hints, **kw)
     ref = ragged_paged_attention_reference(*case, sm_scale=scale, **kw)
     assert out.shape == ref.shape and out.dtype == case[0].dtype
     err = rel_error(out, ref)

@@ -118,6 +118,40 @@ def test_per_page_scales_in_the_reference_dequantize_each_page():
     assert rel_error(out, plain) > 0.1  # the scales did change the result
 
 
+# A verifying step's sequences: k + 1 = 5 tokens each, fewer where a row
+# drafted less, one a plain decode; contexts within a page and over many.
+VERIFY_MIX = [(5, 5), (5, 700), (3, 45), (1, 129), (5, 37)]
+
+
+@pytest.mark.parametrize("group,dtype,window,cap", [
+    (4, jnp.float32, None, None),
+    (1, jnp.bfloat16, None, None),
+    (8, jnp.bfloat16, 40, 3.0),
+])
+def test_short_queries_through_the_decode_kernel(group, dtype, window, cap):
+    """max_q_len: every sequence's few query tokens in the decode kernel's
+    rows, each masked causally, match the reference (split KV included)."""
+    case = make_case(VERIFY_MIX, num_q_heads=2 * group, num_kv_heads=2,
+                     page_size=16, dtype=dtype, seed=11)
+    tuning = RaggedPagedAttentionTuning(decode_pages_per_block=2,
+                                        decode_kv_splits=4)
+    _check(case, tuning=tuning, max_q_len=5, sliding_window=window,
+           logit_soft_cap=cap)
+    jaxpr = jax.make_jaxpr(functools.partial(
+        ragged_paged_attention, sm_scale=0.125, tuning=tuning,
+        interpret=INTERPRET, max_q_len=5))(*case)
+    assert str(jaxpr).count("pallas_call") == 1  # no prefill kernel
+
+
+def test_short_queries_with_per_page_fp8_scales():
+    case = list(make_case(VERIFY_MIX, num_q_heads=8, num_kv_heads=2, seed=12,
+                          dtype=jnp.bfloat16))
+    case[1] = case[1].astype(jnp.float8_e4m3fn)
+    case[2] = case[2].astype(jnp.float8_e4m3fn)
+    ks, vs = _page_scales(case, 3)
+    _check(tuple(case), k_scale=ks, v_scale=vs, max_q_len=5)
+
+
 @pytest.mark.parametrize("page_size,decode_only", [(16, False), (32, False),
                                                    (16, True)])
 def test_fp8_pages_with_per_page_scales(page_size, decode_only):

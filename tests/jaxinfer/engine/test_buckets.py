@@ -25,18 +25,21 @@ def test_every_step_lands_in_a_listed_bucket(max_tokens, max_seqs, max_pages,
         decode_only = True
     pages = data.draw(st.integers(1, max_pages))
     T, S, P = b.pick(n_tok, n_seqs, pages, decode_only)
-    assert (T, S, P, decode_only) in shapes
+    assert (T, S, P, decode_only, 0) in shapes
     assert T >= n_tok and S >= n_seqs and P >= pages and S <= T
     # A speculative engine's buckets (verifying steps among them) too.
     width = data.draw(st.integers(2, 9))
     v = Buckets.make(max_tokens, max_seqs, max_pages, fixed_pages=fixed,
                      small_decode=small, verify_width=width)
     n_tok = data.draw(st.integers(n_seqs, min(max_tokens, n_seqs * width)))
-    got = v.bucket(n_tok, n_seqs, pages)
+    longest = data.draw(st.integers(-(-n_tok // n_seqs), n_tok - n_seqs + 1))
+    got = v.bucket(n_tok, n_seqs, pages, longest=longest)
     assert got in set(v.all_shapes()) and len(set(v.all_shapes())) == len(
         v.all_shapes())
     assert (got.tokens >= n_tok and got.seqs >= n_seqs and got.pages >= pages
             and got.seqs <= got.tokens)
+    # A verifying bucket's attention serves rows of at most max_q_len.
+    assert got.max_q_len in (0, width) and longest <= (got.max_q_len or n_tok)
 
 
 def test_fixed_pages_make_one_width_and_few_programs():
@@ -76,14 +79,20 @@ def test_a_verifying_step_samples_its_own_rows_not_max_num_seqs():
     (1280); a step with a longer chunk keeps the prefill ladder, and one
     whose aligned shape would have more rows in all too."""
     b = Buckets.make(2048, 256, 128, fixed_pages=True, verify_width=5)
-    assert b.bucket(320, 64, 10) == (320, 64, 128, False)
-    assert b.bucket(200, 50, 10) == (320, 64, 128, False)  # 640 < 1536 rows
-    assert b.bucket(330, 64, 10) == (512, 256, 128, False)  # a longer chunk
-    assert b.bucket(10, 2, 3) == (32, 4, 128, False)  # 52 < 96 rows
+    assert b.bucket(320, 64, 10, longest=5) == (320, 64, 128, False, 5)
+    # 640 < 1536 rows
+    assert b.bucket(200, 50, 10, longest=5) == (320, 64, 128, False, 5)
+    assert b.bucket(330, 64, 10) == (512, 256, 128, False, 0)  # a longer chunk
+    # As many tokens, but one row brings 9: a prefill bucket.
+    assert b.bucket(200, 50, 10, longest=9).seqs == 256
+    assert b.bucket(10, 2, 3, longest=5) == (32, 4, 128, False, 5)  # 52 < 96
     small = Buckets.make(2048, 256, 128, verify_width=17)
-    assert small.bucket(1000, 250, 3).seqs == 256  # 256 x 17 > the largest T
-    assert b.bucket(64, 64, 3) == (64, 64, 128, True)  # no drafts: decode
-    assert b.bucket(320, 64, 10, all_sample=False).seqs == 256
+    # 256 x 17 > the largest T
+    assert small.bucket(1000, 250, 3, longest=17).seqs == 256
+    assert b.bucket(64, 64, 3) == (64, 64, 128, True, 0)  # no drafts: decode
+    assert b.bucket(320, 64, 10, all_sample=False, longest=5).seqs == 256
     shapes = b.all_shapes()
-    assert (320, 64, 128, False) in shapes and len(set(shapes)) == len(shapes)
-    assert Buckets.make(2048, 256, 128).bucket(320, 64, 10).seqs == 256
+    assert (320, 64, 128, False, 5) in shapes
+    assert len(set(shapes)) == len(shapes)
+    assert Buckets.make(2048, 256, 128).bucket(320, 64, 10,
+                                               longest=5).seqs == 256

@@ -104,6 +104,25 @@ def test_outputs_equal_with_and_without_speculation(make_llm, draft_path,
     assert {"stop", "length"} <= reasons
 
 
+def test_verifying_steps_through_the_pallas_kernels(make_llm):
+    """Verifying steps take the attention kernels' short-query path (each
+    row's k + 1 tokens as decode rows, interpret mode on CPU): greedy
+    tokens equal plain decoding's through the jnp reference."""
+    import jax
+    backend = "pallas" if jax.default_backend() == "gpu" else "pallas_interpret"
+    prompts = [{"prompt_token_ids": p} for p in repetitive_prompts(4, seed=3)]
+    sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    plain = make_llm().generate(prompts, sp, use_tqdm=False)
+    llm = make_llm(speculative_config=NGRAM, attention_backend=backend)
+    spec = llm.generate(prompts, sp, use_tqdm=False)
+    assert ([o.outputs[0].token_ids for o in spec]
+            == [o.outputs[0].token_ids for o in plain])
+    engine = llm.llm_engine
+    assert engine.get_stats().spec_decode.num_accepted_tokens > 0
+    assert any(p.bucket.max_q_len == NGRAM["num_speculative_tokens"] + 1
+               for p in engine.runner.programs.models_run)
+
+
 # The embedded SmolLM2, with each method where it drafts well: n-gram
 # lookup on text that repeats itself, and the model (GGUF) as its own draft
 # (its greedy drafts are the target's greedy tokens, so nearly all are
