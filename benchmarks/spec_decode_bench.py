@@ -23,7 +23,13 @@ agree; the target's later layers therefore have their output projections
 (o_proj, down_proj) scaled by a factor, the same in every engine (the
 target's speed does not depend on its weights' values). The draft's child
 runs first and picks the factor, from ``--agreement-scales``, whose
-batch-1 acceptance rate is nearest ``--agreement`` (default 0.7).
+acceptance rate (4 rows of 128 tokens, other prompts than the timed ones)
+is nearest ``--agreement`` (default 0.7).
+
+``--profile-steps N``: per engine and batch size, N steps once every row
+is past its prompt under the JAX profiler (GPU kernels grouped as
+step_breakdown.py groups them, busy and idle time) and under cProfile
+(the host's functions by own time, ``host-ENGINE-S.txt``).
 
 Writes ``spec-decode-bench.json``: per method and batch size the output
 tok/s of both engines, the speedup, the acceptance rate and mean accepted
@@ -49,6 +55,7 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 TARGETS = {"batch1_speedup_min": 1.8, "batch64_speedup_min": 1.0}
+CALIBRATION_ROWS, CALIBRATION_TOKENS = 4, 128
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -170,16 +177,22 @@ def child(ns) -> dict:
                 accepted_per_pos=[a - b for a, b in zip(
                     after.accepted_per_pos, before.accepted_per_pos)])
         if ns.profile_steps:
-            row["profile"] = profile_decode(engine, batch, sp,
-                                            ns.profile_steps)
+            row["profile"] = profile_decode(
+                engine, batch, sp, ns.profile_steps,
+                os.path.join(ns.out, f"host-{ns.child}-{S}.txt"))
         record["batches"][str(S)] = row
     return record
 
 
-def profile_decode(engine, batch, sp, steps: int) -> dict:
+def profile_decode(engine, batch, sp, steps: int, host_path: str) -> dict:
     """GPU kernels of ``steps`` engine steps once every request of
     ``batch`` is past its prompt (decode or verifying steps only), grouped
-    as step_breakdown.py groups them, with the host's wall time per step."""
+    as step_breakdown.py groups them, with the wall time per step; the
+    host's functions by own time (cProfile) into ``host_path``."""
+    import cProfile
+    import io
+    import pstats
+
     import jax
 
     from benchmarks.step_breakdown import summarize_trace
@@ -191,14 +204,21 @@ def profile_decode(engine, batch, sp, steps: int) -> dict:
         engine.step()
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
+        host = cProfile.Profile()
         t0 = time.perf_counter()
+        host.enable()
         for _ in range(steps):
             engine.step()
+        host.disable()
         jax.effects_barrier()
         wall = time.perf_counter() - t0
         jax.profiler.stop_trace()
         out = summarize_trace(d, steps)
     out["wall_ms"] = wall * 1e3 / steps
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(40)
+    with open(host_path, "w") as f:
+        f.write(f"{steps} steps\n" + text.getvalue())
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
@@ -206,13 +226,17 @@ def profile_decode(engine, batch, sp, steps: int) -> dict:
 
 
 def calibrate(llm, ns, vocab: int, originals: dict) -> tuple[float, list]:
-    """The scale of the target's later layers whose batch-1 acceptance
-    rate is nearest ns.agreement, and every scale's rate."""
+    """The scale of the target's later layers whose acceptance rate is
+    nearest ns.agreement, and every scale's rate. Measured over
+    CALIBRATION_ROWS rows of CALIBRATION_TOKENS tokens each (one short row
+    is too few drafts: its rate swings by 0.2 between seeds)."""
     from jaxinfer import SamplingParams
     engine = llm.llm_engine
-    sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=CALIBRATION_TOKENS,
+                        ignore_eos=True)
     batch = [{"prompt_token_ids": p}
-             for p in prompts(1, ns.prompt_len, vocab, ns.seed + 1000)]
+             for p in prompts(CALIBRATION_ROWS, ns.prompt_len, vocab,
+                              ns.seed + 1000)]
     tried = []
     for scale in ns.agreement_scales:
         scale_later_layers(engine, ns.draft_layers, scale, originals)
