@@ -33,6 +33,12 @@ from .rope import apply_rope, rope_cos_sin_table
 from .spec import GGUFNames, ModelSpec, WeightSpec, keep_layout, linear_from_hf, reshape_to
 
 ROPE_TABLE = "rope_cos_sin"  # the model's constant: [max_model_len, H] f32
+INTERMEDIATES = "intermediates"  # flax's collection of sown values
+
+
+def layer_input_name(i: int) -> str:
+    """The sown name of the residual stream entering decoder layer ``i``."""
+    return f"layer_input_{i}"
 
 
 class Attention(nn.Module):
@@ -40,20 +46,24 @@ class Attention(nn.Module):
     backend: str
     dtype: jnp.dtype
     mesh: Any = None
+    # Width of x when q, k and v read other rows than the model's (an EAGLE-3
+    # head's concatenated embeddings and features); None: hidden_size.
+    in_dim: int | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, cos_sin: jax.Array, kv: tuple[jax.Array, ...],
                  md: AttentionMetadata) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        Din = self.in_dim or D
         # q, k and v on the int4 kernel run as one call (compute_together).
-        q = Linear((D,), (N, H), ("embed", "heads", "head_dim"),
+        q = Linear((Din,), (N, H), ("embed", "heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
                    name="q_proj")(x, pending=True)
-        k = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
+        k = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
                    name="k_proj")(x, pending=True)
-        v = Linear((D,), (K, H), ("embed", "kv_heads", "head_dim"),
+        v = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
                    c.attention_bias, self.dtype, linear_method(c),
                    name="v_proj")(x, pending=True)
         q, k, v = compute_together(q, k, v)
@@ -180,6 +190,10 @@ class LlamaForCausalLM(nn.Module):
         layer = (c, self.backend, self.dtype, self.mlp_cls, self.mesh)
         for i in range(c.num_layers):
             name = f"layers_{i}"
+            # The residual stream entering layer i, kept only when the
+            # caller makes "intermediates" mutable (runtime.run_model_tapped).
+            if not self.is_initializing():
+                self.sow(INTERMEDIATES, layer_input_name(i), x)
             if self.is_initializing():  # submodules create the params
                 x, kv = DecoderLayer(*layer, name=name)(x, cos_sin,
                                                        kv_pages[i], md)

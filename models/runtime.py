@@ -120,3 +120,54 @@ def merge_encoder_outputs(model: nn.Module, params: dict[str, Any],
     rows = encoder_cache.reshape(-1, encoder_cache.shape[-1])
     image = jnp.take(rows, jnp.maximum(mm_index, 0), axis=0)
     return jnp.where((mm_index >= 0)[:, None], image.astype(text.dtype), text)
+
+
+# A tap of `run_model_tapped`: a decoder layer's index (the residual stream
+# entering that layer) or FINAL_NORM (the final norm's output).
+Tap = int | str
+
+
+def run_model_tapped(
+    model: nn.Module,
+    params: dict[str, Any],
+    constants: dict,
+    kv_pages: list[tuple[jax.Array, ...]],
+    input_ids: jax.Array,  # [T] int32
+    positions: jax.Array,  # [T] int32
+    md: AttentionMetadata,
+    logits_indices: jax.Array,  # [S] int32
+    taps: tuple[Tap, ...],
+    inputs_embeds: jax.Array | None = None,  # [T, D]
+    lora: tuple[dict, jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array, list[tuple[jax.Array, ...]]]:
+    """`run_model` that also returns the hidden states at ``taps`` for all
+    T tokens, concatenated in order: (logits [S, V] float32, hidden [T,
+    D * len(taps)], kv_pages). A layer's tap reads what the model sows
+    under ``layer_input_<i>`` in its "intermediates" collection (llama.py);
+    FINAL_NORM captures its top-level final norm."""
+    from .llama import INTERMEDIATES, layer_input_name
+    from .spec import ModelContractError
+
+    def final_norm(module: nn.Module, method: str) -> bool:
+        return method == "__call__" and tuple(module.path) == (FINAL_NORM,)
+
+    variables = {"params": params, "constants": constants}
+    if lora is not None:
+        variables[COLLECTION] = lora_collection(*lora)
+    capture = final_norm if FINAL_NORM in taps else False
+    (logits, kv_pages), state = model.apply(
+        variables, input_ids, positions, kv_pages, md, logits_indices,
+        inputs_embeds=inputs_embeds, capture_intermediates=capture,
+        mutable=[INTERMEDIATES])
+    sown = state.get(INTERMEDIATES, {})
+    rows = []
+    for tap in taps:
+        name = ("__call__" if tap == FINAL_NORM
+                else layer_input_name(int(tap)))
+        got = (sown.get(FINAL_NORM, {}) if tap == FINAL_NORM else sown).get(name)
+        if got is None:
+            raise ModelContractError(
+                f"{type(model).__name__} gives no hidden state at {tap!r} "
+                "(it sows no layer inputs, or has no such layer)")
+        rows.append(got[0])
+    return logits, jnp.concatenate(rows, axis=-1), kv_pages

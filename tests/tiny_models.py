@@ -177,3 +177,89 @@ def make_draft(target: str, path: str, num_layers: int | None = None,
               metadata={"format": "pt"})
     embedded_tokenizer().save_pretrained(path)
     return path
+
+
+def make_eagle(target: str, path: str, method: str = "eagle",
+               noise: float = 0.0, seed: int = 0) -> str:
+    """An EAGLE head for ``target`` (a folder make_tiny_model wrote) in the
+    real checkpoint layout (vLLM's names: EAGLE-1 ``fc`` and ``layers.0``
+    without input_layernorm; EAGLE-3 ``midlayer``, ``fc`` over three taps,
+    ``norm``, its own ``lm_head`` over a draft vocabulary with ``d2t``,
+    ``t2d``), its config the target's with one layer.
+
+    The head copies the target's first layer, reading the next token's
+    embedding (EAGLE-1's fc passes it through), and ignores the features:
+    for a target of `make_eagle_target` (whose first layer decides its
+    tokens) it then guesses the target's next token well. ``noise`` (a
+    Normal's scale) on the layer's matrices and lm_head lowers the
+    agreement. EAGLE-3's taps
+    are layers (0, 1, 1) of the two-layer target; its draft vocabulary is
+    the target's, permuted (so d2t maps every id)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = 1
+    V, D = cfg["vocab_size"], cfg["hidden_size"]
+    w = load_file(os.path.join(target, "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    layer = {k[len("model.layers.0."):]: v for k, v in w.items()
+             if k.startswith("model.layers.0.")}
+    scale = np.eye(D, dtype=np.float32)
+    out = {}
+    if method == "eagle":
+        cfg["architectures"] = ["LlamaForCausalLM"]
+        out["fc.weight"] = np.concatenate(
+            [scale, np.zeros((D, D), np.float32)], axis=1)
+        for k, v in layer.items():
+            if k != "input_layernorm.weight":
+                out["layers.0." + k] = v
+    else:
+        cfg["architectures"] = ["LlamaForCausalLMEagle3"]
+        cfg["draft_vocab_size"] = V
+        cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 1]
+        # The next token's embedding is not among the features: fc gives
+        # zeros (the target's small embeddings barely count in its
+        # residual), and q/k/v read the embeddings.
+        out["fc.weight"] = np.zeros((D, 3 * D), np.float32)
+        for k, v in layer.items():
+            if k.startswith("self_attn.") and k[10:12] in ("q_", "k_", "v_"):
+                v = np.concatenate([v, np.zeros_like(v)], axis=1)
+            out["midlayer." + k] = v
+        out["midlayer.hidden_norm.weight"] = np.ones(D, np.float32)
+        out["norm.weight"] = w["model.norm.weight"]
+        perm = rng.permutation(V)
+        out["lm_head.weight"] = w["lm_head.weight"][perm]
+        out["d2t"] = (perm - np.arange(V)).astype(np.int64)
+        out["t2d"] = np.ones(V, np.bool_)
+    for k, v in out.items():  # fc's zeros would let the features in
+        if noise and v.ndim > 1 and k != "fc.weight":
+            out[k] = (v + rng.normal(0.0, noise, v.shape)).astype(v.dtype)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    save_file(out, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    return path
+
+
+def make_eagle_target(path: str, seed: int = 0) -> str:
+    """A tiny Llama that an EAGLE head of `make_eagle` drafts for well: its
+    first layer decides its tokens (the second's output projections scaled
+    by 0.01), its embeddings are small (std 0.02) and its first input norm
+    keeps their scale (weight 0.02), so a head without an input norm sees
+    what the target's first layer sees."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    make_tiny_model(path, seed=seed)
+    file = os.path.join(path, "model.safetensors")
+    w = load_file(file)
+    w["model.embed_tokens.weight"] *= 0.25
+    w["model.layers.0.input_layernorm.weight"] = np.full_like(
+        w["model.layers.0.input_layernorm.weight"], 0.02)
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        w[f"model.layers.1.{name}.weight"] *= 0.01
+    save_file(w, file, metadata={"format": "pt"})
+    return path

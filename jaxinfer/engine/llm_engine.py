@@ -116,7 +116,9 @@ class LLMEngine:
             num_speculative_tokens=(0 if self.speculative is None else
                                     self.speculative.num_speculative_tokens),
             draft_model=(self.speculative.model if self.speculative is not None
-                         and self.speculative.uses_draft_model else None))
+                         and self.speculative.uses_draft_model else None),
+            draft_method=(None if self.speculative is None
+                          else self.speculative.method))
         # Loaded adapters in host memory (jaxinfer/lora/store.py).
         self.lora_store = self.runner.lora.store if self.runner.lora else None
         capacity = (self.runner.num_blocks - 1) * self.cache_config.block_size

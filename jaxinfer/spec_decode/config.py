@@ -15,9 +15,12 @@ from typing import Any
 from ..errors import InvalidConfigError, UnsupportedFeatureError
 
 NAME = "speculative_config"
-SERVED_METHODS = ("ngram", "draft_model")
+SERVED_METHODS = ("ngram", "draft_model", "eagle")
+# Methods whose drafts the runner decodes on the device from a checkpoint
+# given as ``model``: a draft model, or an EAGLE head (spec_decode/eagle.py).
+MODEL_METHODS = ("draft_model", "eagle")
 # vLLM's other methods: named so the refusal says "not yet", not "unknown".
-LATER_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator",
+LATER_METHODS = ("eagle3", "medusa", "mlp_speculator",
                  "deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "mimo_mtp",
                  "longcat_flash_mtp", "mtp")
 # vLLM's prompt-lookup default when neither bound is given.
@@ -43,17 +46,20 @@ REFUSED_KEYS = ("disable_by_batch_size", "target_model_config",
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram" or "draft_model"
+    method: str  # one of SERVED_METHODS
     num_speculative_tokens: int  # k: draft tokens verified per step and row
     prompt_lookup_min: int = DEFAULT_LOOKUP  # shortest suffix n-gram (ngram)
     prompt_lookup_max: int = DEFAULT_LOOKUP  # longest, tried first (ngram)
     # draft_model: the draft's folder, .gguf file or embedded name, loaded
-    # with the target's load_format and dtype.
+    # with the target's load_format and dtype; eagle / eagle3: the head's
+    # folder.
     model: str | None = None
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.method == "draft_model"
+        """The runner drafts on the device (a draft model or an EAGLE
+        head); the scheduler hands it placeholders."""
+        return self.method in MODEL_METHODS
 
 
 def _int(key: str, value: Any, low: int) -> int:
@@ -77,7 +83,8 @@ def _method(cfg: dict) -> str:
     if method in LATER_METHODS:
         raise UnsupportedFeatureError(
             f"{NAME}.method={method!r}", f"the {method!r} speculative method "
-            "yet", "use method 'ngram' (prompt lookup) or 'draft_model'")
+            "yet", "use method 'ngram' (prompt lookup), 'draft_model' or "
+            "'eagle'")
     if method not in SERVED_METHODS:
         raise InvalidConfigError(
             f"{NAME}.method {method!r} is not a speculative method: use "
@@ -87,11 +94,11 @@ def _method(cfg: dict) -> str:
             f"{NAME}.model={model!r} with method 'ngram': n-gram proposes "
             "from the request's own tokens; drop 'model', or use method "
             "'draft_model' to draft with that model")
-    if method == "draft_model" and (not isinstance(model, str) or not model
+    if method in MODEL_METHODS and (not isinstance(model, str) or not model
                                     or model in ("ngram", "[ngram]")):
         raise InvalidConfigError(
-            f"{NAME} with method 'draft_model' needs 'model': the draft's "
-            "folder, .gguf file or embedded name")
+            f"{NAME} with method {method!r} needs 'model': the draft's "
+            "folder, .gguf file or embedded name (an EAGLE head's folder)")
     return method
 
 
@@ -127,11 +134,11 @@ def parse_speculative_config(value: str | dict | None
         raise InvalidConfigError(
             f"{NAME} needs num_speculative_tokens (draft tokens per step)")
     k = _int("num_speculative_tokens", cfg["num_speculative_tokens"], 1)
-    if method == "draft_model":
+    if method in MODEL_METHODS:
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if cfg.get(key) is not None:
                 raise InvalidConfigError(
-                    f"{NAME}.{key} is for method 'ngram'; a draft model "
+                    f"{NAME}.{key} is for method 'ngram'; method {method!r} "
                     "proposes by decoding")
         return SpeculativeConfig(method, k, model=cfg["model"])
     lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")

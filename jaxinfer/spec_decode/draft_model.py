@@ -126,6 +126,50 @@ class _Row:
     sample: bool = True
 
 
+def proposal_inputs(scheduled, buckets, block_size: int, shift: int = 0):
+    """The decode-only step a proposal runs: each drafted row's first input
+    token at its start position + ``shift``. None when no row drafts; else
+    (rows: their step rows, num_drafts per row, bucket, packed inputs,
+    num_drafts padded to the bucket's S)."""
+    rows = [i for i, s in enumerate(scheduled) if s.num_draft_tokens]
+    if not rows:
+        return None
+    inputs = [_Row([scheduled[i].token_ids[0]], scheduled[i].start_pos + shift,
+                   scheduled[i].block_table) for i in rows]
+    bucket = buckets.bucket(len(inputs), len(inputs),
+                            max(len(r.block_table) for r in inputs))
+    input_ids, positions, md, _ = lay_out_step(inputs, bucket[:3], block_size,
+                                               {}, True)
+    num_drafts = [scheduled[i].num_draft_tokens for i in rows]
+    padded = np.zeros(bucket.seqs, np.int32)
+    padded[:len(rows)] = num_drafts
+    return rows, num_drafts, bucket, pack_step(input_ids, positions, md), padded
+
+
+def place_drafts(inject, replicated, proposal: Proposal | None, scheduled,
+                 packed: np.ndarray, drafts):
+    """(packed, drafts) of the laid-out step on the device, placed once
+    for the target's programs and the drafter's pass alike; with the
+    proposal's drafts written over the placeholders when rows draft
+    (``inject``: `inject_drafts` jitted). A row's drafts are the last of
+    its tokens, which the layout packs from the row's offset in the step
+    (the input ids lead the buffer)."""
+    if proposal is None:
+        return jax.device_put(packed, replicated), drafts
+    k, Sp = proposal.tokens.shape
+    R = len(proposal.rows)
+    ends = np.cumsum([len(s.token_ids) for s in scheduled])
+    rows = np.asarray(proposal.rows)
+    d = np.asarray(proposal.num_drafts)[:, None]
+    j = np.arange(k)[None, :]
+    real = j < d
+    token_index = np.full((Sp, k), packed.size, np.int32)
+    draft_index = np.full((Sp, k), drafts.size, np.int32)
+    token_index[:R] = np.where(real, ends[rows][:, None] - d + j, packed.size)
+    draft_index[:R] = np.where(real, rows[:, None] * k + j, drafts.size)
+    return inject(packed, drafts, proposal.tokens, token_index, draft_index)
+
+
 class DraftModel:
     """The draft's weights, K/V pool and programs, on the target's device."""
 
@@ -198,47 +242,20 @@ class DraftModel:
     def propose(self, scheduled, buckets) -> Proposal | None:
         """Enqueues the decoding of every drafted row's drafts (None: no
         row drafts this step)."""
-        rows = [i for i, s in enumerate(scheduled) if s.num_draft_tokens]
-        if not rows:
+        inputs = proposal_inputs(scheduled, buckets, self.block_size)
+        if inputs is None:
             return None
-        inputs = [_Row([scheduled[i].token_ids[0]], scheduled[i].start_pos,
-                       scheduled[i].block_table) for i in rows]
-        bucket = buckets.bucket(len(inputs), len(inputs),
-                                max(len(r.block_table) for r in inputs))
-        input_ids, positions, md, _ = lay_out_step(
-            inputs, bucket[:3], self.block_size, {}, True)
-        num_drafts = [scheduled[i].num_draft_tokens for i in rows]
-        padded = np.zeros(bucket.seqs, np.int32)
-        padded[:len(rows)] = num_drafts
+        rows, num_drafts, bucket, packed, padded = inputs
         tokens, self.kv_pages = self._propose(
-            bucket, self.params, self.kv_pages, self.constants,
-            pack_step(input_ids, positions, md), padded)
+            bucket, self.params, self.kv_pages, self.constants, packed,
+            padded)
         return Proposal(tokens, rows, num_drafts)
 
     def place_inputs(self, proposal: Proposal | None, scheduled,
                      packed: np.ndarray, drafts):
-        """(packed, drafts) of the laid-out step on the device, placed once
-        for the target's programs and the draft's pass alike; with the
-        proposal's drafts written over the placeholders when rows draft.
-        A row's drafts are the last of its tokens, which the layout packs
-        from the row's offset in the step (the input ids lead the
-        buffer)."""
-        if proposal is None:
-            return jax.device_put(packed, self.placement.replicated), drafts
-        k, Sp = proposal.tokens.shape
-        R = len(proposal.rows)
-        ends = np.cumsum([len(s.token_ids) for s in scheduled])
-        rows = np.asarray(proposal.rows)
-        d = np.asarray(proposal.num_drafts)[:, None]
-        j = np.arange(k)[None, :]
-        real = j < d
-        token_index = np.full((Sp, k), packed.size, np.int32)
-        draft_index = np.full((Sp, k), drafts.size, np.int32)
-        token_index[:R] = np.where(real, ends[rows][:, None] - d + j,
-                                   packed.size)
-        draft_index[:R] = np.where(real, rows[:, None] * k + j, drafts.size)
-        return self._inject(packed, drafts, proposal.tokens, token_index,
-                            draft_index)
+        """`place_drafts` with this model's programs."""
+        return place_drafts(self._inject, self.placement.replicated,
+                            proposal, scheduled, packed, drafts)
 
     def warm_up(self, buckets) -> int:
         """Builds the draft's pass over every bucket a step can land in,

@@ -92,7 +92,9 @@ def programs_fingerprint(programs, state) -> str:
              # Few-row programs' XLA options (compile_options.py).
              repr(programs.decode_options),
              # LoRA slots' ranks and targets shape the adapter programs.
-             repr(programs.lora_config)]
+             repr(programs.lora_config),
+             # An EAGLE head's taps add an output to the forward programs.
+             repr(programs.hidden_taps)]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 

@@ -29,6 +29,7 @@ from ..core.encoder_cache_manager import encoder_cache_slots
 from ..core.scheduler_output import NewRequestData, SchedulerOutput
 from ..pooling.step import PooledSteps
 from ..spec_decode.draft_model import DraftModel
+from ..spec_decode.eagle import EagleDrafter, read_eagle_config
 from ..spec_decode.layout import spec_rows
 from .buckets import Bucket
 from .encoder_runner import EncoderRunner
@@ -60,13 +61,15 @@ class ModelRunner:
                  pipeline_parallel_size: int = 1, devices=None,
                  build_first: bool = False, pooling=None,
                  num_speculative_tokens: int = 0,
-                 draft_model: str | None = None):
+                 draft_model: str | None = None,
+                 draft_method: str | None = None):
         # AWQ / GPTQ layers on one GPU multiply with the Pallas int4 kernel.
         self.cfg = with_int4_kernel(
             files.config, tensor_parallel_size * pipeline_parallel_size,
             jax.default_backend())
         self.dtype = dtype
-        self.draft: DraftModel | None = None  # loaded with the weights
+        # A draft model or an EAGLE head, loaded with the weights.
+        self.draft: DraftModel | EagleDrafter | None = None
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.block_size = cache_config.block_size
@@ -83,6 +86,12 @@ class ModelRunner:
                                          scheduler_config.max_model_len)
         self.kv_dtype = kv_page_dtype(cache_config.cache_dtype, dtype)
         self.max_logprobs = max_logprobs
+        # An EAGLE head reads the target's hidden states at its taps: the
+        # forward programs return them (its config is read before they are
+        # made; its weights load after the target's).
+        eagle = None
+        if draft_model is not None and draft_method in ("eagle", "eagle3"):
+            eagle = read_eagle_config(draft_method, draft_model, self.cfg)
         self.sampling_inputs = SamplingInputs(
             self.cfg.vocab_size, scheduler_config.max_num_seqs, seed,
             count_width=scheduler_config.max_num_batched_tokens)
@@ -90,7 +99,8 @@ class ModelRunner:
                                      scheduler_config, cache_config,
                                      self.sampling_inputs, lora_config,
                                      self.on_cpu, max_logprobs=max_logprobs,
-                                     num_speculative_tokens=num_speculative_tokens)
+                                     num_speculative_tokens=num_speculative_tokens,
+                                     hidden_taps=None if eagle is None else eagle.taps)
         # The last step's sampled tokens on the device, padded to
         # max_num_seqs (committed like the step's own output, so that the
         # first step and the next share one compiled program).
@@ -110,7 +120,17 @@ class ModelRunner:
         # A draft model (speculative_config method "draft_model"): its
         # weights load before the KV pool is sized, its pages ride the
         # target's block tables (spec_decode/draft_model.py).
-        if draft_model is not None:
+        if eagle is not None and draft_model is not None:
+            self.draft = EagleDrafter(
+                draft_model, eagle, target_model=self.model,
+                target_params=self.params, placement=self.placement,
+                dtype=dtype, kv_dtype=self.kv_dtype,
+                block_size=self.block_size,
+                max_model_len=scheduler_config.max_model_len,
+                num_speculative_tokens=num_speculative_tokens,
+                tensor_parallel_size=tensor_parallel_size,
+                pipeline_parallel_size=pipeline_parallel_size)
+        elif draft_model is not None:
             self.draft = DraftModel(
                 draft_model, target_cfg=self.cfg, dtype=dtype,
                 kv_dtype=self.kv_dtype, block_size=self.block_size,
@@ -350,7 +370,9 @@ class ModelRunner:
         inputs.fill_token_masks = fill_token_masks
         outputs = self.run_programs(inputs, self._take_penalty_state(inputs))
         self._keep(outputs)
-        if self.draft is not None:  # its pages take the step's tokens too
+        if isinstance(self.draft, EagleDrafter):  # the step's hidden states
+            self.draft.mirror(inputs.bucket, inputs.packed, outputs.hidden)
+        elif self.draft is not None:  # its pages take the step's tokens too
             self.draft.mirror(inputs.bucket, inputs.packed)
         launched = time.perf_counter()
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxinfer.models.runtime import merge_encoder_outputs, run_model
+from jaxinfer.models.runtime import merge_encoder_outputs, run_model, run_model_tapped
 
 from .logprob_ops import gather_logprobs
 from .packing import unpack_lora_slots, unpack_step
@@ -24,7 +24,7 @@ from .sampler import SamplerOutput, SamplingMetadata, sample
 
 def forward(model, bucket, params, kv_pages, constants, prev_tokens, packed,
             logits_indices, mm=None, lora_pool=None, *, logits_sharding=None,
-            rows_per_seq: int = 1):
+            rows_per_seq: int = 1, taps: tuple | None = None):
     """A step's forward pass: returns (logits [S, V] float32 of the sampled
     rows, logits [Tp, V] of the rows scoring prompt tokens or None, updated
     kv_pages). logits_indices [S + Tp]: the S sampled rows, then (prompt
@@ -39,6 +39,8 @@ def forward(model, bucket, params, kv_pages, constants, prev_tokens, packed,
     programs are compiled for it). ``rows_per_seq``: sampled rows per
     sequence (k + 1 under speculative decoding: its last token and each
     draft), so the sampled rows are the first S * rows_per_seq.
+    ``taps`` (an EAGLE head's, `runtime.run_model_tapped`): the hidden
+    states there of all T tokens are returned too, as a fourth output.
 
     The forward pass and `sample_step` are separate programs: the sampling
     variants (greedy, sampled, filtered, logprobs, penalties) all share one
@@ -57,15 +59,25 @@ def forward(model, bucket, params, kv_pages, constants, prev_tokens, packed,
     lora = None
     if lora_pool is not None:
         lora = (lora_pool, unpack_lora_slots(packed, bucket))
-    logits, kv_pages = run_model(model, params, constants, kv_pages, input_ids,
-                                 positions, md, logits_indices, inputs_embeds,
-                                 lora=lora)
+    hidden = None
+    if taps is None:
+        logits, kv_pages = run_model(model, params, constants, kv_pages,
+                                     input_ids, positions, md, logits_indices,
+                                     inputs_embeds, lora=lora)
+    else:
+        logits, hidden, kv_pages = run_model_tapped(
+            model, params, constants, kv_pages, input_ids, positions, md,
+            logits_indices, taps, inputs_embeds, lora=lora)
     S = bucket.seqs * rows_per_seq
     parts = [logits[:S], logits[S:] if logits.shape[0] > S else None]
     if logits_sharding is not None:
         parts = [None if x is None else
                  jax.lax.with_sharding_constraint(x, logits_sharding)
                  for x in parts]
+        if hidden is not None:  # placed as the head's programs take it
+            hidden = jax.lax.with_sharding_constraint(hidden, logits_sharding)
+    if taps is not None:
+        return parts[0], parts[1], kv_pages, hidden
     return parts[0], parts[1], kv_pages
 
 

@@ -118,13 +118,17 @@ class StepOutputs(NamedTuple):
     kv_pages: Any
     penalty_state: Any  # None unless the step applied penalties
     next_tokens: Any  # [max_num_seqs] the tokens the next step may read
+    # [T, D * taps] the step's hidden states at an EAGLE head's taps; None
+    # without a head (or for a window of decode steps)
+    hidden: Any = None
 
 
 class StepPrograms:
     def __init__(self, model, placement, scheduler_config: SchedulerConfig,
                  cache_config: CacheConfig, sampling_inputs: SamplingInputs,
                  lora_config=None, on_cpu: bool = False,
-                 max_logprobs: int = 20, num_speculative_tokens: int = 0):
+                 max_logprobs: int = 20, num_speculative_tokens: int = 0,
+                 hidden_taps: tuple | None = None):
         self.model = model
         self.cfg = model.cfg
         self.placement = placement
@@ -140,6 +144,9 @@ class StepPrograms:
         # k > 0: every step scores k + 1 rows per sequence and samples
         # with the verifying sampler (spec_decode/verify.py).
         self.num_speculative_tokens = num_speculative_tokens
+        # An EAGLE head's taps: the forward programs also return the
+        # target's hidden states there (step_functions.forward); None: not.
+        self.hidden_taps = hidden_taps
         self.buckets = Buckets.make(
             scheduler_config.max_num_batched_tokens,
             scheduler_config.max_num_seqs,
@@ -157,7 +164,7 @@ class StepPrograms:
         step_forward = functools.partial(
             forward, placement.step_model(model),
             logits_sharding=placement.replicated,
-            rows_per_seq=num_speculative_tokens + 1)
+            rows_per_seq=num_speculative_tokens + 1, taps=hidden_taps)
         self._forward = jax.jit(step_forward, static_argnums=(0,),
                                 donate_argnums=(2,))
         # Few-row buckets on CPU compile with their own XLA options.
@@ -173,7 +180,8 @@ class StepPrograms:
         if num_speculative_tokens:
             one_row = functools.partial(
                 forward, placement.step_model(model),
-                logits_sharding=placement.replicated, rows_per_seq=1)
+                logits_sharding=placement.replicated, rows_per_seq=1,
+                taps=hidden_taps)
             self._forward_one_row = jax.jit(one_row, static_argnums=(0,),
                                             donate_argnums=(2,))
             if self.decode_options:
@@ -349,7 +357,7 @@ class StepPrograms:
         args = self.forward_args(state, inputs.packed, inputs.logits_indices,
                                  inputs.encoder, inputs.lora_pool)
         verifying = bool(self.num_speculative_tokens) and inputs.drafts is not None
-        logits, prompt_logits, kv_pages = self._call(
+        logits, prompt_logits, kv_pages, *hidden = self._call(
             self.forward_program(bucket, one_row=not verifying),
             self.forward_key(bucket, args), (bucket,), args)
         bitmask = inputs.sampling.token_bitmask
@@ -372,7 +380,7 @@ class StepPrograms:
                                    self.prompt_lp_key(num_lp, args),
                                    (num_lp,), args)
         return StepOutputs(sampled, prompt_lp, kv_pages, penalty_state,
-                           next_tokens)
+                           next_tokens, hidden[0] if hidden else None)
 
     # -- the set of programs ------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Speculative decoding fixtures: the tiny Llama with small pages, steps
 and context (chunked prefill on every prompt longer than 32 tokens), a
-draft model for it that agrees on about half of its drafts, and a shared
+draft model for it that agrees on about half of its drafts, a target and
+EAGLE heads for it that agree on part of theirs, and a shared
 compilation cache."""
 
 from __future__ import annotations
@@ -29,8 +30,41 @@ def draft_path(tiny_path, tmp_path_factory):
                       noise=0.004)
 
 
-def draft_config(path: str, k: int = 3) -> dict:
-    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+def draft_config(path: str, k: int = 3, method: str = "draft_model") -> dict:
+    return {"method": method, "model": path, "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="session")
+def eagle_target(tmp_path_factory):
+    """A tiny Llama whose first layer decides its tokens (an EAGLE head
+    copied from that layer drafts well for it)."""
+    from tests.tiny_models import make_eagle_target
+    return make_eagle_target(str(tmp_path_factory.mktemp("eagle-target")))
+
+
+# Noise on each head's layer: more than half of its drafts are rejected.
+EAGLE_NOISE = {"eagle": 0.01}
+
+
+@pytest.fixture(scope="session")
+def eagle_heads(eagle_target, tmp_path_factory):
+    """method -> an EAGLE head's folder for `eagle_target`."""
+    from tests.tiny_models import make_eagle
+    return {m: make_eagle(eagle_target, str(tmp_path_factory.mktemp(m)), m,
+                          noise=noise) for m, noise in EAGLE_NOISE.items()}
+
+
+@pytest.fixture(scope="session")
+def spec_case(draft_path, eagle_target, eagle_heads):
+    """method -> (target folder or None for the tiny Llama, its
+    speculative_config) for each method the equality tests cover."""
+    def case(method: str, k: int = 3):
+        if method == "ngram":
+            return None, NGRAM
+        if method == "draft_model":
+            return None, draft_config(draft_path, k)
+        return eagle_target, draft_config(eagle_heads[method], k, method)
+    return case
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +76,10 @@ def cache_dir(tmp_path_factory):
 def make_llm(tiny_path, cache_dir):
     from jaxinfer import LLM
 
-    def make(**overrides):
+    def make(model: str | None = None, **overrides):
         kw = dict(BASE, compilation_cache_dir=cache_dir)
         kw.update(overrides)
-        return LLM(tiny_path, **kw)
+        return LLM(model or tiny_path, **kw)
     return make
 
 

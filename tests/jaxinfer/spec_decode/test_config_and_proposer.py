@@ -35,7 +35,8 @@ def test_vllm_keys_are_read():
 
 
 @pytest.mark.parametrize("cfg,error,names", [
-    ({"method": "eagle", "num_speculative_tokens": 2}, UnsupportedFeatureError, "eagle"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, InvalidConfigError,
+     "needs 'model'"),
     ({"method": "eagle3", "num_speculative_tokens": 2}, UnsupportedFeatureError, "eagle3"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, InvalidConfigError,
      "needs 'model'"),
@@ -163,10 +164,10 @@ def test_a_draft_with_another_vocabulary_is_refused_at_start(
 
 
 @pytest.mark.slow
-def test_draft_model_metrics_count_its_drafts(make_llm, draft_path):
-    llm = make_llm(speculative_config={"method": "draft_model",
-                                       "model": draft_path,
-                                       "num_speculative_tokens": 3})
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_draft_model_metrics_count_its_drafts(make_llm, spec_case, method):
+    target, config = spec_case(method)
+    llm = make_llm(target, speculative_config=config)
     llm.generate([{"prompt_token_ids": list(range(40, 60))}] * 2,
                  SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                  use_tqdm=False)
@@ -177,14 +178,17 @@ def test_draft_model_metrics_count_its_drafts(make_llm, draft_path):
 
 
 @pytest.mark.slow
-def test_warm_up_builds_the_draft_models_programs(make_llm, draft_path):
-    """The draft's pass over each bucket and its proposal per decode-only
-    bucket are built at warm-up: serving drafted steps builds none."""
+@pytest.mark.parametrize("method", ["draft_model"])
+def test_warm_up_builds_the_draft_models_programs(make_llm, spec_case,
+                                                  method):
+    """The draft's (or EAGLE head's) pass over each bucket and its proposal
+    per decode-only bucket are built at warm-up: serving drafted steps
+    builds none."""
+    target, config = spec_case(method, k=2)
     # Small limits: few buckets to build.
-    llm = make_llm(warmup=True, max_num_seqs=4, max_num_batched_tokens=16,
-                   max_model_len=64, speculative_config={
-                       "method": "draft_model", "model": draft_path,
-                       "num_speculative_tokens": 2})
+    llm = make_llm(target, warmup=True, max_num_seqs=4,
+                   max_num_batched_tokens=16, max_model_len=64,
+                   speculative_config=config)
     runner = llm.llm_engine.runner
     draft = runner.draft
     shapes = runner.programs.buckets.all_shapes()

@@ -1,4 +1,5 @@
-"""With speculation (n-gram lookup or a draft model) an engine produces
+"""With speculation (n-gram lookup, a draft model or an EAGLE head) an
+engine produces
 the tokens it produces without: greedy rows token for token, seeded rows too (each position draws
 with the key a plain step uses there), stop strings, max_tokens and
 logprobs alike, under chunked prefill, prefix-cache hits, preemption and
@@ -13,7 +14,7 @@ import pytest
 from jaxinfer import LLM, SamplingParams
 from jaxinfer.core.kv_cache_manager import cdiv
 
-from .conftest import NGRAM, draft_config, repetitive_prompts
+from .conftest import NGRAM, repetitive_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -73,15 +74,19 @@ def _same(a, b) -> None:
                 assert lx[t].logprob == pytest.approx(ly[t].logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
 @pytest.mark.parametrize("blocks,swap", [(None, None), (14, None), (14, 0.01)],
                          ids=["roomy", "recomputing", "swapping"])
-def test_outputs_equal_with_and_without_speculation(make_llm, draft_path,
+def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
                                                     method, blocks, swap):
     prompts = repetitive_prompts(16, seed=2)
     results = {}
-    for spec in (None, NGRAM if method == "ngram" else draft_config(draft_path)):
-        engine = make_llm(speculative_config=spec, swap_space=swap,
+    target, config = spec_case(method)
+    if blocks is not None and target is not None:
+        # The EAGLE target's outputs are shorter: a smaller pool preempts.
+        blocks = 10
+    for spec in (None, config):
+        engine = make_llm(target, speculative_config=spec, swap_space=swap,
                           num_gpu_blocks_override=blocks).llm_engine
         rng = random.Random(5)
         params = [_params(rng) for _ in prompts]
@@ -92,7 +97,8 @@ def test_outputs_equal_with_and_without_speculation(make_llm, draft_path,
         if spec is not None:
             stats = engine.get_stats()
             assert stats.spec_decode.num_accepted_tokens > 0
-            # Drafts were rejected too (the draft model's half the time).
+            # Drafts were rejected too (a draft model's or an EAGLE head's
+            # part of the time).
             assert (stats.spec_decode.num_accepted_tokens
                     < stats.spec_decode.num_draft_tokens)
             assert stats.num_preemptions > 0 or blocks is None
