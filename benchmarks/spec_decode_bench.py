@@ -29,7 +29,8 @@ is nearest ``--agreement`` (default 0.7).
 ``--profile-steps N``: per engine and batch size, N steps once every row
 is past its prompt under the JAX profiler (GPU kernels grouped as
 step_breakdown.py groups them, busy and idle time) and under cProfile
-(the host's functions by own time, ``host-ENGINE-S.txt``).
+(the host's functions by own time, ``host-ENGINE-S.txt``), with the
+trace's host events and GPU kernels on one clock (``events-ENGINE-S.json``).
 
 Writes ``spec-decode-bench.json``: per method and batch size the output
 tok/s of both engines, the speedup, the acceptance rate and mean accepted
@@ -184,6 +185,34 @@ def child(ns) -> dict:
     return record
 
 
+def trace_events(trace_dir: str, min_us: float = 20.0,
+                 limit: int = 4000) -> list:
+    """The trace's host events (jit dispatch, transfers, waits) of at least
+    ``min_us`` and its GPU kernels, on one clock from the first event:
+    [line, name, start_us, duration_us], the first ``limit``."""
+    import glob
+
+    from jax.profiler import ProfileData
+    events = []
+    for path in glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"),
+                          recursive=True):
+        for plane in ProfileData.from_file(path).planes:
+            gpu = plane.name.startswith("/device:GPU")
+            if not gpu and not plane.name.startswith("/host:CPU"):
+                continue
+            for line in plane.lines:
+                if gpu and "stream" not in line.name.lower():
+                    continue
+                for e in line.events:
+                    dur = (e.end_ns - e.start_ns) / 1e3
+                    if gpu or dur >= min_us:
+                        events.append([f"{plane.name}/{line.name}"[:60],
+                                       e.name[:100], e.start_ns, dur])
+    events.sort(key=lambda e: e[2])
+    t0 = events[0][2] if events else 0
+    return [[ln, n, (s - t0) / 1e3, d] for ln, n, s, d in events[:limit]]
+
+
 def profile_decode(engine, batch, sp, steps: int, host_path: str) -> dict:
     """GPU kernels of ``steps`` engine steps once every request of
     ``batch`` is past its prompt (decode or verifying steps only), grouped
@@ -214,6 +243,9 @@ def profile_decode(engine, batch, sp, steps: int, host_path: str) -> dict:
         wall = time.perf_counter() - t0
         jax.profiler.stop_trace()
         out = summarize_trace(d, steps)
+        with open(host_path.replace("host-", "events-").replace(
+                ".txt", ".json"), "w") as f:
+            json.dump(trace_events(d), f)
     out["wall_ms"] = wall * 1e3 / steps
     text = io.StringIO()
     pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(40)
