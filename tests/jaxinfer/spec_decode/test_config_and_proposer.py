@@ -181,7 +181,7 @@ def test_draft_model_metrics_count_its_drafts(make_llm, spec_case, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft_model"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
 def test_warm_up_builds_the_draft_models_programs(make_llm, spec_case,
                                                   method):
     """The draft's (or EAGLE head's) pass over each bucket and its proposal
