@@ -179,22 +179,38 @@ def make_draft(target: str, path: str, num_layers: int | None = None,
     return path
 
 
-def make_eagle(target: str, path: str, method: str = "eagle",
-               noise: float = 0.0, seed: int = 0) -> str:
-    """An EAGLE head for ``target`` (a folder make_tiny_model wrote) in the
-    real checkpoint layout (vLLM's names: EAGLE-1 ``fc`` and ``layers.0``
-    without input_layernorm; EAGLE-3 ``midlayer``, ``fc`` over three taps,
-    ``norm``, its own ``lm_head`` over a draft vocabulary with ``d2t``,
-    ``t2d``), its config the target's with one layer.
+# make_eagle_target's embedding rows have this RMS, and its first input
+# norm this weight: that norm's output is then the embedding itself.
+EAGLE_EMBED_RMS = 0.02
+EAGLE_INPUT_NORM = (EAGLE_EMBED_RMS ** 2 + BASE["rms_norm_eps"]) ** 0.5
 
-    The head copies the target's first layer, reading the next token's
-    embedding (EAGLE-1's fc passes it through), and ignores the features:
-    for a target of `make_eagle_target` (whose first layer decides its
-    tokens) it then guesses the target's next token well. ``noise`` (a
-    Normal's scale) on the layer's matrices and lm_head lowers the
-    agreement. EAGLE-3's taps
-    are layers (0, 1, 1) of the two-layer target; its draft vocabulary is
-    the target's, permuted (so d2t maps every id)."""
+
+def make_eagle(target: str, path: str, method: str = "eagle",
+               noise: float = 0.0, seed: int = 0,
+               draft_vocab: int | None = None) -> str:
+    """An EAGLE head for ``target`` (a folder `make_eagle_target` wrote) in
+    the real checkpoint layout (vLLM's names: EAGLE-1 ``fc`` and
+    ``layers.0`` without input_layernorm; EAGLE-3 ``midlayer``, ``fc`` over
+    three taps, ``norm``, its own ``lm_head`` over a draft vocabulary with
+    ``d2t``, ``t2d``), its config the target's with one layer.
+
+    Either head computes the target's first layer at the next token (which
+    decides the target's tokens), so it drafts well; ``noise`` (a Normal's
+    scale) on its matrices (fc's aside) lowers the agreement:
+
+    - EAGLE-1: fc passes the next token's embedding through (the target's
+      first input norm leaves it as it is) to a copy of that layer.
+    - EAGLE-3: the residual entering the layer is the feature
+      (``norm_before_residual``: hidden_norm's output, whose weight 1e-3
+      keeps it small), not the embedding; so the head's attention has
+      eight heads of 16 (MHA): four are the target's (its k/v heads
+      repeated), and four copy the token's own embedding into the
+      residual (q = k = the normed embedding times 8: each attends to
+      itself alone; v and o_proj identities). fc is random (every tap
+      flows through it), and q/k/v read only the embeddings. The taps are
+      layers (0, 1, 1) of the two-layer target. ``draft_vocab`` None: the
+      target's vocabulary (d2t all zeros); else that many target ids
+      drawn at random, in order (d2t their offsets)."""
     import json
 
     import numpy as np
@@ -208,36 +224,50 @@ def make_eagle(target: str, path: str, method: str = "eagle",
     rng = np.random.default_rng(seed)
     layer = {k[len("model.layers.0."):]: v for k, v in w.items()
              if k.startswith("model.layers.0.")}
-    scale = np.eye(D, dtype=np.float32)
+    eye = np.eye(D, dtype=np.float32)
     out = {}
     if method == "eagle":
         cfg["architectures"] = ["LlamaForCausalLM"]
-        out["fc.weight"] = np.concatenate(
-            [scale, np.zeros((D, D), np.float32)], axis=1)
+        out["fc.weight"] = np.concatenate([eye, 0 * eye], axis=1)
         for k, v in layer.items():
             if k != "input_layernorm.weight":
                 out["layers.0." + k] = v
     else:
-        cfg["architectures"] = ["LlamaForCausalLMEagle3"]
-        cfg["draft_vocab_size"] = V
-        cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 1]
-        # The next token's embedding is not among the features: fc gives
-        # zeros (the target's small embeddings barely count in its
-        # residual), and q/k/v read the embeddings.
-        out["fc.weight"] = np.zeros((D, 3 * D), np.float32)
-        for k, v in layer.items():
-            if k.startswith("self_attn.") and k[10:12] in ("q_", "k_", "v_"):
-                v = np.concatenate([v, np.zeros_like(v)], axis=1)
-            out["midlayer." + k] = v
-        out["midlayer.hidden_norm.weight"] = np.ones(D, np.float32)
+        N, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        H = D // N
+        cfg.update(architectures=["LlamaForCausalLMEagle3"],
+                   num_attention_heads=2 * N, num_key_value_heads=2 * N,
+                   head_dim=H, eagle_aux_hidden_state_layer_ids=[0, 1, 1],
+                   norm_before_residual=True,
+                   draft_vocab_size=draft_vocab or V)
+        attn = {n: layer[f"self_attn.{n}_proj.weight"] for n in "qkvo"}
+        # K/V heads repeated per query head (MHA), then the copying heads.
+        k, v = (np.repeat(attn[n].reshape(K, H, D), N // K, 0).reshape(-1, D)
+                for n in "kv")
+        copy = eye * 8.0 / EAGLE_INPUT_NORM
+        for n, rows in (("q", [attn["q"], copy]), ("k", [k, copy]),
+                        ("v", [v, eye])):
+            rows = np.concatenate(rows, axis=0)  # [2 N H, D]: embeds half
+            out[f"midlayer.self_attn.{n}_proj.weight"] = np.concatenate(
+                [rows, np.zeros_like(rows)], axis=1)
+        out["midlayer.self_attn.o_proj.weight"] = np.concatenate(
+            [attn["o"], eye], axis=1)
+        for k_, v_ in layer.items():
+            if not k_.startswith("self_attn."):
+                out["midlayer." + k_] = v_
+        out["midlayer.hidden_norm.weight"] = np.full(D, 1e-3, np.float32)
+        out["fc.weight"] = rng.normal(0.0, 0.08, (D, 3 * D)).astype(np.float32)
         out["norm.weight"] = w["model.norm.weight"]
-        perm = rng.permutation(V)
-        out["lm_head.weight"] = w["lm_head.weight"][perm]
-        out["d2t"] = (perm - np.arange(V)).astype(np.int64)
-        out["t2d"] = np.ones(V, np.bool_)
-    for k, v in out.items():  # fc's zeros would let the features in
-        if noise and v.ndim > 1 and k != "fc.weight":
-            out[k] = (v + rng.normal(0.0, noise, v.shape)).astype(v.dtype)
+        ids = (np.arange(V) if draft_vocab is None
+               else np.sort(rng.choice(V, draft_vocab, replace=False)))
+        out["lm_head.weight"] = w["lm_head.weight"][ids]
+        out["d2t"] = (ids - np.arange(len(ids))).astype(np.int64)
+        t2d = np.zeros(V, np.bool_)
+        t2d[ids] = True
+        out["t2d"] = t2d
+    for k_, v_ in out.items():
+        if noise and v_.ndim > 1 and k_ != "fc.weight":
+            out[k_] = (v_ + rng.normal(0.0, noise, v_.shape)).astype(v_.dtype)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     save_file(out, os.path.join(path, "model.safetensors"),
@@ -248,17 +278,20 @@ def make_eagle(target: str, path: str, method: str = "eagle",
 def make_eagle_target(path: str, seed: int = 0) -> str:
     """A tiny Llama that an EAGLE head of `make_eagle` drafts for well: its
     first layer decides its tokens (the second's output projections scaled
-    by 0.01), its embeddings are small (std 0.02) and its first input norm
-    keeps their scale (weight 0.02), so a head without an input norm sees
-    what the target's first layer sees."""
+    by 0.01), and its embedding rows have RMS ``EAGLE_EMBED_RMS`` and its
+    first input norm weight ``EAGLE_INPUT_NORM``, so that norm gives the
+    embeddings back: a head that reads them without a norm sees what the
+    target's first layer sees."""
     import numpy as np
     from safetensors.numpy import load_file, save_file
     make_tiny_model(path, seed=seed)
     file = os.path.join(path, "model.safetensors")
     w = load_file(file)
-    w["model.embed_tokens.weight"] *= 0.25
+    e = w["model.embed_tokens.weight"]
+    w["model.embed_tokens.weight"] = (e * EAGLE_EMBED_RMS / np.sqrt(
+        (e * e).mean(-1, keepdims=True))).astype(e.dtype)
     w["model.layers.0.input_layernorm.weight"] = np.full_like(
-        w["model.layers.0.input_layernorm.weight"], 0.02)
+        w["model.layers.0.input_layernorm.weight"], EAGLE_INPUT_NORM)
     for name in ("self_attn.o_proj", "mlp.down_proj"):
         w[f"model.layers.1.{name}.weight"] *= 0.01
     save_file(w, file, metadata={"format": "pt"})

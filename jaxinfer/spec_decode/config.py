@@ -15,12 +15,12 @@ from typing import Any
 from ..errors import InvalidConfigError, UnsupportedFeatureError
 
 NAME = "speculative_config"
-SERVED_METHODS = ("ngram", "draft_model", "eagle")
+SERVED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 # Methods whose drafts the runner decodes on the device from a checkpoint
 # given as ``model``: a draft model, or an EAGLE head (spec_decode/eagle.py).
-MODEL_METHODS = ("draft_model", "eagle")
+MODEL_METHODS = ("draft_model", "eagle", "eagle3")
 # vLLM's other methods: named so the refusal says "not yet", not "unknown".
-LATER_METHODS = ("eagle3", "medusa", "mlp_speculator",
+LATER_METHODS = ("medusa", "mlp_speculator",
                  "deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "mimo_mtp",
                  "longcat_flash_mtp", "mtp")
 # vLLM's prompt-lookup default when neither bound is given.
@@ -83,8 +83,8 @@ def _method(cfg: dict) -> str:
     if method in LATER_METHODS:
         raise UnsupportedFeatureError(
             f"{NAME}.method={method!r}", f"the {method!r} speculative method "
-            "yet", "use method 'ngram' (prompt lookup), 'draft_model' or "
-            "'eagle'")
+            "yet", "use method 'ngram' (prompt lookup), 'draft_model', "
+            "'eagle' or 'eagle3'")
     if method not in SERVED_METHODS:
         raise InvalidConfigError(
             f"{NAME}.method {method!r} is not a speculative method: use "

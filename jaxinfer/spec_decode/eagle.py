@@ -294,6 +294,11 @@ class EagleDrafter:
     def mirror(self, bucket: Bucket, packed, hidden) -> None:
         """Stores a target step's hidden states and runs the head over its
         pairs (enqueued; nothing is read back)."""
+        # A compiled step program labels its replicated outputs with an
+        # equivalent input's sharding (P('model', None) on the one-device
+        # mesh), which jit's cache tells apart from warm-up's P(): the
+        # same buffer relabelled (no copy), so that one program serves.
+        hidden = jax.device_put(hidden, self.replicated)
         self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
                                      self.constants, packed, hidden)
 

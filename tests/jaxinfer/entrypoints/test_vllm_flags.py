@@ -95,9 +95,9 @@ def test_refused_flags_name_the_missing_feature(argv, feature):
 
 
 def test_unserved_speculative_methods_are_refused_by_name():
-    with pytest.raises(UnsupportedFeatureError, match="'eagle' speculative method"):
+    with pytest.raises(UnsupportedFeatureError, match="'medusa' speculative method"):
         _serve("--speculative-config",
-               '{"method": "eagle", "num_speculative_tokens": 2}')
+               '{"method": "medusa", "num_speculative_tokens": 2}')
     with pytest.raises(InvalidConfigError, match="needs 'method'"):
         _serve("--speculative-config", "{}")
 

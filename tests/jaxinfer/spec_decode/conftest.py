@@ -42,8 +42,10 @@ def eagle_target(tmp_path_factory):
     return make_eagle_target(str(tmp_path_factory.mktemp("eagle-target")))
 
 
-# Noise on each head's layer: more than half of its drafts are rejected.
-EAGLE_NOISE = {"eagle": 0.01}
+# make_eagle's settings per method: noise on EAGLE-1's layer, a draft
+# vocabulary of half the target's for EAGLE-3 (d2t maps it); either way
+# about half of the drafts are rejected.
+EAGLE_HEADS = {"eagle": {"noise": 0.01}, "eagle3": {"draft_vocab": 49152 // 2}}
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +53,7 @@ def eagle_heads(eagle_target, tmp_path_factory):
     """method -> an EAGLE head's folder for `eagle_target`."""
     from tests.tiny_models import make_eagle
     return {m: make_eagle(eagle_target, str(tmp_path_factory.mktemp(m)), m,
-                          noise=noise) for m, noise in EAGLE_NOISE.items()}
+                          **kw) for m, kw in EAGLE_HEADS.items()}
 
 
 @pytest.fixture(scope="session")

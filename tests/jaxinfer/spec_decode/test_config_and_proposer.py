@@ -37,7 +37,10 @@ def test_vllm_keys_are_read():
 @pytest.mark.parametrize("cfg,error,names", [
     ({"method": "eagle", "num_speculative_tokens": 2}, InvalidConfigError,
      "needs 'model'"),
-    ({"method": "eagle3", "num_speculative_tokens": 2}, UnsupportedFeatureError, "eagle3"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, InvalidConfigError,
+     "needs 'model'"),
+    ({"method": "medusa", "model": "m", "num_speculative_tokens": 2},
+     UnsupportedFeatureError, "'medusa' speculative method"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, InvalidConfigError,
      "needs 'model'"),
     ({"method": "draft_model", "model": "d", "num_speculative_tokens": 2,
@@ -164,7 +167,7 @@ def test_a_draft_with_another_vocabulary_is_refused_at_start(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
 def test_draft_model_metrics_count_its_drafts(make_llm, spec_case, method):
     target, config = spec_case(method)
     llm = make_llm(target, speculative_config=config)
@@ -178,7 +181,7 @@ def test_draft_model_metrics_count_its_drafts(make_llm, spec_case, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft_model"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
 def test_warm_up_builds_the_draft_models_programs(make_llm, spec_case,
                                                   method):
     """The draft's (or EAGLE head's) pass over each bucket and its proposal

@@ -6,13 +6,16 @@ against a draft are compared with the exact joint distribution computed
 from HF transformers' logits: a chi-square goodness-of-fit test at
 significance level ALPHA must not reject. The draft is the most likely
 second token, so it is accepted often but not always, and both the
-accepting and the correcting branch are exercised. The same test with an
+accepting and the correcting branch are exercised; the same holds with
+drafts decoded on the device by a draft model or an EAGLE head (EAGLE-1,
+EAGLE-3) for its target. The same test with an
 acceptance rule that accepts every draft (injected into the engine's
 programs) must reject."""
 
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -39,13 +42,14 @@ def _top_k_probs(model, ids: list[int]) -> dict[int, float]:
     return dict(zip(top.indices.tolist(), probs.tolist()))
 
 
-@pytest.fixture(scope="module")
-def exact(tiny_path):
-    """(joint {(t0, t1): p}, the most likely t1 for each t0)."""
+@functools.cache
+def _exact(path: str) -> tuple[dict, dict]:
+    """(joint {(t0, t1): p}, the most likely t1 for each t0) of the model
+    at ``path``."""
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(
-        tiny_path, dtype=torch.float32, local_files_only=True).eval()
+        path, dtype=torch.float32, local_files_only=True).eval()
     joint, best = {}, {}
     for t0, p0 in _top_k_probs(model, PROMPT).items():
         second = _top_k_probs(model, PROMPT + [t0])
@@ -53,6 +57,11 @@ def exact(tiny_path):
         for t1, p1 in second.items():
             joint[(t0, t1)] = p0 * p1
     return joint, best
+
+
+@pytest.fixture(scope="module")
+def exact(tiny_path):
+    return _exact(tiny_path)
 
 
 def _seeded_pairs(engine) -> collections.Counter:
@@ -128,13 +137,18 @@ def test_an_acceptance_rule_that_accepts_every_draft_is_caught(make_llm, exact):
     assert _p_value(pairs, joint) < ALPHA
 
 
-def test_draft_model_samples_follow_the_target_distribution(make_llm, exact,
-                                                            tiny_path):
-    """The target as its own draft model (one draft a step): the draft is
-    the greedy second token, as above, but decoded on the device by the
-    draft's own program and pages."""
-    joint, _ = exact
-    engine = make_llm(speculative_config=draft_config(tiny_path, k=1),
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
+def test_drafted_samples_follow_the_target_distribution(make_llm, tiny_path,
+                                                        spec_case, method):
+    """One draft a step, decoded on the device by the draft's own program
+    and pages: the target as its own draft model (the draft is the greedy
+    second token, as above), or an EAGLE head for its target."""
+    target, config = spec_case(method, k=1)
+    if method == "draft_model":
+        config = draft_config(tiny_path, k=1)
+    joint, _ = _exact(target or tiny_path)
+    assert min(joint.values()) * NUM_DRAWS >= 5
+    engine = make_llm(target, speculative_config=config,
                       max_num_seqs=16, max_num_batched_tokens=128).llm_engine
     pairs = _seeded_pairs(engine)
     stats = engine.get_stats().spec_decode

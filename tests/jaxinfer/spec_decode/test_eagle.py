@@ -45,8 +45,8 @@ def _edited(head: str, tmp_path, tensors=None, config=None) -> str:
     return out
 
 
-def _load(head: str, target_cfg) -> dict:
-    ec = read_eagle_config("eagle", head, target_cfg)
+def _load(head: str, target_cfg, method: str = "eagle") -> dict:
+    ec = read_eagle_config(method, head, target_cfg)
     w = load_file(os.path.join(head, "model.safetensors"))
     got = {}
     read_head_weights(ec, w.get, set(w), head,
@@ -63,6 +63,22 @@ def test_an_eagle1_checkpoint_maps_every_tensor(eagle_heads, target_cfg):
     D = target_cfg.hidden_size
     assert got[("fc",)].shape == (2 * D, D)
     assert ("layer", "self_attn", "q_proj", "kernel") in got
+
+
+def test_an_eagle3_checkpoint_maps_every_tensor(eagle_heads, target_cfg):
+    head = eagle_heads["eagle3"]
+    got = _load(head, target_cfg, "eagle3")
+    names = set(load_file(os.path.join(head, "model.safetensors")))
+    assert "t2d" in names  # present, not needed to draft
+    assert len(got) == len(names) - 1
+    D, V = target_cfg.hidden_size, target_cfg.vocab_size
+    Vd = V // 2  # the test head's draft vocabulary
+    assert got[("fc",)].shape == (3 * D, D)
+    assert got[("lm_head",)].shape == (D, Vd)
+    assert got[("d2t",)].dtype == np.int32 and got[("d2t",)].shape == (Vd,)
+    kernel = got[("layer", "self_attn", "q_proj", "kernel")]
+    assert kernel.shape[0] == 2 * D  # q/k/v read embeddings and features
+    assert ("layer", "hidden_norm", "scale") in got
 
 
 def test_an_unknown_or_missing_tensor_is_an_error(eagle_heads, target_cfg,
@@ -91,22 +107,23 @@ def test_fc_bias_and_own_embeddings_are_read_when_present(eagle_heads,
     assert got[("embedding",)].shape == (V, D)
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_a_head_for_another_target_is_refused(eagle_heads, target_cfg,
-                                              tmp_path):
-    head = eagle_heads["eagle"]
+                                              tmp_path, method):
+    head = eagle_heads[method]
     wide = _edited(head, tmp_path / "a", config={"hidden_size": 128})
     with pytest.raises(InvalidConfigError, match="hidden_size 128"):
-        read_eagle_config("eagle", wide, target_cfg)
+        read_eagle_config(method, wide, target_cfg)
     vocab = _edited(head, tmp_path / "b", config={"vocab_size": 512})
     with pytest.raises(InvalidConfigError, match="vocab_size 512"):
-        read_eagle_config("eagle", vocab, target_cfg)
+        read_eagle_config(method, vocab, target_cfg)
     gemma = dataclasses.replace(target_cfg, architecture="Gemma2ForCausalLM")
     with pytest.raises(UnsupportedFeatureError, match="Gemma2ForCausalLM"):
-        read_eagle_config("eagle", head, gemma)
+        read_eagle_config(method, head, gemma)
     quantized = _edited(head, tmp_path / "c",
                         config={"quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(UnsupportedFeatureError, match="quantized"):
-        read_eagle_config("eagle", quantized, target_cfg)
+        read_eagle_config(method, quantized, target_cfg)
 
 
 def test_a_head_without_safetensors_is_refused(eagle_heads, target_cfg,
@@ -125,6 +142,11 @@ def test_eagle3_aux_layers_default_to_vllms_and_must_exist():
     assert eagle_config("eagle3", hf, set(), 32).taps == (2, 16, 29)
     with pytest.raises(ValueError, match="three layer ids"):
         eagle_config("eagle3", hf, set(), 2)
+    with pytest.raises(ValueError, match="use_aux_hidden_state"):
+        eagle_config("eagle3", dict(hf, eagle_config={
+            "use_aux_hidden_state": False}), set(), 32)
+    with pytest.raises(ValueError, match="target_hidden_size"):
+        eagle_config("eagle3", dict(hf, target_hidden_size=16), set(), 32)
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def _same(a, b) -> None:
                 assert lx[t].logprob == pytest.approx(ly[t].logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "eagle3"])
 @pytest.mark.parametrize("blocks,swap", [(None, None), (14, None), (14, 0.01)],
                          ids=["roomy", "recomputing", "swapping"])
 def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
