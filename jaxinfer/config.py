@@ -293,8 +293,8 @@ class EngineArgs:
     speculative_config: str | dict | None = _arg(
         None, "speculative decoding as JSON with vLLM's keys, e.g. "
         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (ngram "
-        "only; docs/speculative-decoding.md)")
+        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; methods "
+        "ngram, draft_model, eagle and eagle3 (docs/speculative-decoding.md)")
     limit_mm_per_prompt: str | dict[str, int] | None = _arg(
         None, "most images one prompt may carry, as JSON such as "
         "'{\"image\": 2}' (default 999, as vLLM)")
