@@ -1,5 +1,5 @@
-"""Speculative decoding (n-gram lookup and a draft model) against plain
-decoding, one command:
+"""Speculative decoding (n-gram lookup, a draft model, EAGLE-1 and EAGLE-3
+heads) against plain decoding, one command:
 
     export PYTHONPATH=$PWD
     python3 benchmarks/spec_decode_bench.py --out $OUT \\
@@ -32,6 +32,11 @@ step_breakdown.py groups them, busy and idle time) and under cProfile
 (the host's functions by own time, ``host-ENGINE-S.txt``), with the
 trace's host events and GPU kernels on one clock (``events-ENGINE-S.json``).
 
+EAGLE heads (``--methods eagle,eagle3``) with dummy weights: a random
+head of the target's shapes in vLLM's layout (`eagle_folder`). Random
+weights rarely draft what the target says, so their rows time what a
+head's step costs, not what it gains.
+
 Writes ``spec-decode-bench.json``: per method and batch size the output
 tok/s of both engines, the speedup, the acceptance rate and mean accepted
 length (tokens emitted per drafted row: accepted drafts + 1); whether the
@@ -57,6 +62,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 TARGETS = {"batch1_speedup_min": 1.8, "batch64_speedup_min": 1.0}
 CALIBRATION_ROWS, CALIBRATION_TOKENS = 4, 128
+METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+EAGLE3_DRAFT_VOCAB = 32000  # as the published EAGLE-3 heads for Llama 3
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -79,6 +86,64 @@ def draft_folder(ns) -> str:
     cfg["num_hidden_layers"] = ns.draft_layers
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
+    return path
+
+
+def eagle_folder(ns, method: str) -> str:
+    """A random-weight EAGLE head for the target (``method`` "eagle" or
+    "eagle3"), in vLLM's checkpoint layout: the shapes a trained head has,
+    so its steps cost what a trained one's do (its drafts are rarely
+    accepted: random weights). EAGLE-3's draft vocabulary is
+    EAGLE3_DRAFT_VOCAB ids of the target's, at random."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    path = os.path.join(ns.out, f"{method}-head")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(ns.model, "config.json")) as f:
+        cfg = json.load(f)
+    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    N, K = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
+                                               cfg["num_attention_heads"])
+    H = cfg.get("head_dim", D // N)
+    rng = np.random.default_rng(ns.seed)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape, np.float32) * 0.02).astype(
+            np.float16)
+    width = D if method == "eagle" else 2 * D  # q/k/v inputs
+    layer = {"self_attn.q_proj.weight": rand(N * H, width),
+             "self_attn.k_proj.weight": rand(K * H, width),
+             "self_attn.v_proj.weight": rand(K * H, width),
+             "self_attn.o_proj.weight": rand(D, N * H),
+             "mlp.gate_proj.weight": rand(F, D),
+             "mlp.up_proj.weight": rand(F, D),
+             "mlp.down_proj.weight": rand(D, F),
+             "post_attention_layernorm.weight": np.ones(D, np.float16)}
+    n_layers, cfg["num_hidden_layers"] = cfg["num_hidden_layers"], 1
+    if method == "eagle":
+        out = {"layers.0." + k: v for k, v in layer.items()}
+        out["fc.weight"] = rand(D, 2 * D)
+    else:
+        draft_vocab = min(EAGLE3_DRAFT_VOCAB, V)
+        ids = np.sort(rng.choice(V, draft_vocab, replace=False))
+        out = {"midlayer." + k: v for k, v in layer.items()}
+        out.update({"midlayer.input_layernorm.weight": np.ones(D, np.float16),
+                    "midlayer.hidden_norm.weight": np.ones(D, np.float16),
+                    "fc.weight": rand(D, 3 * D),
+                    "norm.weight": np.ones(D, np.float16),
+                    "lm_head.weight": rand(draft_vocab, D),
+                    "d2t": (ids - np.arange(draft_vocab)).astype(np.int64),
+                    "t2d": np.isin(np.arange(V), ids)})
+        L = n_layers
+        # vLLM's default taps (2, L // 2, L - 3), kept inside small targets.
+        cfg.update(architectures=["LlamaForCausalLMEagle3"],
+                   draft_vocab_size=draft_vocab,
+                   eagle_aux_hidden_state_layer_ids=[
+                       min(2, L - 1), L // 2, max(L - 3, 0)])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    save_file(out, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
     return path
 
 
@@ -107,6 +172,11 @@ def child(ns) -> dict:
                 "num_speculative_tokens": ns.num_speculative_tokens,
                 "prompt_lookup_max": ns.prompt_lookup_max,
                 "prompt_lookup_min": ns.prompt_lookup_min}
+    elif ns.child in ("eagle", "eagle3"):
+        spec = {"method": ns.child,
+                "num_speculative_tokens": ns.num_speculative_tokens,
+                "model": (ns.eagle_head if ns.eagle_head is not None
+                          else eagle_folder(ns, ns.child))}
     elif ns.child == "draft_model":
         spec = {"method": "draft_model",
                 "num_speculative_tokens": ns.num_speculative_tokens,
@@ -290,6 +360,7 @@ def run_child(ns, which: str, scale: float | None) -> dict:
     for key in ("model", "load_format", "tokenizer", "dtype", "max_model_len",
                 "output_len", "prompt_len", "seed", "num_speculative_tokens",
                 "prompt_lookup_max", "prompt_lookup_min", "draft_model",
+                "eagle_head",
                 "draft_layers", "agreement"):
         value = getattr(ns, key)
         if value is not None:
@@ -398,6 +469,10 @@ def main() -> int:
     p.add_argument("--draft-model", default=None,
                    help="the draft's folder (real weights); with dummy "
                    "weights the draft is the target's first --draft-layers")
+    p.add_argument("--eagle-head", default=None,
+                   help="the EAGLE head's folder for --methods eagle or "
+                   "eagle3 (real weights); with dummy weights a random "
+                   "head of the target's shapes is written")
     p.add_argument("--draft-layers", type=int, default=1)
     p.add_argument("--agreement", type=float, default=0.7)
     p.add_argument("--agreement-scales", default="0.02,0.05,0.1,0.2,0.3,0.5",
@@ -406,7 +481,7 @@ def main() -> int:
                    help=argparse.SUPPRESS)
     p.add_argument("--engine", action="append", default=[],
                    metavar="KEY=VALUE", help="more engine arguments")
-    p.add_argument("--child", choices=("plain", "ngram", "draft_model"),
+    p.add_argument("--child", choices=("plain",) + METHODS,
                    help=argparse.SUPPRESS)
     ns = p.parse_args()
     os.makedirs(ns.out, exist_ok=True)
@@ -415,6 +490,20 @@ def main() -> int:
         ns.dtype, ns.max_model_len = "float32", 256
         ns.prompt_len, ns.output_len, ns.batch_sizes = 64, 24, [1, 4]
         ns.draft_model = ns.draft_model or ns.model
+    unknown = set(ns.methods) - set(METHODS)
+    if unknown:
+        p.error(f"--methods {sorted(unknown)}: not among {', '.join(METHODS)}")
+    eagle = {"eagle", "eagle3"} & set(ns.methods)
+    if eagle and not ns.child:
+        dummy = ns.load_format == "dummy"
+        if dummy and ns.eagle_head is not None:
+            p.error("--eagle-head with dummy weights: a random head of the "
+                    "target's shapes is written; drop --eagle-head")
+        if not dummy and ns.eagle_head is None:
+            p.error(f"--methods {','.join(sorted(eagle))} with real weights "
+                    "needs --eagle-head (the head's folder)")
+        if len(eagle) > 1 and not dummy:
+            p.error("one --eagle-head serves one of eagle and eagle3")
     if "draft_model" in ns.methods and not ns.child:
         dummy = ns.load_format == "dummy"
         if dummy and ns.draft_model is not None:
