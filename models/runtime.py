@@ -73,21 +73,10 @@ def run_model_hidden(
     pass of ``run_model``, its top-level ``FINAL_NORM`` output captured
     (flax's capture_intermediates), for pooling models. The head's logits
     of the S rows are computed and dropped (S rows: small next to T)."""
-    def final_norm(module: nn.Module, method: str) -> bool:
-        return method == "__call__" and tuple(module.path) == (FINAL_NORM,)
-
-    (_, kv_pages), state = model.apply(
-        {"params": params, "constants": constants}, input_ids, positions,
-        kv_pages, md, logits_indices, capture_intermediates=final_norm,
-        mutable=["intermediates"])
-    captured = state.get("intermediates", {}).get(FINAL_NORM, {})
-    if "__call__" not in captured:
-        from .spec import ModelContractError
-        raise ModelContractError(
-            f"{type(model).__name__} has no top-level submodule named "
-            f"{FINAL_NORM!r} (its final norm), so it cannot serve as a "
-            "pooling model")
-    return captured["__call__"][0], kv_pages
+    _, hidden, kv_pages = run_model_tapped(
+        model, params, constants, kv_pages, input_ids, positions, md,
+        logits_indices, (FINAL_NORM,))
+    return hidden, kv_pages
 
 
 def embed_tokens(model: nn.Module, params: dict[str, Any],
@@ -155,10 +144,12 @@ def run_model_tapped(
     if lora is not None:
         variables[COLLECTION] = lora_collection(*lora)
     capture = final_norm if FINAL_NORM in taps else False
+    # inputs_embeds only when given: not every family's __call__ takes it.
+    extra: dict[str, Any] = ({} if inputs_embeds is None
+                             else {"inputs_embeds": inputs_embeds})
     (logits, kv_pages), state = model.apply(
         variables, input_ids, positions, kv_pages, md, logits_indices,
-        inputs_embeds=inputs_embeds, capture_intermediates=capture,
-        mutable=[INTERMEDIATES])
+        capture_intermediates=capture, mutable=[INTERMEDIATES], **extra)
     sown = state.get(INTERMEDIATES, {})
     rows = []
     for tap in taps:
@@ -168,6 +159,8 @@ def run_model_tapped(
         if got is None:
             raise ModelContractError(
                 f"{type(model).__name__} gives no hidden state at {tap!r} "
-                "(it sows no layer inputs, or has no such layer)")
+                "(no top-level final norm named FINAL_NORM, no sown layer "
+                "inputs, or no such layer), so it cannot serve as a pooling "
+                "model or an EAGLE head's target")
         rows.append(got[0])
     return logits, jnp.concatenate(rows, axis=-1), kv_pages
