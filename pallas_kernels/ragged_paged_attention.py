@@ -204,20 +204,34 @@ def _decode(q_dec, k_pages, v_pages, dec_kv_lens, block_tables, tables,
             sm_scale=sm_scale, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap, tuning=tuning.mosaic_decode,
             interpret=interpret) * scales[1]
-    num_seq_rows, num_kv_heads, group, _ = q_dec.shape
-    rows = max(16, 1 << (group - 1).bit_length())
-    q_dec = jnp.pad(q_dec, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+    return _triton_decode(q_dec, k_pages, v_pages, dec_kv_lens, tables,
+                          scales, page_scales, sm_scale=sm_scale,
+                          sliding_window=sliding_window,
+                          logit_soft_cap=logit_soft_cap, tuning=tuning,
+                          interpret=interpret)
+
+
+def _triton_decode(q_rows, k_pages, v_pages, kv_lens, tables, scales,
+                   page_scales, *, sm_scale, sliding_window, logit_soft_cap,
+                   tuning, interpret, q_lens=None, width=1):
+    """The Triton decode kernel over [S, K, R, H] query rows (padded to a
+    power of two, at least 16, for the tensor cores), split over the KV
+    axis and merged -> [S, K, R, H] f32, v_scale applied. ``width`` > 1:
+    R = width * G rows, token-major, masked causally by ``q_lens``."""
+    num_seq_rows, num_kv_heads, rows, _ = q_rows.shape
+    padded = max(16, 1 << (rows - 1).bit_length())
+    q_rows = jnp.pad(q_rows, ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
     splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
                               tables.shape[1] // tuning.decode_pages_per_block)
-    o_dec, m_dec, l_dec = decode_call(
-        q_dec, k_pages, v_pages, dec_kv_lens, tables, scales, page_scales,
+    o, m, l = decode_call(
+        q_rows, k_pages, v_pages, kv_lens, tables, scales, page_scales,
         sm_scale=sm_scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap,
         pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
-        prefetch=tuning.decode_prefetch,
-        num_warps=tuning.decode_num_warps,
-        num_stages=tuning.decode_num_stages, interpret=interpret)
-    return combine_splits(o_dec, m_dec, l_dec)[:, :, :group] * scales[1]
+        prefetch=tuning.decode_prefetch, num_warps=tuning.decode_num_warps,
+        num_stages=tuning.decode_num_stages, interpret=interpret,
+        q_lens=q_lens, query_tokens=width, group=rows // width)
+    return combine_splits(o, m, l)[:, :, :rows] * scales[1]
 
 
 def _short_queries(q, k_pages, v_pages, kv_lens, q_lens, block_tables, tables,
@@ -239,24 +253,15 @@ def _short_queries(q, k_pages, v_pages, kv_lens, q_lens, block_tables, tables,
     idx = cu_q_lens[:-1, None] + jnp.minimum(
         j[None, :], jnp.maximum(q_lens - 1, 0)[:, None])
     idx = jnp.minimum(idx, num_tokens - 1)
-    rows = width * group
-    padded = max(16, 1 << (rows - 1).bit_length())
     q_rows = q[idx].reshape(num_seq_rows, width, num_kv_heads, group, head_dim)
     q_rows = q_rows.transpose(0, 2, 1, 3, 4).reshape(
-        num_seq_rows, num_kv_heads, rows, head_dim)
-    q_rows = jnp.pad(q_rows, ((0, 0), (0, 0), (0, padded - rows), (0, 0)))
+        num_seq_rows, num_kv_heads, width * group, head_dim)
     seq_kv_lens = jnp.where(live & (q_lens > 0), kv_lens, 0)
-    splits = tuning.kv_splits(num_seq_rows, num_kv_heads,
-                              tables.shape[1] // tuning.decode_pages_per_block)
-    o, m, l = decode_call(
-        q_rows, k_pages, v_pages, seq_kv_lens, tables, scales, page_scales,
-        sm_scale=sm_scale, sliding_window=sliding_window,
-        logit_soft_cap=logit_soft_cap,
-        pages_per_block=tuning.decode_pages_per_block, num_splits=splits,
-        prefetch=tuning.decode_prefetch, num_warps=tuning.decode_num_warps,
-        num_stages=tuning.decode_num_stages, interpret=interpret,
-        q_lens=q_lens, query_tokens=width, group=group)
-    o = combine_splits(o, m, l)[:, :, :rows] * scales[1]
+    o = _triton_decode(q_rows, k_pages, v_pages, seq_kv_lens, tables, scales,
+                       page_scales, sm_scale=sm_scale,
+                       sliding_window=sliding_window,
+                       logit_soft_cap=logit_soft_cap, tuning=tuning,
+                       interpret=interpret, q_lens=q_lens, width=width)
     o = o.reshape(num_seq_rows, num_kv_heads, width, group, head_dim)
     o = o.transpose(0, 2, 1, 3, 4).reshape(num_seq_rows * width, num_q_heads,
                                            head_dim).astype(q.dtype)
