@@ -35,6 +35,8 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -170,7 +172,50 @@ def place_drafts(inject, replicated, proposal: Proposal | None, scheduled,
     return inject(packed, drafts, proposal.tokens, token_index, draft_index)
 
 
-class DraftModel:
+class PagedDrafter:
+    """What a drafter whose pages ride the target's block tables (a draft
+    model, an EAGLE head) shares: swapping its pages with the target's,
+    enqueuing its proposal, placing the drafts into the step's inputs.
+    Subclasses set the attributes below; ``proposal_shift``: where a
+    row's proposal starts against its first input's position."""
+    kv_pages: list | None
+    page_mover: PageMover | None
+    replicated: jax.sharding.Sharding
+    block_size: int
+    params: dict
+    constants: dict
+    _propose: Callable[..., Any]  # jitted: (bucket, params, pages, ...)
+    _inject: Callable[..., Any]  # `inject_drafts` jitted
+    proposal_shift = 0
+
+    def copy_pages(self, out) -> None:
+        """The step's swaps, applied to the drafter's pages as to the
+        target's."""
+        if self.page_mover is None:
+            raise RuntimeError(f"{type(self).__name__}: pages not allocated")
+        self.kv_pages = self.page_mover.apply(self.kv_pages, out)
+
+    def propose(self, scheduled, buckets) -> Proposal | None:
+        """Enqueues the drafting of every drafted row (None: no row drafts
+        this step)."""
+        inputs = proposal_inputs(scheduled, buckets, self.block_size,
+                                 self.proposal_shift)
+        if inputs is None:
+            return None
+        rows, num_drafts, bucket, packed, padded = inputs
+        tokens, self.kv_pages = self._propose(
+            bucket, self.params, self.kv_pages, self.constants, packed,
+            padded)
+        return Proposal(tokens, rows, num_drafts)
+
+    def place_inputs(self, proposal: Proposal | None, scheduled,
+                     packed: np.ndarray, drafts):
+        """`place_drafts` with this drafter's programs."""
+        return place_drafts(self._inject, self.replicated, proposal,
+                            scheduled, packed, drafts)
+
+
+class DraftModel(PagedDrafter):
     """The draft's weights, K/V pool and programs, on the target's device."""
 
     def __init__(self, source: str, *, target_cfg, dtype, kv_dtype,
@@ -201,6 +246,7 @@ class DraftModel:
         self.model = model_class(self.cfg.architecture)(
             self.cfg, backend=backend, dtype=dtype)
         self.placement = Placement(self.model, self.cfg, 1, 1, devices)
+        self.replicated = self.placement.replicated
         self.model = self.model.clone(mesh=self.placement.mesh)
         self.constants = model_constants(self.model, max_model_len)
         self.params = load_weights(files, self.model, self.cfg, dtype,
@@ -231,31 +277,6 @@ class DraftModel:
         self.kv_pages = self.placement.zeros_kv(
             self.cfg.num_layers, num_pages, self.block_size, self.kv_dtype)
         self.page_mover = PageMover(num_pages, num_host_pages)
-
-    def copy_pages(self, out) -> None:
-        """The step's swaps, applied to the draft's pages as to the
-        target's."""
-        if self.page_mover is None:
-            raise RuntimeError("the draft's pages are not allocated")
-        self.kv_pages = self.page_mover.apply(self.kv_pages, out)
-
-    def propose(self, scheduled, buckets) -> Proposal | None:
-        """Enqueues the decoding of every drafted row's drafts (None: no
-        row drafts this step)."""
-        inputs = proposal_inputs(scheduled, buckets, self.block_size)
-        if inputs is None:
-            return None
-        rows, num_drafts, bucket, packed, padded = inputs
-        tokens, self.kv_pages = self._propose(
-            bucket, self.params, self.kv_pages, self.constants, packed,
-            padded)
-        return Proposal(tokens, rows, num_drafts)
-
-    def place_inputs(self, proposal: Proposal | None, scheduled,
-                     packed: np.ndarray, drafts):
-        """`place_drafts` with this model's programs."""
-        return place_drafts(self._inject, self.placement.replicated,
-                            proposal, scheduled, packed, drafts)
 
     def warm_up(self, buckets) -> int:
         """Builds the draft's pass over every bucket a step can land in,

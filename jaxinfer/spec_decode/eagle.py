@@ -53,7 +53,7 @@ from ..worker.packing import pack_step, unpack_step
 from ..worker.page_ops import PageMover
 from ..worker.step_functions import window_step
 from ..worker.warmup import dummy_batch
-from .draft_model import Proposal, inject_drafts, place_drafts, proposal_inputs
+from .draft_model import PagedDrafter, inject_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -168,10 +168,12 @@ def read_eagle_config(method: str, source: str, target_cfg) -> EagleConfig:
     return ec
 
 
-class EagleDrafter:
+class EagleDrafter(PagedDrafter):
     """An EAGLE head's weights, pages and programs, on the target's device
     (the draft-model hooks of the runner: `propose`, `place_inputs`,
-    `mirror`, `allocate`, `copy_pages`, `page_bytes`, `warm_up`)."""
+    `mirror`, `allocate`, `copy_pages`, `page_bytes`, `warm_up`). Its
+    proposal starts one position back: the pair (x_n, h_{n-1})."""
+    proposal_shift = -1
 
     def __init__(self, source: str, ec: EagleConfig, *, target_model,
                  target_params, placement, dtype, kv_dtype, block_size: int,
@@ -266,30 +268,6 @@ class EagleDrafter:
             (zeros((1, num_pages, self.block_size, self.ec.tap_width),
                    jnp.dtype(self.dtype)),)]
         self.page_mover = PageMover(num_pages, num_host_pages)
-
-    def copy_pages(self, out) -> None:
-        """The step's swaps, applied to the head's pages as to the
-        target's."""
-        if self.page_mover is None:
-            raise RuntimeError("the EAGLE head's pages are not allocated")
-        self.kv_pages = self.page_mover.apply(self.kv_pages, out)
-
-    def propose(self, scheduled, buckets) -> Proposal | None:
-        """Enqueues the head's drafting of every drafted row (None: no row
-        drafts this step)."""
-        inputs = proposal_inputs(scheduled, buckets, self.block_size, -1)
-        if inputs is None:
-            return None
-        rows, num_drafts, bucket, packed, padded = inputs
-        tokens, self.kv_pages = self._propose(
-            bucket, self.params, self.kv_pages, self.constants, packed, padded)
-        return Proposal(tokens, rows, num_drafts)
-
-    def place_inputs(self, proposal: Proposal | None, scheduled,
-                     packed: np.ndarray, drafts):
-        """`draft_model.place_drafts` with this head's programs."""
-        return place_drafts(self._inject, self.replicated, proposal,
-                            scheduled, packed, drafts)
 
     def mirror(self, bucket: Bucket, packed, hidden) -> None:
         """Stores a target step's hidden states and runs the head over its
