@@ -18,6 +18,7 @@ import pytest
 from jaxinfer import SamplingParams
 from jaxinfer.worker import build_ahead as ba
 from jaxinfer.worker import step_programs, warmup
+from jaxinfer.worker.buckets import Bucket
 from jaxinfer.worker.build_ahead import BuildAhead
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -36,7 +37,7 @@ def _run(engine, prompt, max_tokens):
 
 def _bucket(runner, pages):
     """The decode-only bucket of one sequence over ``pages`` pages."""
-    return (*runner.programs.buckets.pick(1, 1, pages, True), True)
+    return Bucket(*runner.programs.buckets.pick(1, 1, pages, True), True)
 
 
 def _decode_keys(runner):

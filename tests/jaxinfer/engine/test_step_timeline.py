@@ -38,7 +38,7 @@ def test_timeline_fields_match_the_steps(make_llm, tmp_path):
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == len(dispatched)
     for r, (dims, rows) in zip(records, dispatched):
-        assert (r["T"], r["S"], r["P"], r["decode_only"]) == dims
+        assert (r["T"], r["S"], r["P"], r["decode_only"]) == dims[:4]
         assert r["num_seqs"] == len(rows)
         assert r["decode_tokens"] == sum(1 for q, _ in rows if q == 1)
         assert r["prefill_tokens"] == sum(q for q, _ in rows if q > 1)
