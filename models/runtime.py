@@ -59,26 +59,6 @@ def run_model(
 FINAL_NORM = "norm"
 
 
-def run_model_hidden(
-    model: nn.Module,
-    params: dict[str, Any],
-    constants: dict,
-    kv_pages: list[tuple[jax.Array, ...]],
-    input_ids: jax.Array,  # [T] int32
-    positions: jax.Array,  # [T] int32
-    md: AttentionMetadata,
-    logits_indices: jax.Array,  # [S] int32
-) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:
-    """-> (final-norm hidden states [T, D], updated kv_pages): the forward
-    pass of ``run_model``, its top-level ``FINAL_NORM`` output captured
-    (flax's capture_intermediates), for pooling models. The head's logits
-    of the S rows are computed and dropped (S rows: small next to T)."""
-    _, hidden, kv_pages = run_model_tapped(
-        model, params, constants, kv_pages, input_ids, positions, md,
-        logits_indices, (FINAL_NORM,))
-    return hidden, kv_pages
-
-
 def embed_tokens(model: nn.Module, params: dict[str, Any],
                  input_ids: jax.Array) -> jax.Array:
     """[T] int32 -> [T, D]: the embeddings ``run_model`` would look up."""

@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxinfer.models.runtime import run_model_hidden
+from jaxinfer.models.runtime import FINAL_NORM, run_model_tapped
 
 from ..worker.packing import unpack_step
 from .rows import PooledRows
@@ -28,8 +28,11 @@ def pooled_forward(model, bucket, params, kv_pages, constants, packed,
     """-> ([S, 3, D] float32 per-row (sum, first, last), kv_pages).
     ``last_indices`` [S]: each row's last token (padding rows: 0)."""
     input_ids, positions, md = unpack_step(packed, bucket)
-    hidden, kv_pages = run_model_hidden(model, params, constants, kv_pages,
-                                        input_ids, positions, md, last_indices)
+    # The final norm's output of every token (the head's logits of the S
+    # rows are computed and dropped: S rows are small next to T).
+    _, hidden, kv_pages = run_model_tapped(
+        model, params, constants, kv_pages, input_ids, positions, md,
+        last_indices, (FINAL_NORM,))
     hidden = hidden.astype(jnp.float32)  # [T, D]
     T = hidden.shape[0]
     S = md.cu_q_lens.shape[0] - 1

@@ -214,6 +214,39 @@ class PagedDrafter:
         return place_drafts(self._inject, self.replicated, proposal,
                             scheduled, packed, drafts)
 
+    def mirror(self, bucket: Bucket, packed, hidden) -> None:
+        """Runs the drafter over a target step's inputs (``packed`` as
+        `place_inputs` placed it) and, for a drafter that reads them, the
+        step's hidden states (enqueued; nothing is read back)."""
+        raise NotImplementedError
+
+    def warm_hidden(self, num_tokens: int):
+        """Hidden states of a warm-up step of ``num_tokens`` tokens, placed
+        as a step's come (None: the drafter reads none)."""
+        return None
+
+    def warm_up(self, buckets) -> int:
+        """Builds the drafter's pass over every bucket a step can land in,
+        and its proposal program for every decode-only one, by running
+        each on a batch that writes only the null page. Returns how many
+        programs that was. (Writing the drafts into a step's inputs, a
+        program of a few scatters, builds on first use.)"""
+        built = 0
+        for bucket in buckets.all_shapes():
+            T, S, P, decode_only = bucket[:4]
+            input_ids, positions, md, _ = dummy_batch(T, S, P)
+            packed = pack_step(input_ids, positions, md)
+            self.mirror(bucket, jax.device_put(packed, self.replicated),
+                        self.warm_hidden(T))
+            built += 1
+            if decode_only:
+                _, self.kv_pages = self._propose(
+                    bucket, self.params, self.kv_pages, self.constants,
+                    packed, np.zeros(S, np.int32))
+                built += 1
+        jax.block_until_ready(self.kv_pages)
+        return built
+
 
 class DraftModel(PagedDrafter):
     """The draft's weights, K/V pool and programs, on the target's device."""
@@ -278,31 +311,8 @@ class DraftModel(PagedDrafter):
             self.cfg.num_layers, num_pages, self.block_size, self.kv_dtype)
         self.page_mover = PageMover(num_pages, num_host_pages)
 
-    def warm_up(self, buckets) -> int:
-        """Builds the draft's pass over every bucket a step can land in,
-        and its proposal program for every decode-only one, by running
-        each on a batch that writes only the null page. Returns how many
-        programs that was. (Writing the drafts into a step's inputs, a
-        program of a few scatters, builds on first use.)"""
-        built = 0
-        for bucket in buckets.all_shapes():
-            T, S, P, decode_only = bucket[:4]
-            input_ids, positions, md, _ = dummy_batch(T, S, P)
-            packed = pack_step(input_ids, positions, md)
-            self.mirror(bucket, jax.device_put(packed,
-                                               self.placement.replicated))
-            built += 1
-            if decode_only:
-                _, self.kv_pages = self._propose(
-                    bucket, self.params, self.kv_pages, self.constants,
-                    packed, np.zeros(S, np.int32))
-                built += 1
-        jax.block_until_ready(self.kv_pages)
-        return built
-
-    def mirror(self, bucket: Bucket, packed) -> None:
-        """Runs the draft over a target step's inputs (enqueued; nothing
-        is read back). ``packed``: as `place_inputs` placed it, so that one
-        program serves each bucket."""
+    def mirror(self, bucket: Bucket, packed, hidden=None) -> None:
+        """The draft's pass over a target step's tokens (a draft model
+        reads tokens only: ``hidden`` is None)."""
         self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
                                      self.constants, packed)

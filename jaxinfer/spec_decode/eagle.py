@@ -49,10 +49,9 @@ from jaxinfer.pallas_kernels import kv_pages_shape
 from ..errors import InvalidConfigError, UnsupportedFeatureError
 from ..worker.buckets import Bucket
 from ..worker.kv_dtype import has_page_scales, page_bytes
-from ..worker.packing import pack_step, unpack_step
+from ..worker.packing import unpack_step
 from ..worker.page_ops import PageMover
 from ..worker.step_functions import window_step
-from ..worker.warmup import dummy_batch
 from .draft_model import PagedDrafter, inject_drafts
 
 logger = logging.getLogger(__name__)
@@ -280,25 +279,7 @@ class EagleDrafter(PagedDrafter):
         self.kv_pages = self._mirror(bucket, self.params, self.kv_pages,
                                      self.constants, packed, hidden)
 
-    def warm_up(self, buckets) -> int:
-        """Builds the head's pass over every bucket and its proposal for
-        every decode-only one, on batches that write only the null page.
-        Returns how many programs that was."""
-        built = 0
-        for bucket in buckets.all_shapes():
-            T, S, P, decode_only = bucket[:4]
-            input_ids, positions, md, _ = dummy_batch(T, S, P)
-            packed = pack_step(input_ids, positions, md)
-            hidden = jax.device_put(
-                np.zeros((T, self.ec.tap_width), jnp.dtype(self.dtype)),
-                self.replicated)
-            self.mirror(bucket, jax.device_put(packed, self.replicated),
-                        hidden)
-            built += 1
-            if decode_only:
-                _, self.kv_pages = self._propose(
-                    bucket, self.params, self.kv_pages, self.constants,
-                    packed, np.zeros(S, np.int32))
-                built += 1
-        jax.block_until_ready(self.kv_pages)
-        return built
+    def warm_hidden(self, num_tokens: int):
+        return jax.device_put(
+            np.zeros((num_tokens, self.ec.tap_width), jnp.dtype(self.dtype)),
+            self.replicated)

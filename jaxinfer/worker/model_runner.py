@@ -370,10 +370,8 @@ class ModelRunner:
         inputs.fill_token_masks = fill_token_masks
         outputs = self.run_programs(inputs, self._take_penalty_state(inputs))
         self._keep(outputs)
-        if isinstance(self.draft, EagleDrafter):  # the step's hidden states
+        if self.draft is not None:  # its pages take the step's tokens too
             self.draft.mirror(inputs.bucket, inputs.packed, outputs.hidden)
-        elif self.draft is not None:  # its pages take the step's tokens too
-            self.draft.mirror(inputs.bucket, inputs.packed)
         launched = time.perf_counter()
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}

@@ -215,11 +215,10 @@ class StepPrograms:
     def bucket(self, out: SchedulerOutput) -> Bucket:
         """The bucket a scheduled step is padded to."""
         sched = out.scheduled
-        return self.buckets.bucket(sum(len(s.token_ids) for s in sched),
-                                   len(sched),
+        lens = [len(s.token_ids) for s in sched]
+        return self.buckets.bucket(sum(lens), len(sched),
                                    max(len(s.block_table) for s in sched),
-                                   all(s.sample for s in sched),
-                                   max(len(s.token_ids) for s in sched))
+                                   all(s.sample for s in sched), max(lens))
 
     def will_build(self, out: SchedulerOutput) -> bool:
         """Whether running ``out`` would first build its bucket's model
