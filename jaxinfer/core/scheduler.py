@@ -96,6 +96,16 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(len(self.waiting) or self.running)
 
+    def running_fit(self, num_tokens: int) -> bool:
+        """Whether every running request can take the pages of
+        ``num_tokens`` more tokens at once (so a step scheduled now
+        preempts nobody)."""
+        kv, B = self.kv, self.kv.block_size
+        needed = sum(max(0, -(-(r.num_computed_tokens + num_tokens) // B)
+                         - len(kv.block_table(r.request_id)))
+                     for r in self.running)
+        return needed <= kv.pool.num_free
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -325,18 +335,25 @@ class Scheduler:
                 raise RuntimeError("images planned without an encoder cache")
             out.encoder_inputs.extend(self.encoder.commit(req, images))
 
-    def reject_drafts(self, output: SchedulerOutput) -> None:
-        """After a speculative step's tokens are appended: each live row's
+    def reject_drafts(self, output: SchedulerOutput,
+                      emitted: dict[str, int]) -> None:
+        """After a speculative step's tokens are appended (``emitted``: each
+        row's count, its accepted drafts and one more): each live row's
         rejected drafts are no longer computed, and its pages past what
-        was accepted go back to the pool."""
+        was accepted go back to the pool. A step scheduled after this one
+        (host/device overlap) counted them as accepted; it is corrected on
+        the device (spec_decode/overlap.py) and keeps its own."""
         for sr in output.scheduled:
             req = self.requests.get(sr.request_id)
             if not sr.num_draft_tokens or req is None or req.is_finished:
                 continue
-            rejected = req.num_pending_tokens
-            req.num_pending_tokens = 0
+            rejected = sr.num_draft_tokens + 1 - emitted[sr.request_id]
+            req.num_pending_tokens -= rejected
+            if req.status == RequestStatus.PREEMPTED:
+                continue  # recomputed from its known tokens
             req.num_computed_tokens -= rejected
-            self.kv.trim(req)
+            if req.status == RequestStatus.RUNNING:
+                self.kv.trim(req)
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:

@@ -6,8 +6,8 @@ the runner once the step's pages are allocated
 (`spec_decode/draft_model.py`): here each drafted row gets placeholders,
 which the runner overwrites before the step is laid out.
 
-A request is drafted for when its next step is a plain decode (every
-token known, its last one not yet computed) and nothing it samples under
+A request is drafted for when its next step is a plain decode (its last
+token not yet computed; for n-gram lookup, every token known) and nothing it samples under
 depends on the tokens before it on the host: penalties, bad words and
 min_tokens count every sampled token when the step is laid out, so such
 requests decode one token per step. Drafts never run past ``max_tokens``
@@ -31,11 +31,14 @@ class Speculation:
     def __init__(self, config: SpeculativeConfig):
         self.config = config
 
-    @staticmethod
-    def eligible(req: Request) -> bool:
+    def eligible(self, req: Request) -> bool:
+        # A drafter on the device drafts from a pending token too (the step
+        # before still in flight: spec_decode/overlap.py); n-gram lookup
+        # needs every token on the host.
+        if req.num_pending_tokens and not self.config.uses_draft_model:
+            return False
         return (req.status == RequestStatus.RUNNING
-                and req.num_pending_tokens == 0
-                and req.num_computed_tokens + 1 == req.num_tokens
+                and req.num_computed_tokens + 1 == req.num_tokens_with_pending
                 and req.pooling_params is None and req.grammar is None
                 and not req.needs_known_tokens)
 
@@ -43,8 +46,10 @@ class Speculation:
         k = self.config.num_speculative_tokens
         if req.max_tokens is None:
             return k
-        # The step emits up to d + 1 tokens.
-        return max(0, min(k, req.max_tokens - len(req.output_token_ids) - 1))
+        # The step emits up to d + 1 tokens, after the pending ones (all of
+        # a step in flight's drafts counted as accepted).
+        return max(0, min(k, req.max_tokens - len(req.output_token_ids)
+                          - req.num_pending_tokens - 1))
 
     def propose(self, running: Iterable[Request]) -> dict[str, list[int]]:
         """request id -> its draft tokens (requests without any left out)."""

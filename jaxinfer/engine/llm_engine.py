@@ -330,11 +330,22 @@ class LLMEngine:
         """Whether the next step may be scheduled before the last one's
         tokens are read: not when a request's inputs depend on every token
         (Request.needs_known_tokens)."""
-        if not self.args.async_scheduling or self.speculative is not None:
-            # Speculation drafts from every known token, and how many a step
-            # emits is known only when it is read.
+        if not self.args.async_scheduling:
+            return False
+        if self.speculative is not None and not self._speculation_overlaps():
             return False
         return not any(r.needs_known_tokens for r in self.scheduler.running)
+
+    def _speculation_overlaps(self) -> bool:
+        """Whether a speculative engine may schedule ahead: its drafter
+        proposes on the device (n-gram lookup reads every token on the
+        host), and every running request has the pages for a whole
+        verifying step past the one in flight, so that scheduling ahead
+        preempts nobody (a step in flight counts all its drafts as
+        accepted: spec_decode/overlap.py)."""
+        spec = self.speculative
+        return (spec is not None and spec.uses_draft_model
+                and self.scheduler.running_fit(spec.num_speculative_tokens + 1))
 
     def _schedule(self) -> tuple[SchedulerOutput, int]:
         """The next step, and how many requests its scheduling preempted."""
@@ -465,11 +476,15 @@ class LLMEngine:
                 prompt_logprobs=runner_out.prompt_logprobs if i == 0 else {})
             for req in self._take_tokens(sched_out, step.sampled, step):
                 seen[req.request_id] = req
-        self.scheduler.reject_drafts(sched_out)
+        self.scheduler.reject_drafts(
+            sched_out, {rid: len(toks) for rid, toks in verified.items()})
         if self.spec_stats is not None:
             for sr in sched_out.scheduled:
                 toks = verified.get(sr.request_id)
-                if sr.num_draft_tokens and toks is not None:
+                # Rows of requests that ended before this step was read
+                # (a step laid out ahead) emitted nothing.
+                if (sr.num_draft_tokens and toks is not None
+                        and sr.request_id in seen):
                     self.spec_stats.record(sr.num_draft_tokens, len(toks) - 1)
         return list(seen.values())
 

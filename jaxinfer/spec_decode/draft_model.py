@@ -122,26 +122,30 @@ class Proposal:
 @dataclasses.dataclass
 class _Row:
     """A drafted row's proposal input, in `lay_out_step`'s terms."""
+    request_id: str
     token_ids: list[int]
     start_pos: int
     block_table: list[int]
     sample: bool = True
 
 
-def proposal_inputs(scheduled, buckets, block_size: int, shift: int = 0):
+def proposal_inputs(scheduled, buckets, block_size: int, shift: int = 0,
+                    prev_rows: dict[str, int] | None = None):
     """The decode-only step a proposal runs: each drafted row's first input
-    token at its start position + ``shift``. None when no row drafts; else
-    (rows: their step rows, num_drafts per row, bucket, packed inputs,
-    num_drafts padded to the bucket's S)."""
+    token at its start position + ``shift`` (a pending token: its row in
+    the step before, ``prev_rows``, read on the device). None when no row
+    drafts; else (rows: their step rows, num_drafts per row, bucket, packed
+    inputs, num_drafts padded to the bucket's S)."""
     rows = [i for i, s in enumerate(scheduled) if s.num_draft_tokens]
     if not rows:
         return None
-    inputs = [_Row([scheduled[i].token_ids[0]], scheduled[i].start_pos + shift,
-                   scheduled[i].block_table) for i in rows]
+    inputs = [_Row(scheduled[i].request_id, [scheduled[i].token_ids[0]],
+                   scheduled[i].start_pos + shift, scheduled[i].block_table)
+              for i in rows]
     bucket = buckets.bucket(len(inputs), len(inputs),
                             max(len(r.block_table) for r in inputs))
     input_ids, positions, md, _ = lay_out_step(inputs, bucket[:3], block_size,
-                                               {}, True)
+                                               prev_rows or {}, True)
     num_drafts = [scheduled[i].num_draft_tokens for i in rows]
     padded = np.zeros(bucket.seqs, np.int32)
     padded[:len(rows)] = num_drafts
@@ -195,14 +199,22 @@ class PagedDrafter:
             raise RuntimeError(f"{type(self).__name__}: pages not allocated")
         self.kv_pages = self.page_mover.apply(self.kv_pages, out)
 
-    def propose(self, scheduled, buckets) -> Proposal | None:
+    def propose(self, scheduled, buckets, prev_rows: dict[str, int],
+                correct: Callable[..., Any] | None = None
+                ) -> Proposal | None:
         """Enqueues the drafting of every drafted row (None: no row drafts
-        this step)."""
+        this step). ``correct(rows, bucket, packed)``: the layout's
+        correction on the device, when the step before is in flight
+        (overlap.py)."""
         inputs = proposal_inputs(scheduled, buckets, self.block_size,
-                                 self.proposal_shift)
+                                 self.proposal_shift, prev_rows)
         if inputs is None:
             return None
         rows, num_drafts, bucket, packed, padded = inputs
+        if correct is not None:
+            packed = correct(rows, bucket, packed)
+        else:  # placed as the correction places it: one program serves
+            packed = jax.device_put(packed, self.replicated)
         tokens, self.kv_pages = self._propose(
             bucket, self.params, self.kv_pages, self.constants, packed,
             padded)
@@ -242,7 +254,8 @@ class PagedDrafter:
             if decode_only:
                 _, self.kv_pages = self._propose(
                     bucket, self.params, self.kv_pages, self.constants,
-                    packed, np.zeros(S, np.int32))
+                    jax.device_put(packed, self.replicated),
+                    np.zeros(S, np.int32))
                 built += 1
         jax.block_until_ready(self.kv_pages)
         return built
@@ -289,11 +302,15 @@ class DraftModel(PagedDrafter):
                     time.perf_counter() - t0)
         self.kv_pages = None  # allocate() once the pool's size is known
         self.page_mover: PageMover | None = None
+        # Outputs placed as the pages are allocated, so that every call of
+        # a bucket, whatever placed its inputs, shares one program.
         self._propose = jax.jit(
             functools.partial(propose_greedy, self.model, block_size, self.k),
-            static_argnums=(0,), donate_argnums=(2,))
+            static_argnums=(0,), donate_argnums=(2,),
+            out_shardings=self.replicated)
         self._mirror = jax.jit(functools.partial(mirror_step, self.model),
-                               static_argnums=(0,), donate_argnums=(2,))
+                               static_argnums=(0,), donate_argnums=(2,),
+                               out_shardings=self.replicated)
         # Placed as the step programs take their inputs.
         self._inject = jax.jit(inject_drafts, out_shardings=(
             self.placement.replicated, self.placement.replicated))
@@ -307,8 +324,11 @@ class DraftModel(PagedDrafter):
 
     def allocate(self, num_pages: int, num_host_pages: int) -> None:
         """The draft's K/V pool: as many pages as the target's."""
-        self.kv_pages = self.placement.zeros_kv(
-            self.cfg.num_layers, num_pages, self.block_size, self.kv_dtype)
+        # One device: its K/V heads' sharding is replication, labelled as
+        # the programs place their outputs.
+        self.kv_pages = jax.device_put(self.placement.zeros_kv(
+            self.cfg.num_layers, num_pages, self.block_size, self.kv_dtype),
+            self.replicated)
         self.page_mover = PageMover(num_pages, num_host_pages)
 
     def mirror(self, bucket: Bucket, packed, hidden=None) -> None:

@@ -55,7 +55,9 @@ def accept_matching(drafts: jax.Array, targets: jax.Array,
 @dataclasses.dataclass(frozen=True)
 class VerifiedOutput:
     token_ids: jax.Array  # [S, k + 1]: row i emits its first num_accepted[i] + 1
-    num_accepted: jax.Array  # [S] drafts accepted per row
+    # Drafts accepted per row, padded with zeros to max_num_seqs rows (the
+    # next step, laid out ahead, reads it: overlap.py)
+    num_accepted: jax.Array
     logprobs: LogprobArrays | None  # rows [S * (k + 1)], when asked for
 
 
@@ -84,13 +86,19 @@ def expand_rows(smd: SamplingMetadata, width: int) -> SamplingMetadata:
 
 
 def verify_step(accept_rule: AcceptRule, num_logprobs, logits, penalty_state,
-                prev_tokens, smd: SamplingMetadata, drafts, num_drafts):
+                prev_tokens, smd: SamplingMetadata, drafts, num_drafts,
+                shift):
     """The sampler of a speculative engine: ``logits`` [S * (k + 1), V]
     (row i's scored positions in order), ``drafts`` [S, k] (padding
-    anything), ``num_drafts`` [S]. Returns (VerifiedOutput, penalty_state,
-    each row's last emitted token padded to prev_tokens' length)."""
+    anything), ``num_drafts`` [S], ``shift`` [S] the drafts the step before
+    rejected of a row laid out before they were known (overlap.py: its
+    output index is that much lower). Returns (VerifiedOutput,
+    penalty_state, each row's last emitted token padded to prev_tokens'
+    length)."""
     S, k = drafts.shape
     width = k + 1
+    if smd.positions is not None:
+        smd = dataclasses.replace(smd, positions=smd.positions - shift)
     if smd.penalties is not None:
         penalty_state = update_penalty_state(penalty_state, smd.penalties)
     out = sample(logits, expand_rows(smd, width), penalty_state, num_logprobs)
@@ -103,5 +111,6 @@ def verify_step(accept_rule: AcceptRule, num_logprobs, logits, penalty_state,
                         padded, targets)
     last = jnp.take_along_axis(emitted, accepted[:, None], axis=1)[:, 0]
     next_tokens = jnp.zeros_like(prev_tokens).at[:S].set(last)
-    return (VerifiedOutput(emitted, accepted.astype(jnp.int32), out.logprobs),
+    accepted = jnp.zeros_like(prev_tokens).at[:S].set(accepted)
+    return (VerifiedOutput(emitted, accepted, out.logprobs),
             penalty_state, next_tokens)

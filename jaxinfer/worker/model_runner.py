@@ -11,6 +11,7 @@ about compiling) with the page pool donated (updated in place).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from ..pooling.step import PooledSteps
 from ..spec_decode.draft_model import DraftModel
 from ..spec_decode.eagle import EagleDrafter, read_eagle_config
 from ..spec_decode.layout import spec_rows
+from ..spec_decode.overlap import RowSources, jit_shift_layout, row_sources
 from .buckets import Bucket
 from .encoder_runner import EncoderRunner
 from .kv_dtype import kv_page_dtype, page_bytes
@@ -47,6 +49,7 @@ from .sampling_inputs import PromptLogprobPlan, SamplingInputs
 from .step_functions import window_stop_ids
 from .step_layout import lay_out_step
 from .step_programs import DeviceState, StepInputs, StepOutputs, StepPrograms
+from .warmup import dummy_batch
 from .weights import load_weights
 
 logger = logging.getLogger(__name__)
@@ -167,6 +170,13 @@ class ModelRunner:
         # Each sampling request's row in the last step (its token there is
         # read on the device: step_layout.py).
         self.prev_rows: dict[str, int] = {}
+        # A verifying step's drafts per request and its accepted counts
+        # (device, [max_num_seqs]): the next step, laid out before they
+        # are read, is corrected by them (spec_decode/overlap.py).
+        self.prev_drafts: dict[str, int] = {}
+        self.prev_accepted = self.prev_tokens
+        self._shift_layout = (None if self.draft is None else jit_shift_layout(
+            self.block_size, self.placement.replicated))
         # What the runner knows of each request in the batch: sent once by
         # the scheduler when it joins (SchedulerOutput.new_requests).
         self.requests: dict[str, NewRequestData] = {}
@@ -213,12 +223,24 @@ class ModelRunner:
             n_copy += 1
         if self.draft is not None:  # its pass and proposal per bucket
             n_copy += self.draft.warm_up(self.programs.buckets)
+            n_copy += self._warm_shift_layout()
         jax.block_until_ready(self.kv_pages)
         seconds = time.perf_counter() - t0
         logger.info("warm-up built %d copy, encoder, adapter and draft "
                     "programs; %.1fs in all",
                     n_copy, seconds)
         return compiled + loaded + n_copy, seconds
+
+    def _warm_shift_layout(self) -> int:
+        """Builds the layout correction of every bucket (a step's or a
+        proposal's). Returns how many programs that was."""
+        shapes = self.programs.buckets.all_shapes()
+        for bucket in shapes:
+            T, S, P = bucket[:3]
+            packed = pack_step(*dummy_batch(T, S, P)[:3])
+            none = RowSources(np.zeros(S, np.int32), np.zeros(S, np.int32))
+            self.shift_layout(bucket, packed, none)
+        return len(shapes)
 
     def _encoder_runner(self) -> EncoderRunner | None:
         image = self.cfg.image_input
@@ -290,9 +312,22 @@ class ModelRunner:
             if self.draft is not None:
                 self.draft.copy_pages(out)
 
-    def _step_inputs(self, out: SchedulerOutput):
+    def shift_layout(self, bucket: Bucket, packed, sources: RowSources):
+        """A layout made before the step before was read, corrected on the
+        device by that step's accepted drafts (spec_decode/overlap.py).
+        Returns (packed, shift [S]) on the device."""
+        if self._shift_layout is None:
+            raise RuntimeError("a step laid out ahead of a verifying step "
+                               "without a drafter on the device")
+        row, drafts = sources.padded(bucket[1])
+        return self._shift_layout(bucket, packed, self.prev_accepted, row,
+                                  drafts, self.prev_tokens)
+
+    def _step_inputs(self, out: SchedulerOutput,
+                     sources: RowSources | None = None):
         """The step as `StepInputs`, with each row's wish for logprobs and
-        the prompt-logprob plan (for `collect`)."""
+        the prompt-logprob plan (for `collect`). ``sources``: the rows'
+        corrections when the step before is still in flight."""
         wants_lp = [s.sample and self.requests[s.request_id]
                     .sampling_params.logprobs is not None for s in out.scheduled]
         input_ids, positions, md, logits_idx, smd = self.prepare(out, wants_lp)
@@ -310,10 +345,13 @@ class ModelRunner:
         targets = None
         S, P = md.block_tables.shape
         drafts = num_drafts = None
+        shift = np.zeros(S, np.int32)
         k = self.programs.num_speculative_tokens
         # k + 1 scored rows per sequence, and its drafts; a decode-only step
-        # in which no row drafts runs as a plain step (StepPrograms.run).
-        if k and (not md.decode_only
+        # in which no row drafts runs as a plain step (StepPrograms.run),
+        # unless its rows are corrected on the device (their output index
+        # with them, which the verifying sampler takes).
+        if k and (not md.decode_only or sources is not None
                   or any(s.num_draft_tokens for s in out.scheduled)):
             logits_idx, drafts, num_drafts = spec_rows(out.scheduled, S, k,
                                                        md.cu_q_lens)
@@ -329,10 +367,13 @@ class ModelRunner:
                                                len(input_ids))
             if lora_slots is not None:
                 lora_pool = self.lora.pool.arrays
+        packed = pack_step(input_ids, positions, md, lora_slots)
+        if sources is not None:
+            packed, shift = self.shift_layout(bucket, packed, sources)
         inputs = StepInputs(
-            bucket, pack_step(input_ids, positions, md, lora_slots), smd,
+            bucket, packed, smd,
             logits_idx, num_lp, targets, encoder, lora_pool, out.num_steps,
-            drafts=drafts, num_drafts=num_drafts,
+            drafts=drafts, num_drafts=num_drafts, shift=shift,
             count_chunks=self.sampling_inputs.take_count_chunks())
         if out.num_steps > 1:
             if (num_lp is not None or smd.penalties is not None
@@ -361,9 +402,15 @@ class ModelRunner:
         self.programs.build_ahead.drop_missed_first(out)
         t0 = time.perf_counter()
         draft = self.draft
-        proposal = (None if draft is None else
-                    draft.propose(out.scheduled, self.programs.buckets))
-        inputs, wants_lp, plan = self._step_inputs(out)
+        # Rows whose first input is the step before's pending token: laid
+        # out as if it accepted all its drafts, corrected on the device.
+        sources = (None if draft is None else row_sources(
+            out.scheduled, self.prev_rows, self.prev_drafts))
+        proposal = (None if draft is None else draft.propose(
+            out.scheduled, self.programs.buckets, self.prev_rows,
+            None if sources is None else functools.partial(
+                self._shift_rows, sources)))
+        inputs, wants_lp, plan = self._step_inputs(out, sources)
         if draft is not None:  # one transfer for both models; drafts in
             inputs.packed, inputs.drafts = draft.place_inputs(
                 proposal, out.scheduled, inputs.packed, inputs.drafts)
@@ -375,6 +422,11 @@ class ModelRunner:
         launched = time.perf_counter()
         self.prev_rows = {s.request_id: i for i, s in enumerate(out.scheduled)
                           if s.sample}
+        self.prev_drafts = {}
+        if inputs.drafts is not None:
+            self.prev_accepted = outputs.sampled.num_accepted
+            self.prev_drafts = {s.request_id: s.num_draft_tokens
+                                for s in out.scheduled if s.num_draft_tokens}
         # The decode buckets after this step build in the background while
         # it runs, when not built yet (build_ahead.py).
         self.programs.build_ahead.request(out, self.device_state(),
@@ -382,6 +434,12 @@ class ModelRunner:
         return InFlightStep(out, wants_lp, outputs.sampled,
                             outputs.prompt_logprobs, plan, t0, launched,
                             dims=inputs.bucket)
+
+    def _shift_rows(self, sources: RowSources, rows: list[int],
+                    bucket: Bucket, packed):
+        """A proposal's layout (``rows``: their step rows) corrected as
+        its step's."""
+        return self.shift_layout(bucket, packed, sources.take(rows))[0]
 
     def _dispatch_pooled(self, out: SchedulerOutput) -> InFlightStep:
         """A pooling engine's step: the forward pass reduced per row

@@ -31,6 +31,15 @@ def _layout(dims: tuple[int, int, int]):
     return tuple(spans), at
 
 
+FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "kv_lens",
+          "cu_q_lens", "num_seqs")
+
+
+def field_spans(dims: tuple[int, int, int]) -> dict[str, tuple[int, int]]:
+    """Each field's (offset, size) in the buffer of bucket (T, S, P)."""
+    return dict(zip(FIELDS, _layout(dims)[0]))
+
+
 def pack_step(input_ids, positions, md: AttentionMetadata,
               lora_slots=None) -> np.ndarray:
     """[T], [T], metadata of bucket (T, S, P) -> one flat int32 buffer.

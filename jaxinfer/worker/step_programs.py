@@ -103,6 +103,9 @@ class StepInputs:
     # Speculative steps: [S, k] each row's drafts and [S] how many are real.
     drafts: Any = None
     num_drafts: Any = None
+    # [S] each row's drafts rejected by the step before, when this step was
+    # laid out before they were known (spec_decode/overlap.py); else zeros
+    shift: Any = None
     # Penalty counting before the sampler (sampling_inputs.CountChunk).
     count_chunks: list = dataclasses.field(default_factory=list)
     # Writes the constrained rows' masks into sampling.token_bitmask (host
@@ -366,7 +369,7 @@ class StepPrograms:
                                 inputs.sampling)
         program = self.sample_program
         if verifying:
-            args += (inputs.drafts, inputs.num_drafts)
+            args += (inputs.drafts, inputs.num_drafts, inputs.shift)
             program = self.verify_program
         sampled, penalty_state, next_tokens = self._call(
             program, self.sample_key(inputs.num_logprobs, args),

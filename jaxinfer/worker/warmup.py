@@ -165,7 +165,8 @@ def sample_build(programs: StepPrograms, S: int, sp: SamplingParams,
         penalty_state_struct(programs) if full else None, prev_tokens, md)
     program = programs.sample_program
     if k:  # the verifying sampler, with each row's drafts
-        args += (np.zeros((S, k), np.int32), np.zeros(S, np.int32))
+        args += (np.zeros((S, k), np.int32), np.zeros(S, np.int32),
+                 np.zeros(S, np.int32))
         program = programs.verify_program
     return programs.sample_key(num_lp, args), ProgramBuild(
         program, (num_lp,), args)

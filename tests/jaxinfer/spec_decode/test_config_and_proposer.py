@@ -184,9 +184,9 @@ def test_draft_model_metrics_count_its_drafts(make_llm, spec_case, method):
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
 def test_warm_up_builds_the_draft_models_programs(make_llm, spec_case,
                                                   method):
-    """The draft's (or EAGLE head's) pass over each bucket and its proposal
-    per decode-only bucket are built at warm-up: serving drafted steps
-    builds none."""
+    """The draft's (or EAGLE head's) pass over each bucket, its proposal
+    per decode-only bucket and the layout correction of steps laid out
+    ahead are built at warm-up: serving drafted steps builds none."""
     target, config = spec_case(method, k=2)
     # Small limits: few buckets to build.
     llm = make_llm(target, warmup=True, max_num_seqs=4,
@@ -197,9 +197,11 @@ def test_warm_up_builds_the_draft_models_programs(make_llm, spec_case,
     shapes = runner.programs.buckets.all_shapes()
 
     def built():
-        return draft._mirror._cache_size(), draft._propose._cache_size()
+        return (draft._mirror._cache_size(), draft._propose._cache_size(),
+                runner._shift_layout._cache_size())
     before = built()
-    assert before == (len(shapes), sum(b.decode_only for b in shapes))
+    assert before == (len(shapes), sum(b.decode_only for b in shapes),
+                      len(shapes))
     llm.generate([{"prompt_token_ids": [7, 8, 9] * 6},
                   {"prompt_token_ids": list(range(40, 90))}],
                  SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from jaxinfer import SamplingParams
-from jaxinfer.core.speculation import Speculation
 
 from .conftest import draft_config
 
@@ -90,7 +89,7 @@ def _draw_pairs(engine, best: dict[int, int]
     def propose(running):
         return {r.request_id: [best.get(r.output_token_ids[0], 0)]
                 for r in running
-                if Speculation.eligible(r) and len(r.output_token_ids) == 1}
+                if spec.eligible(r) and len(r.output_token_ids) == 1}
     spec.propose = propose
     pairs = _seeded_pairs(engine)
     stats = engine.get_stats().spec_decode
