@@ -6,25 +6,45 @@ heads) against plain decoding, one command:
         --model benchmarks/models/llama3-8b --load-format dummy --tokenizer .tok
     python3 benchmarks/spec_decode_bench.py --tiny --out /tmp/sd   # CPU check
 
-Workload: greedy requests whose prompts repeat a random run of tokens
-(which favours n-gram lookup), ``--output-len`` tokens each (ignore_eos),
+Workloads: greedy requests, ``--output-len`` tokens each (ignore_eos),
 at each batch size of ``--batch-sizes`` (all requests added at once).
 Each engine runs in its own child process (two 8B engines do not share
-one GPU): plain decoding, then one per method of ``--methods``. Each batch
-runs twice in its engine and the second run is timed (the first builds
-the step programs it lands in; the prefix cache is emptied between them,
-so both compute the same steps).
+one GPU): one plain engine per workload, then one per method of
+``--methods``. Each batch runs twice in its engine and the second run is
+timed (the first builds the step programs it lands in; the prefix cache
+is emptied between them, so both compute the same steps). Each method is
+compared with the plain engine of its own workload (same target weights,
+same prompts).
 
-The draft model (random weights): the target's first ``--draft-layers``
-layers, embeddings and head (``dummy.py`` draws each param from its name,
-so a config with fewer layers shares them). A random model's layers each
-add about as much to the residual stream, so such a draft would rarely
-agree; the target's later layers therefore have their output projections
-(o_proj, down_proj) scaled by a factor, the same in every engine (the
-target's speed does not depend on its weights' values). The draft's child
-runs first and picks the factor, from ``--agreement-scales``, whose
-acceptance rate (4 rows of 128 tokens, other prompts than the timed ones)
-is nearest ``--agreement`` (default 0.7).
+draft_model, eagle, eagle3: prompts that repeat a random run of 16-64
+tokens. With random weights the target is shaped (`shape_target`, as
+tests/tiny_models.py's make_eagle_target): embedding rows of RMS 0.02
+and a first input norm that gives them back, and lm_head columns of the
+ids outside a 32000-id draft vocabulary halved; its later layers have
+their output projections (o_proj, down_proj) scaled by a factor, the
+same in every engine of the workload (the target's speed does not
+depend on its weights' values), so its first layer decides most of its
+tokens. The draft model is the target's first ``--draft-layers``
+layers, embeddings and head (``dummy.py`` draws each param from its
+name, so a config with fewer layers shares them). The EAGLE heads
+compute the target's first layer at the next token (`eagle_folder`:
+make_eagle's construction from the target's drawn weights, fetched to
+the host once, written in vLLM's layout and loaded through
+speculative_config; EAGLE-1 has a trained head's shapes, EAGLE-3 twice
+the attention heads). The first of these methods to run (draft_model if
+it runs) picks the factor, from ``--agreement-scales``, whose acceptance
+rate (4 rows of 128 tokens, other prompts than the timed ones) is
+nearest ``--agreement`` (default 0.7); ``--agreement-scale`` sets it.
+
+ngram (random weights): a target whose next token depends almost on the
+current token alone (every layer's o_proj times
+``--ngram-attention-scale``, lm_head columns outside 8 * prompt_len ids
+halved), so its greedy path falls into a cycle, as a trained model
+continues text that repeats. Its prompts are its own greedy output: a
+start token (one per row) and the prompt_len - 1 tokens the plain
+engine generates after it, kept when they end in a cycle of at most
+prompt_len / 2 tokens seen twice (`cycle_prompts`); the continuation goes
+round the cycle. With real weights ngram runs the draft_model prompts.
 
 ``--profile-steps N``: per engine and batch size, N steps once every row
 is past its prompt under the JAX profiler (GPU kernels grouped as
@@ -32,15 +52,14 @@ step_breakdown.py groups them, busy and idle time) and under cProfile
 (the host's functions by own time, ``host-ENGINE-S.txt``), with the
 trace's host events and GPU kernels on one clock (``events-ENGINE-S.json``).
 
-EAGLE heads (``--methods eagle,eagle3``) with dummy weights: a random
-head of the target's shapes in vLLM's layout (`eagle_folder`). Random
-weights rarely draft what the target says, so their rows time what a
-head's step costs, not what it gains.
-
 Writes ``spec-decode-bench.json``: per method and batch size the output
 tok/s of both engines, the speedup, the acceptance rate and mean accepted
 length (tokens emitted per drafted row: accepted drafts + 1); whether the
-greedy tokens agree with plain decoding; and the verdict of the targets
+greedy tokens agree with plain decoding; what each workload did
+(``workloads``: scales, the n-gram prompts' cycle lengths and rows found,
+the share of plain tokens in the draft vocabulary; per EAGLE method its
+head's shapes, differences from a trained head and largest difference
+from the target's first layer); and the verdict of the targets
 (batch 1 at least TARGETS['batch1_speedup_min'] times plain decoding,
 batch 64 no slower). With random weights how often drafts are accepted
 depends on how the model repeats itself, so read each speedup together
@@ -891,8 +910,8 @@ def main() -> int:
                    "weights the draft is the target's first --draft-layers")
     p.add_argument("--eagle-head", default=None,
                    help="the EAGLE head's folder for --methods eagle or "
-                   "eagle3 (real weights); with dummy weights a random "
-                   "head of the target's shapes is written")
+                   "eagle3 (real weights); with dummy weights a head "
+                   "computing the target's first layer is written")
     p.add_argument("--draft-layers", type=int, default=1)
     p.add_argument("--agreement", type=float, default=0.7)
     p.add_argument("--agreement-scales", default="0.02,0.05,0.1,0.2,0.3,0.5",
