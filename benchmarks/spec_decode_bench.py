@@ -6,25 +6,45 @@ heads) against plain decoding, one command:
         --model benchmarks/models/llama3-8b --load-format dummy --tokenizer .tok
     python3 benchmarks/spec_decode_bench.py --tiny --out /tmp/sd   # CPU check
 
-Workload: greedy requests whose prompts repeat a random run of tokens
-(which favours n-gram lookup), ``--output-len`` tokens each (ignore_eos),
+Workloads: greedy requests, ``--output-len`` tokens each (ignore_eos),
 at each batch size of ``--batch-sizes`` (all requests added at once).
 Each engine runs in its own child process (two 8B engines do not share
-one GPU): plain decoding, then one per method of ``--methods``. Each batch
-runs twice in its engine and the second run is timed (the first builds
-the step programs it lands in; the prefix cache is emptied between them,
-so both compute the same steps).
+one GPU): one plain engine per workload, then one per method of
+``--methods``. Each batch runs twice in its engine and the second run is
+timed (the first builds the step programs it lands in; the prefix cache
+is emptied between them, so both compute the same steps). Each method is
+compared with the plain engine of its own workload (same target weights,
+same prompts).
 
-The draft model (random weights): the target's first ``--draft-layers``
-layers, embeddings and head (``dummy.py`` draws each param from its name,
-so a config with fewer layers shares them). A random model's layers each
-add about as much to the residual stream, so such a draft would rarely
-agree; the target's later layers therefore have their output projections
-(o_proj, down_proj) scaled by a factor, the same in every engine (the
-target's speed does not depend on its weights' values). The draft's child
-runs first and picks the factor, from ``--agreement-scales``, whose
-acceptance rate (4 rows of 128 tokens, other prompts than the timed ones)
-is nearest ``--agreement`` (default 0.7).
+draft_model, eagle, eagle3: prompts that repeat a random run of 16-64
+tokens. With random weights the target is shaped (`shape_target`, as
+tests/tiny_models.py's make_eagle_target): embedding rows of RMS 0.02
+and a first input norm that gives them back, and lm_head columns of the
+ids outside a 32000-id draft vocabulary halved; its later layers have
+their output projections (o_proj, down_proj) scaled by a factor, the
+same in every engine of the workload (the target's speed does not
+depend on its weights' values), so its first layer decides most of its
+tokens. The draft model is the target's first ``--draft-layers``
+layers, embeddings and head (``dummy.py`` draws each param from its
+name, so a config with fewer layers shares them). The EAGLE heads
+compute the target's first layer at the next token (`eagle_folder`:
+make_eagle's construction from the target's drawn weights, fetched to
+the host once, written in vLLM's layout and loaded through
+speculative_config; EAGLE-1 has a trained head's shapes, EAGLE-3 twice
+the attention heads). The first of these methods to run (draft_model if
+it runs) picks the factor, from ``--agreement-scales``, whose acceptance
+rate (4 rows of 128 tokens, other prompts than the timed ones) is
+nearest ``--agreement`` (default 0.7); ``--agreement-scale`` sets it.
+
+ngram (random weights): a target whose next token depends almost on the
+current token alone (every layer's o_proj times
+``--ngram-attention-scale``, lm_head columns outside 8 * prompt_len ids
+halved), so its greedy path falls into a cycle, as a trained model
+continues text that repeats. Its prompts are its own greedy output: a
+start token (one per row) and the prompt_len - 1 tokens the plain
+engine generates after it, kept when they end in a cycle of at most
+prompt_len / 2 tokens seen twice (`cycle_prompts`); the continuation goes
+round the cycle. With real weights ngram runs the draft_model prompts.
 
 ``--profile-steps N``: per engine and batch size, N steps once every row
 is past its prompt under the JAX profiler (GPU kernels grouped as
@@ -32,15 +52,14 @@ step_breakdown.py groups them, busy and idle time) and under cProfile
 (the host's functions by own time, ``host-ENGINE-S.txt``), with the
 trace's host events and GPU kernels on one clock (``events-ENGINE-S.json``).
 
-EAGLE heads (``--methods eagle,eagle3``) with dummy weights: a random
-head of the target's shapes in vLLM's layout (`eagle_folder`). Random
-weights rarely draft what the target says, so their rows time what a
-head's step costs, not what it gains.
-
 Writes ``spec-decode-bench.json``: per method and batch size the output
 tok/s of both engines, the speedup, the acceptance rate and mean accepted
 length (tokens emitted per drafted row: accepted drafts + 1); whether the
-greedy tokens agree with plain decoding; and the verdict of the targets
+greedy tokens agree with plain decoding; what each workload did
+(``workloads``: scales, the n-gram prompts' cycle lengths and rows found,
+the share of plain tokens in the draft vocabulary; per EAGLE method its
+head's shapes, differences from a trained head and largest difference
+from the target's first layer); and the verdict of the targets
 (batch 1 at least TARGETS['batch1_speedup_min'] times plain decoding,
 batch 64 no slower). With random weights how often drafts are accepted
 depends on how the model repeats itself, so read each speedup together
@@ -64,6 +83,15 @@ TARGETS = {"batch1_speedup_min": 1.8, "batch64_speedup_min": 1.0}
 CALIBRATION_ROWS, CALIBRATION_TOKENS = 4, 128
 METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 EAGLE3_DRAFT_VOCAB = 32000  # as the published EAGLE-3 heads for Llama 3
+# The draft_model / EAGLE target (dummy weights, `shape_target`):
+# embedding rows of this RMS, and lm_head columns of ids outside the
+# EAGLE-3 draft vocabulary times OUTSIDE_DRAFT_VOCAB (its greedy tokens
+# fall inside). EAGLE3_HIDDEN_NORM: the EAGLE-3 head's hidden_norm weight
+# (its residual's share of the feature, small beside the embedding).
+EMBED_RMS = 0.02
+OUTSIDE_DRAFT_VOCAB = 0.5
+EAGLE3_HIDDEN_NORM = 1e-4
+NGRAM_ROUNDS = 6  # rounds of start tokens tried for the n-gram prompts
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -77,74 +105,298 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return out
 
 
-def draft_folder(ns) -> str:
-    """A config folder for the draft: the target's with fewer layers."""
-    path = os.path.join(ns.out, "draft-model")
+def draft_folder(ns, layers: int | None = None, name: str = "draft-model"
+                 ) -> str:
+    """A config folder for the draft: the target's with fewer layers
+    (``layers``, default ``--draft-layers``)."""
+    path = os.path.join(ns.out, name)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(ns.model, "config.json")) as f:
         cfg = json.load(f)
-    cfg["num_hidden_layers"] = ns.draft_layers
+    cfg["num_hidden_layers"] = layers or ns.draft_layers
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return path
 
 
-def eagle_folder(ns, method: str) -> str:
-    """A random-weight EAGLE head for the target (``method`` "eagle" or
-    "eagle3"), in vLLM's checkpoint layout: the shapes a trained head has,
-    so its steps cost what a trained one's do (its drafts are rarely
-    accepted: random weights). EAGLE-3's draft vocabulary is
-    EAGLE3_DRAFT_VOCAB ids of the target's, at random."""
+def input_norm_weight(eps: float) -> float:
+    """The first input norm's weight that gives an embedding row of RMS
+    EMBED_RMS back as it is (tests/tiny_models.py's EAGLE_INPUT_NORM)."""
+    return (EMBED_RMS ** 2 + eps) ** 0.5
+
+
+def draft_vocab_ids(cfg, seed: int):
+    """The EAGLE-3 draft vocabulary (EAGLE3_DRAFT_VOCAB target ids drawn
+    from ``seed``, in order), or None: the target's whole vocabulary (a
+    target whose lm_head is its embedding table)."""
+    import numpy as np
+    if cfg.tie_word_embeddings or cfg.vocab_size <= EAGLE3_DRAFT_VOCAB:
+        return None
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(cfg.vocab_size, EAGLE3_DRAFT_VOCAB,
+                              replace=False))
+
+
+def shape_target(params: dict, cfg, ids) -> dict:
+    """The draft_model / EAGLE target's weights (dummy) from the drawn ones,
+    in place, as tests/tiny_models.py's make_eagle_target: embedding rows
+    of RMS EMBED_RMS and the first input norm's weight `input_norm_weight`,
+    so that norm gives the embedding back (a head that reads it without
+    a norm sees what the target's first layer sees; that layer's
+    attention then reads rows of RMS 0.02, not 1, and adds little, so its
+    MLP over the current token decides most of its output); and lm_head
+    columns outside ``ids`` times OUTSIDE_DRAFT_VOCAB. Returns {id(old
+    leaf): new leaf} for drafters that share a leaf."""
+    import jax
+    import jax.numpy as jnp
+    f32 = jnp.float32
+    new = {}
+
+    def put(tree, key, value):
+        old = tree[key]
+        tree[key] = jax.device_put(value.astype(old.dtype), old.sharding)
+        new[id(old)] = tree[key]
+    e = params["embedding"].astype(f32)
+    put(params, "embedding",
+        e * (EMBED_RMS / jnp.sqrt(jnp.mean(e * e, -1, keepdims=True))))
+    norm = params["layers_0"]["input_layernorm"]
+    put(norm, "scale", jnp.full(norm["scale"].shape,
+                                input_norm_weight(cfg.rms_norm_eps), f32))
+    if ids is not None and "lm_head" in params:
+        old = params["lm_head"]
+        params["lm_head"] = lm_head_outside(old, ids, OUTSIDE_DRAFT_VOCAB)
+        new[id(old)] = params["lm_head"]
+    return new
+
+
+def lm_head_outside(lm_head, ids, factor: float):
+    """lm_head [D, V] with the columns of ids not in ``ids`` times
+    ``factor``, in its dtype and sharding."""
+    import jax
+    import jax.numpy as jnp
+    keep = jnp.zeros(lm_head.shape[1], bool).at[jnp.asarray(ids)].set(True)
+    w = lm_head.astype(jnp.float32)
+    return jax.device_put(jnp.where(keep, w, w * factor).astype(lm_head.dtype),
+                          lm_head.sharding)
+
+
+def shape_engine(engine, ids) -> None:
+    """`shape_target` on the engine's target, and on its drafter: a draft
+    model's own weights alike; an EAGLE head's leaves shared with the
+    target (embedding, EAGLE-1's lm_head) replaced by the shaped ones."""
+    import jax
+
+    from jaxinfer.spec_decode.draft_model import DraftModel
+    runner = engine.runner
+    new = shape_target(runner.params, runner.cfg, ids)
+    draft = getattr(runner, "draft", None)
+    if draft is None:
+        return
+    if isinstance(draft, DraftModel):  # the target's first layers
+        shape_target(draft.params, draft.cfg, ids)
+    else:
+        draft.params = jax.tree_util.tree_map(
+            lambda x: new.get(id(x), x), draft.params)
+
+
+def hf_tensors(params: dict, cfg) -> dict:
+    """The target's first layer, final norm and lm_head (``params`` of a
+    one-layer model), fetched to the host at once, in HF names and layout."""
+    import math
+
+    import jax
+    import numpy as np
+
+    from jaxinfer.models.llama import decoder_weights
+    from jaxinfer.models.spec import LinearLayout
+    specs = [s for s in decoder_weights(cfg)
+             if s.hf_name.startswith(("model.layers.0.", "model.norm.",
+                                      "lm_head."))]
+
+    def leaf(path):
+        node = params
+        for key in path:
+            node = node[key]
+        return node
+    host = jax.device_get([leaf(s.path) for s in specs])
+    out = {}
+    for spec, w in zip(specs, host):
+        w = np.asarray(w)
+        if isinstance(spec.convert, LinearLayout):  # ours: in + out shape
+            c = spec.convert
+            w = w.reshape(math.prod(c.in_shape), math.prod(c.out_shape)).T
+        elif spec.hf_name == "lm_head.weight":  # ours: [D, V]
+            w = w.T
+        assert w.shape == tuple(spec.hf_shape), (spec.hf_name, w.shape)
+        out[spec.hf_name] = w
+    return out
+
+
+def eagle_folder(ns, method: str) -> tuple[str, dict]:
+    """An EAGLE head (``method`` "eagle" or "eagle3") that computes the
+    target's first layer at the next token, in vLLM's checkpoint layout
+    and the target's dtype, built as tests/tiny_models.py's make_eagle
+    builds one from the target's weights as `shape_target` leaves them:
+    that layer decides the target's tokens while its later layers are
+    scaled down, so the head drafts what the target says about as often
+    as the draft_model does. The weights are those the engine draws for
+    the target (`random_params` draws each param from its name: a
+    one-layer config gives the first layer, embeddings and head),
+    fetched to the host once; `head_vs_target` checks them in the engine.
+
+    - EAGLE-1 (a trained head's shapes): fc [D, 2D] passes the token's
+      embedding through (zeros on the feature) to the target's first
+      layer without its input norm (which gives the embedding back).
+    - EAGLE-3: the residual entering the layer is the feature
+      (hidden_norm's output, norm_before_residual, weight
+      EAGLE3_HIDDEN_NORM), not the embedding; so the attention has 2N
+      heads of D / N (MHA): N are the target's (its k/v heads repeated),
+      N copy the token's own embedding into the residual (q = k = the
+      normed embedding times 8 / its RMS: each attends to itself alone; v
+      and o_proj identities). q/k/v read only the embeddings (zeros on
+      the feature half); fc [D, 3D] is random; norm is the target's final
+      norm, lm_head the target's columns at the draft vocabulary
+      (`draft_vocab_ids`), d2t their offsets.
+
+    Returns (folder, what the JSON records about the head)."""
+    import gc
+
+    import jax
     import numpy as np
     from safetensors.numpy import save_file
+
+    from jaxinfer.models import model_class, resolve_dtype, resolve_model
+    from jaxinfer.models.dummy import random_params
+    one = draft_folder(ns, layers=1, name="eagle-target-layer0")
+    files = resolve_model(one, "dummy")
+    cfg = files.config
+    dtype = resolve_dtype(ns.dtype, cfg)
+    t0 = time.perf_counter()
+    params = random_params(model_class(cfg.architecture)(cfg, dtype=dtype),
+                           cfg, dtype, seed=engine_seed(ns))
+    ids = draft_vocab_ids(cfg, ns.seed)
+    shape_target(params, cfg, ids)
+    w = hf_tensors(params, cfg)
+    del params
+    gc.collect()
+    fetched = time.perf_counter() - t0
+    f32 = np.float32
+    D, V = cfg.hidden_size, cfg.vocab_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    layer = {k[len("model.layers.0."):]: v.astype(f32) for k, v in w.items()
+             if k.startswith("model.layers.0.")}
     path = os.path.join(ns.out, f"{method}-head")
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(ns.model, "config.json")) as f:
-        cfg = json.load(f)
-    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    N, K = cfg["num_attention_heads"], cfg.get("num_key_value_heads",
-                                               cfg["num_attention_heads"])
-    H = cfg.get("head_dim", D // N)
-    rng = np.random.default_rng(ns.seed)
-
-    def rand(*shape):
-        return (rng.standard_normal(shape, np.float32) * 0.02).astype(
-            np.float16)
-    width = D if method == "eagle" else 2 * D  # q/k/v inputs
-    layer = {"self_attn.q_proj.weight": rand(N * H, width),
-             "self_attn.k_proj.weight": rand(K * H, width),
-             "self_attn.v_proj.weight": rand(K * H, width),
-             "self_attn.o_proj.weight": rand(D, N * H),
-             "mlp.gate_proj.weight": rand(F, D),
-             "mlp.up_proj.weight": rand(F, D),
-             "mlp.down_proj.weight": rand(D, F),
-             "post_attention_layernorm.weight": np.ones(D, np.float16)}
-    n_layers, cfg["num_hidden_layers"] = cfg["num_hidden_layers"], 1
+        hf = json.load(f)
+    L, hf["num_hidden_layers"] = hf["num_hidden_layers"], 1
+    eye = np.eye(D, dtype=f32)
+    out = {}
     if method == "eagle":
-        out = {"layers.0." + k: v for k, v in layer.items()}
-        out["fc.weight"] = rand(D, 2 * D)
+        hf["architectures"] = ["LlamaForCausalLM"]
+        out["fc.weight"] = np.concatenate([eye, 0 * eye], axis=1)
+        for k, v in layer.items():
+            if k != "input_layernorm.weight":
+                out["layers.0." + k] = v
+        info = {"layout": "vLLM EAGLE-1: fc [D, 2D], layers.0 without "
+                "input_layernorm, the target's embedding and lm_head",
+                "differences_from_a_trained_head": "none in shapes"}
     else:
-        draft_vocab = min(EAGLE3_DRAFT_VOCAB, V)
-        ids = np.sort(rng.choice(V, draft_vocab, replace=False))
-        out = {"midlayer." + k: v for k, v in layer.items()}
-        out.update({"midlayer.input_layernorm.weight": np.ones(D, np.float16),
-                    "midlayer.hidden_norm.weight": np.ones(D, np.float16),
-                    "fc.weight": rand(D, 3 * D),
-                    "norm.weight": np.ones(D, np.float16),
-                    "lm_head.weight": rand(draft_vocab, D),
-                    "d2t": (ids - np.arange(draft_vocab)).astype(np.int64),
-                    "t2d": np.isin(np.arange(V), ids)})
-        L = n_layers
+        if N * H != D:
+            raise ValueError(f"an EAGLE-3 head of copying heads needs "
+                             f"heads x head_dim = hidden ({N} x {H} != {D})")
+        draft_vocab = V if ids is None else len(ids)
         # vLLM's default taps (2, L // 2, L - 3), kept inside small targets.
-        cfg.update(architectures=["LlamaForCausalLMEagle3"],
-                   draft_vocab_size=draft_vocab,
-                   eagle_aux_hidden_state_layer_ids=[
-                       min(2, L - 1), L // 2, max(L - 3, 0)])
+        taps = [min(2, L - 1), L // 2, max(L - 3, 0)]
+        hf.update(architectures=["LlamaForCausalLMEagle3"],
+                  num_attention_heads=2 * N, num_key_value_heads=2 * N,
+                  head_dim=H, draft_vocab_size=draft_vocab,
+                  norm_before_residual=True,
+                  eagle_aux_hidden_state_layer_ids=taps)
+        attn = {n: layer[f"self_attn.{n}_proj.weight"] for n in "qkvo"}
+        k, v = (np.repeat(attn[n].reshape(K, H, D), N // K, 0).reshape(-1, D)
+                for n in "kv")
+        copy = eye * 8.0 / input_norm_weight(cfg.rms_norm_eps)
+        for n, rows in (("q", [attn["q"], copy]), ("k", [k, copy]),
+                        ("v", [v, eye])):
+            rows = np.concatenate(rows, axis=0)  # [2 N H, D]: embeds half
+            out[f"midlayer.self_attn.{n}_proj.weight"] = np.concatenate(
+                [rows, np.zeros_like(rows)], axis=1)
+        out["midlayer.self_attn.o_proj.weight"] = np.concatenate(
+            [attn["o"], eye], axis=1)
+        for k_, v_ in layer.items():
+            if not k_.startswith("self_attn."):
+                out["midlayer." + k_] = v_
+        out["midlayer.hidden_norm.weight"] = np.full(D, EAGLE3_HIDDEN_NORM,
+                                                     f32)
+        rng = np.random.default_rng(ns.seed)
+        out["fc.weight"] = rng.normal(0.0, 0.02, (D, 3 * D)).astype(f32)
+        out["norm.weight"] = w["model.norm.weight"].astype(f32)
+        rows = np.arange(V) if ids is None else ids
+        out["lm_head.weight"] = w["lm_head.weight"][rows].astype(f32)
+        out["d2t"] = (rows - np.arange(len(rows))).astype(np.int64)
+        out["t2d"] = np.isin(np.arange(V), rows)
+        info = {"layout": "vLLM EAGLE-3: midlayer (q/k/v over 2D), fc "
+                "[D, 3D], norm, lm_head over the draft vocabulary, d2t, t2d",
+                "taps": taps, "hidden_norm_weight": EAGLE3_HIDDEN_NORM,
+                "draft_vocab_size": draft_vocab,
+                "draft_vocab": ("the target's vocabulary (lm_head tied to "
+                                "the embeddings)" if ids is None else
+                                f"{draft_vocab} target ids drawn from the "
+                                "seed; the target's lm_head columns of the "
+                                f"others times {OUTSIDE_DRAFT_VOCAB}"),
+                "differences_from_a_trained_head": (
+                    f"attention of {2 * N} query and {2 * N} kv heads "
+                    f"(a trained head: {N} and {K}): {N} heads copy the "
+                    "token's embedding into the residual; q/k/v "
+                    f"[{2 * N * H}, {2 * D}], o_proj [{D}, {2 * N * H}]")}
+    # The target's dtype (bf16 on a GPU: the values as drawn); contiguous,
+    # since safetensors.numpy writes a transposed view's buffer as it lies.
+    store = np.dtype(jax.numpy.dtype(dtype))
+    out = {k: np.ascontiguousarray(v.astype(store) if v.dtype == f32 else v)
+           for k, v in out.items()}
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
+        json.dump(hf, f)
     save_file(out, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
-    return path
+    info.update(folder=path, build_seconds=time.perf_counter() - t0,
+                draw_and_fetch_seconds=fetched,
+                shapes={k: list(v.shape) for k, v in out.items()})
+    return path, info
+
+
+def head_vs_target(engine, method: str) -> float:
+    """The largest difference between the loaded head's layer and the
+    target's first layer where the head holds it (EAGLE-3: the first N
+    heads on the embedding half, k/v repeated per query head)."""
+    import jax.numpy as jnp
+    head = engine.runner.draft.params["layer"]
+    target = engine.runner.params["layers_0"]
+    worst = 0.0
+    for block, names in (("self_attn", ("q_proj", "k_proj", "v_proj",
+                                        "o_proj")),
+                         ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+        for name in names:
+            h = head[block][name]["kernel"].astype(jnp.float32)
+            t = target[block][name]["kernel"].astype(jnp.float32)
+            if method == "eagle3" and name == "o_proj":
+                h = h[:t.shape[0]]
+            elif method == "eagle3" and block == "self_attn":
+                D, n = t.shape[0], head[block]["q_proj"]["kernel"].shape[1]
+                t = jnp.repeat(t, n // 2 // t.shape[1], axis=1)
+                h = h[:D, :n // 2]
+            worst = max(worst, float(jnp.max(jnp.abs(h - t))))
+    return worst
+
+
+def engine_seed(ns) -> int:
+    """The engine's seed (its dummy weights' draws)."""
+    for pair in ns.engine:
+        key, _, value = pair.partition("=")
+        if key == "seed":
+            return int(value)
+    from jaxinfer.config import EngineArgs
+    return EngineArgs.seed
 
 
 def scale_later_layers(engine, first: int, factor: float, originals: dict):
@@ -163,20 +415,150 @@ def scale_later_layers(engine, first: int, factor: float, originals: dict):
                 lambda x: (x * factor).astype(x.dtype), originals[key])
 
 
+def ngram_vocab_ids(ns, vocab: int):
+    """The ids the n-gram workload's target emits: 8 * prompt_len of the
+    vocabulary, drawn from the seed (None: all of it)."""
+    import numpy as np
+    size = 8 * ns.prompt_len
+    if size >= vocab:
+        return None
+    rng = np.random.default_rng(ns.seed + 3000)
+    return np.sort(rng.choice(vocab, size, replace=False))
+
+
+def ngram_target(engine, ns) -> dict:
+    """The n-gram workload's target (dummy weights), in place: every
+    layer's o_proj times ``--ngram-attention-scale`` (its next token then
+    depends almost on the current token alone, so its greedy path falls
+    into a cycle), and lm_head columns outside `ngram_vocab_ids` times
+    OUTSIDE_DRAFT_VOCAB. A map over V tokens at random cycles after about
+    sqrt(pi V / 2) tokens (450 at V = 128256, longer than a 512-token
+    prompt holds twice); over 8 * prompt_len ids after about 1.25 *
+    sqrt(8 * prompt_len) (80 at 512)."""
+    import jax
+    params = engine.runner.params
+    for name in params:
+        if name.startswith("layers_"):
+            attn = params[name]["self_attn"]
+            attn["o_proj"] = jax.tree_util.tree_map(
+                lambda x: (x * ns.ngram_attention_scale).astype(x.dtype),
+                attn["o_proj"])
+    cfg = engine.runner.cfg
+    ids = ngram_vocab_ids(ns, cfg.vocab_size)
+    if ids is not None and "lm_head" in params:
+        params["lm_head"] = lm_head_outside(params["lm_head"], ids,
+                                            OUTSIDE_DRAFT_VOCAB)
+    else:
+        ids = None
+    return {"attention_scale": ns.ngram_attention_scale,
+            "emitted_vocab": cfg.vocab_size if ids is None else len(ids),
+            "outside_lm_head_scale": None if ids is None
+            else OUTSIDE_DRAFT_VOCAB}
+
+
+def find_period(seq: list[int], max_period: int) -> tuple[int, int]:
+    """(P, n): the smallest period P <= ``max_period`` whose last 2P tokens
+    of ``seq`` are one run of P twice, and the length n of seq's longest
+    suffix of period P; (0, 0) when there is none."""
+    N = len(seq)
+    for P in range(1, min(max_period, N // 2) + 1):
+        if seq[N - P:] == seq[N - 2 * P:N - P]:
+            n = 2 * P
+            while n < N and seq[N - 1 - n] == seq[N - 1 - n + P]:
+                n += 1
+            return P, n
+    return 0, 0
+
+
+def cycle_prompts(llm, ns, rows: int, vocab: int) -> dict:
+    """The n-gram workload's prompts: ``rows`` stretches of the model's own
+    greedy output, each a start token (a different one per row) and the
+    ``--prompt-len`` - 1 tokens the engine generates after it, kept when
+    they end in a cycle of period <= prompt_len / 2 seen at least twice
+    (``--ngram-min-cycle`` the shortest period kept). Start tokens are
+    drawn in rounds (twice the rows still missing, NGRAM_ROUNDS at most);
+    rows still missing then repeat the prompts found. The continuation of
+    such a prompt goes round the cycle: text the prompt already holds."""
+    from jaxinfer import SamplingParams
+    rng = random.Random(ns.seed + 2000)
+    sp = SamplingParams(temperature=0.0, max_tokens=ns.prompt_len - 1,
+                        ignore_eos=True)
+    found: list[dict] = []
+    tried: set[int] = set()
+    t0 = time.perf_counter()
+    for _ in range(NGRAM_ROUNDS):
+        need = rows - len(found)
+        if need <= 0:
+            break
+        starts: list[int] = []
+        while len(starts) < max(2 * need, 8) and len(tried) < vocab - 100:
+            t = rng.randrange(100, vocab)
+            if t not in tried:
+                tried.add(t)
+                starts.append(t)
+        outs = llm.generate([{"prompt_token_ids": [t]} for t in starts], sp,
+                            use_tqdm=False)
+        for t, o in zip(starts, outs):
+            seq = [t] + list(o.outputs[0].token_ids)
+            P, n = find_period(seq, ns.prompt_len // 2)
+            if P >= max(1, ns.ngram_min_cycle) and len(found) < rows:
+                found.append({"start": t, "cycle": P, "periodic_suffix": n,
+                              "prompt": seq})
+    if not found:
+        raise RuntimeError(
+            f"no start token of {len(tried)} led to a cycle of at most "
+            f"{ns.prompt_len // 2} tokens (at least {ns.ngram_min_cycle}) "
+            f"within {ns.prompt_len} tokens: lower --ngram-attention-scale")
+    return {"prompts": [found[i % len(found)]["prompt"] for i in range(rows)],
+            "rows_found": len(found), "rows": rows,
+            "start_tokens_tried": len(tried),
+            "cycle_lengths": [f["cycle"] for f in found],
+            "periodic_suffix_lengths": [f["periodic_suffix"] for f in found],
+            "seconds": time.perf_counter() - t0}
+
+
+def ngram_prompts(llm, ns, vocab: int) -> dict:
+    """`cycle_prompts` for the largest batch (a batch of S rows takes the
+    first S), made once per bench run by the first engine that needs them
+    (the plain one) and read by the other from ``ngram-prompts.json``."""
+    path = os.path.join(ns.out, "ngram-prompts.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    made = cycle_prompts(llm, ns, max(ns.batch_sizes), vocab)
+    made["made_by"] = ns.child
+    with open(path, "w") as f:
+        json.dump(made, f)
+    return made
+
+
+def workload_of(ns, which: str) -> str:
+    """The target and prompts an engine runs: "ngram" (dummy weights: the
+    n-gram workload's, for the ngram engine and its plain one) or
+    "layers" (every other engine; with dummy weights the target whose
+    later layers are scaled)."""
+    ngram = which in ("ngram", "plain-ngram")
+    return "ngram" if ngram and ns.load_format == "dummy" else "layers"
+
+
 def child(ns) -> dict:
     """One engine (speculative or plain) over every batch size."""
     from jaxinfer import LLM, SamplingParams
-    spec = None
+    spec, head = None, None
+    dummy = ns.load_format == "dummy"
+    workload = workload_of(ns, ns.child)
     if ns.child == "ngram":
         spec = {"method": "ngram",
                 "num_speculative_tokens": ns.num_speculative_tokens,
                 "prompt_lookup_max": ns.prompt_lookup_max,
                 "prompt_lookup_min": ns.prompt_lookup_min}
     elif ns.child in ("eagle", "eagle3"):
+        folder = ns.eagle_head
+        if folder is None:  # dummy weights: the target's first layer
+            folder, head = eagle_folder(ns, ns.child)
         spec = {"method": ns.child,
                 "num_speculative_tokens": ns.num_speculative_tokens,
-                "model": (ns.eagle_head if ns.eagle_head is not None
-                          else eagle_folder(ns, ns.child))}
+                "model": folder}
     elif ns.child == "draft_model":
         spec = {"method": "draft_model",
                 "num_speculative_tokens": ns.num_speculative_tokens,
@@ -200,19 +582,31 @@ def child(ns) -> dict:
     vocab = engine.model_config.vocab_size
     sp = SamplingParams(temperature=0.0, max_tokens=ns.output_len,
                         ignore_eos=True)
-    record: dict = {"engine": ns.child, "batches": {},
-                    "speculative_config": spec}
-    if ns.load_format == "dummy":
+    record: dict = {"engine": ns.child, "workload": workload,
+                    "batches": {}, "speculative_config": spec}
+    cycles = None
+    if dummy and workload == "ngram":
+        record["target"] = ngram_target(engine, ns)
+        cycles = ngram_prompts(llm, ns, vocab)
+        record["ngram_prompts"] = {k: v for k, v in cycles.items()
+                                   if k != "prompts"}
+    elif dummy:
+        shape_engine(engine, draft_vocab_ids(engine.runner.cfg, ns.seed))
         originals: dict = {}
         scale = ns.agreement_scale
-        if ns.child == "draft_model" and scale is None:
+        if ns.calibrate:
             scale, record["calibration"] = calibrate(llm, ns, vocab, originals)
         if scale is not None:
             scale_later_layers(engine, ns.draft_layers, scale, originals)
         record["later_layer_scale"] = scale
+    if head is not None:
+        head["max_abs_diff_to_target_layer0"] = head_vs_target(engine,
+                                                               ns.child)
+        record["head"] = head
     for S in ns.batch_sizes:
-        batch = [{"prompt_token_ids": p}
-                 for p in prompts(S, ns.prompt_len, vocab, ns.seed + S)]
+        rows = (cycles["prompts"][:S] if cycles is not None
+                else prompts(S, ns.prompt_len, vocab, ns.seed + S))
+        batch = [{"prompt_token_ids": p} for p in rows]
         llm.generate(batch, sp, use_tqdm=False)  # builds its programs
         # The timed run computes its prompts again (the same buckets).
         engine.reset_prefix_cache()
@@ -353,15 +747,16 @@ def calibrate(llm, ns, vocab: int, originals: dict) -> tuple[float, list]:
     return best["scale"], tried
 
 
-def run_child(ns, which: str, scale: float | None) -> dict:
+def run_child(ns, which: str, scale: float | None,
+              calibrate: bool = False) -> dict:
     path = os.path.join(ns.out, f"{which}.part.json")
     argv = [sys.executable, os.path.abspath(__file__), "--child", which,
             "--out", ns.out]
     for key in ("model", "load_format", "tokenizer", "dtype", "max_model_len",
                 "output_len", "prompt_len", "seed", "num_speculative_tokens",
                 "prompt_lookup_max", "prompt_lookup_min", "draft_model",
-                "eagle_head",
-                "draft_layers", "agreement"):
+                "eagle_head", "draft_layers", "agreement",
+                "ngram_attention_scale", "ngram_min_cycle"):
         value = getattr(ns, key)
         if value is not None:
             argv += ["--" + key.replace("_", "-"), str(value)]
@@ -373,6 +768,8 @@ def run_child(ns, which: str, scale: float | None) -> dict:
              "--agreement-scales", ",".join(map(str, ns.agreement_scales))]
     if scale is not None:
         argv += ["--agreement-scale", str(scale)]
+    if calibrate:
+        argv.append("--calibrate")
     for pair in ns.engine:
         argv += ["--engine", pair]
     subprocess.run(argv, check=True)
@@ -390,12 +787,13 @@ def same_prefix(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(fractions) / max(1, len(fractions))
 
 
-def summarize(ns, base: dict, specs: dict[str, dict]) -> dict:
+def summarize(ns, bases: dict[str, dict], specs: dict[str, dict]) -> dict:
     import jax
 
     from benchmarks.run_stamp import run_stamp
     methods = {}
     for method, spec in specs.items():
+        base = bases[spec["workload"]]
         rows = {}
         for S in map(str, ns.batch_sizes):
             b, s = base["batches"][S], spec["batches"][S]
@@ -428,16 +826,57 @@ def summarize(ns, base: dict, specs: dict[str, dict]) -> dict:
                 rows["64"]["speedup"] >= TARGETS["batch64_speedup_min"])
         methods[method] = {
             "speculative_config": spec["speculative_config"],
+            "workload": spec["workload"],
             "calibration": spec.get("calibration"),
             "verdicts": verdicts, "batches": rows}
+        if spec.get("head"):
+            methods[method]["head"] = spec["head"]
+    workloads = {}
+    dummy = ns.load_format == "dummy"
+    if "layers" in bases:
+        layers = {"later_layer_scale": bases["layers"].get("later_layer_scale"),
+                  "draft_layers": ns.draft_layers,
+                  "prompts": "a random run of 16-64 tokens repeated"}
+        if dummy:
+            layers.update(
+                embed_rms=EMBED_RMS, first_input_norm_weight=(
+                    "sqrt(embed_rms^2 + eps): its output is the embedding"),
+                outside_draft_vocab_lm_head_scale=OUTSIDE_DRAFT_VOCAB,
+                draft_vocab_size=EAGLE3_DRAFT_VOCAB,
+                draft_vocab_share_of_plain_tokens=draft_vocab_share(
+                    ns, bases["layers"]))
+        workloads["layers"] = layers
+    if "ngram" in bases:
+        workloads["ngram"] = {
+            **bases["ngram"].get("target", {}),
+            "prompts": ("the model's own greedy output from a start token, "
+                        "ending in a cycle"),
+            **bases["ngram"].get("ngram_prompts", {})}
     return {"model": ns.model, "load_format": ns.load_format,
             "dtype": ns.dtype, "device": str(jax.devices()[0].device_kind),
             "workload": {"prompt_len": ns.prompt_len,
                          "output_len": ns.output_len,
                          "batch_sizes": ns.batch_sizes, "greedy": True},
-            "target_later_layer_scale": base.get("later_layer_scale"),
+            "workloads": workloads,
+            "target_later_layer_scale": bases.get("layers", {}).get(
+                "later_layer_scale"),
             "draft_layers": ns.draft_layers,
             "targets": TARGETS, "methods": methods, **run_stamp()}
+
+
+def draft_vocab_share(ns, base: dict) -> dict | None:
+    """Per batch size, the share of the plain engine's output tokens that
+    lie in the EAGLE-3 draft vocabulary (None: the whole vocabulary)."""
+    from jaxinfer.models import resolve_model
+    ids = draft_vocab_ids(resolve_model(ns.model, "dummy").config, ns.seed)
+    if ids is None:
+        return None
+    keep = set(ids.tolist())
+    out = {}
+    for S, row in base["batches"].items():
+        toks = [t for r in row["token_ids"] for t in r]
+        out[S] = sum(t in keep for t in toks) / max(1, len(toks))
+    return out
 
 
 def main() -> int:
@@ -471,17 +910,25 @@ def main() -> int:
                    "weights the draft is the target's first --draft-layers")
     p.add_argument("--eagle-head", default=None,
                    help="the EAGLE head's folder for --methods eagle or "
-                   "eagle3 (real weights); with dummy weights a random "
-                   "head of the target's shapes is written")
+                   "eagle3 (real weights); with dummy weights a head "
+                   "computing the target's first layer is written")
     p.add_argument("--draft-layers", type=int, default=1)
     p.add_argument("--agreement", type=float, default=0.7)
     p.add_argument("--agreement-scales", default="0.02,0.05,0.1,0.2,0.3,0.5",
                    type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--agreement-scale", type=float, default=None,
+                   help="the later layers' scale (dummy weights), "
+                   "no calibration")
+    p.add_argument("--calibrate", action="store_true",
                    help=argparse.SUPPRESS)
+    p.add_argument("--ngram-attention-scale", type=float, default=0.01,
+                   help="the n-gram workload's target (dummy weights): "
+                   "every layer's o_proj times this")
+    p.add_argument("--ngram-min-cycle", type=int, default=1,
+                   help="the shortest cycle an n-gram prompt may end in")
     p.add_argument("--engine", action="append", default=[],
                    metavar="KEY=VALUE", help="more engine arguments")
-    p.add_argument("--child", choices=("plain",) + METHODS,
+    p.add_argument("--child", choices=("plain", "plain-ngram") + METHODS,
                    help=argparse.SUPPRESS)
     ns = p.parse_args()
     os.makedirs(ns.out, exist_ok=True)
@@ -497,8 +944,8 @@ def main() -> int:
     if eagle and not ns.child:
         dummy = ns.load_format == "dummy"
         if dummy and ns.eagle_head is not None:
-            p.error("--eagle-head with dummy weights: a random head of the "
-                    "target's shapes is written; drop --eagle-head")
+            p.error("--eagle-head with dummy weights: a head computing the "
+                    "target's first layer is written; drop --eagle-head")
         if not dummy and ns.eagle_head is None:
             p.error(f"--methods {','.join(sorted(eagle))} with real weights "
                     "needs --eagle-head (the head's folder)")
@@ -519,14 +966,28 @@ def main() -> int:
         return 0
     specs: dict[str, dict] = {}
     scale = None
-    if "draft_model" in ns.methods:  # first: it picks the target's scale
-        specs["draft_model"] = run_child(ns, "draft_model", None)
-        scale = specs["draft_model"].get("later_layer_scale")
-    base = run_child(ns, "plain", scale)
+    dummy = ns.load_format == "dummy"
+    layers = [m for m in ns.methods if workload_of(ns, m) == "layers"]
+    if dummy and layers and ns.agreement_scale is None:
+        # First: it picks the later layers' scale (draft_model's if it runs).
+        first = "draft_model" if "draft_model" in layers else layers[0]
+        specs[first] = run_child(ns, first, None, calibrate=True)
+        scale = specs[first].get("later_layer_scale")
+    elif dummy:
+        scale = ns.agreement_scale
+    bases = {}
+    if layers:
+        bases["layers"] = run_child(ns, "plain", scale)
+    if len(layers) < len(ns.methods):  # the n-gram workload (dummy)
+        stale = os.path.join(ns.out, "ngram-prompts.json")
+        if os.path.exists(stale):
+            os.remove(stale)
+        bases["ngram"] = run_child(ns, "plain-ngram", None)
     for method in ns.methods:
         if method not in specs:
-            specs[method] = run_child(ns, method, scale)
-    result = summarize(ns, base, {m: specs[m] for m in ns.methods})
+            specs[method] = run_child(
+                ns, method, scale if method in layers else None)
+    result = summarize(ns, bases, {m: specs[m] for m in ns.methods})
     path = os.path.join(ns.out, "spec-decode-bench.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
