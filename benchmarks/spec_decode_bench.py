@@ -285,7 +285,9 @@ def eagle_folder(ns, method: str) -> tuple[str, dict]:
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     layer = {k[len("model.layers.0."):]: v.astype(f32) for k, v in w.items()
              if k.startswith("model.layers.0.")}
-    path = os.path.join(ns.out, f"{method}-head")
+    # Weights stay out of the results folder (a GPU call brings that back).
+    path = os.path.join(tempfile.gettempdir(), "spec-decode-bench",
+                        f"{method}-head")
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(ns.model, "config.json")) as f:
         hf = json.load(f)
