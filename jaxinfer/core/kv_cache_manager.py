@@ -171,17 +171,21 @@ class KVCacheManager:
         self._num_cached_blocks[rid] = n_full
 
     def trim(self, req: Request) -> None:
-        """Gives back the pages past the request's ``num_computed_tokens``
-        (rejected draft tokens' slots). They are the request's own, fresh
+        """Gives back the pages (or host slots) past the request's
+        ``num_computed_tokens`` (rejected draft tokens' slots). They are the request's own, fresh
         pages: drafts sit past every known token, so none of them holds a
         registered full block."""
-        table = self.block_tables.get(req.request_id)
-        if table is None:
-            return
         keep = cdiv(req.num_computed_tokens, self.block_size)
-        if len(table) > keep:
+        table = self.block_tables.get(req.request_id)
+        if table is not None and len(table) > keep:
             self.pool.free(reversed(table[keep:]))
             del table[keep:]
+        # Swapped out while its drafts were verified (a step scheduled
+        # ahead): the host slots past them.
+        slots = self.host_tables.get(req.request_id)
+        if slots is not None and len(slots) > keep:
+            self.host.free(slots[keep:])
+            del slots[keep:]
 
     def free(self, req: Request) -> None:
         """Releases everything the request holds (pages and host slots)."""

@@ -352,8 +352,7 @@ class Scheduler:
             if req.status == RequestStatus.PREEMPTED:
                 continue  # recomputed from its known tokens
             req.num_computed_tokens -= rejected
-            if req.status == RequestStatus.RUNNING:
-                self.kv.trim(req)
+            self.kv.trim(req)
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:

@@ -141,3 +141,48 @@ def test_drafting_on_the_device_schedules_ahead(make_llm, spec_case, method):
         pool = llm.llm_engine.scheduler.kv.pool
         assert pool.num_free == pool.num_blocks - 1
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("swap", [None, 0.01], ids=["recompute", "swap"])
+def test_a_request_preempted_while_its_drafts_are_verified(
+        make_llm, spec_case, swap, monkeypatch):
+    """With the room check off and a small pool, scheduling ahead preempts
+    requests whose verifying step is still in flight: their tokens are
+    taken, their rejected drafts given back (pages or host slots), and the
+    outputs are still plain decoding's, with no page or host slot left
+    over."""
+    from jaxinfer.core.scheduler import Scheduler
+    from jaxinfer.request import RequestStatus
+
+    from .conftest import repetitive_prompts
+    target, config = spec_case("draft_model")
+    prompts = [{"prompt_token_ids": p} for p in repetitive_prompts(16, seed=2)]
+    params = [SamplingParams(temperature=1.0 if i % 2 else 0.0, seed=i,
+                             max_tokens=40, ignore_eos=True)
+              for i in range(len(prompts))]
+    in_flight = []
+    reject = Scheduler.reject_drafts
+
+    def spy(self, output, emitted):
+        in_flight.extend(
+            r.status for sr in output.scheduled if sr.num_draft_tokens
+            and (r := self.requests.get(sr.request_id)) is not None
+            and r.status != RequestStatus.RUNNING)
+        return reject(self, output, emitted)
+    monkeypatch.setattr(Scheduler, "reject_drafts", spy)
+    tokens = {}
+    for spec in (None, config):
+        llm = make_llm(target, speculative_config=spec, swap_space=swap,
+                       num_gpu_blocks_override=12)
+        kv = llm.llm_engine.scheduler.kv
+        monkeypatch.setattr(llm.llm_engine.scheduler, "running_fit",
+                            lambda n: True)
+        tokens[spec is None] = [o.outputs[0].token_ids for o in
+                                llm.generate(prompts, params, use_tqdm=False)]
+        assert kv.pool.num_free == kv.pool.num_blocks - 1
+        assert kv.host.num_free == kv.host.num_slots
+    want = {RequestStatus.PREEMPTED} if swap is None else {
+        RequestStatus.SWAPPED}
+    assert want <= set(in_flight)
+    assert tokens[True] == tokens[False]
