@@ -221,14 +221,11 @@ def eagle_folder(ns, method: str) -> tuple[str, dict]:
     with open(os.path.join(ns.model, "config.json")) as f:
         hf = json.load(f)
     L, hf["num_hidden_layers"] = hf["num_hidden_layers"], 1
-    eye = np.eye(D, dtype=f32)
     out = {}
     if method == "eagle":
         hf["architectures"] = ["LlamaForCausalLM"]
-        out["fc.weight"] = np.concatenate([eye, 0 * eye], axis=1)
-        for k, v in layer.items():
-            if k != "input_layernorm.weight":
-                out["layers.0." + k] = v
+        from tests.tiny_models import eagle1_tensors
+        out.update(eagle1_tensors(layer))
         info = {"layout": "vLLM EAGLE-1: fc [D, 2D], layers.0 without "
                 "input_layernorm, the target's embedding and lm_head",
                 "differences_from_a_trained_head": "none in shapes"}
@@ -244,22 +241,10 @@ def eagle_folder(ns, method: str) -> tuple[str, dict]:
                   head_dim=H, draft_vocab_size=draft_vocab,
                   norm_before_residual=True,
                   eagle_aux_hidden_state_layer_ids=taps)
-        attn = {n: layer[f"self_attn.{n}_proj.weight"] for n in "qkvo"}
-        k, v = (np.repeat(attn[n].reshape(K, H, D), N // K, 0).reshape(-1, D)
-                for n in "kv")
-        copy = eye * 8.0 / input_norm_weight(cfg.rms_norm_eps)
-        for n, rows in (("q", [attn["q"], copy]), ("k", [k, copy]),
-                        ("v", [v, eye])):
-            rows = np.concatenate(rows, axis=0)  # [2 N H, D]: embeds half
-            out[f"midlayer.self_attn.{n}_proj.weight"] = np.concatenate(
-                [rows, np.zeros_like(rows)], axis=1)
-        out["midlayer.self_attn.o_proj.weight"] = np.concatenate(
-            [attn["o"], eye], axis=1)
-        for k_, v_ in layer.items():
-            if not k_.startswith("self_attn."):
-                out["midlayer." + k_] = v_
-        out["midlayer.hidden_norm.weight"] = np.full(D, EAGLE3_HIDDEN_NORM,
-                                                     f32)
+        from tests.tiny_models import eagle3_midlayer
+        out.update(eagle3_midlayer(layer, N, K, H,
+                                   input_norm_weight(cfg.rms_norm_eps),
+                                   EAGLE3_HIDDEN_NORM))
         rng = np.random.default_rng(ns.seed)
         out["fc.weight"] = rng.normal(0.0, 0.02, (D, 3 * D)).astype(f32)
         out["norm.weight"] = w["model.norm.weight"].astype(f32)

@@ -224,14 +224,10 @@ def make_eagle(target: str, path: str, method: str = "eagle",
     rng = np.random.default_rng(seed)
     layer = {k[len("model.layers.0."):]: v for k, v in w.items()
              if k.startswith("model.layers.0.")}
-    eye = np.eye(D, dtype=np.float32)
     out = {}
     if method == "eagle":
         cfg["architectures"] = ["LlamaForCausalLM"]
-        out["fc.weight"] = np.concatenate([eye, 0 * eye], axis=1)
-        for k, v in layer.items():
-            if k != "input_layernorm.weight":
-                out["layers.0." + k] = v
+        out.update(eagle1_tensors(layer))
     else:
         N, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
         H = D // N
@@ -240,22 +236,7 @@ def make_eagle(target: str, path: str, method: str = "eagle",
                    head_dim=H, eagle_aux_hidden_state_layer_ids=[0, 1, 1],
                    norm_before_residual=True,
                    draft_vocab_size=draft_vocab or V)
-        attn = {n: layer[f"self_attn.{n}_proj.weight"] for n in "qkvo"}
-        # K/V heads repeated per query head (MHA), then the copying heads.
-        k, v = (np.repeat(attn[n].reshape(K, H, D), N // K, 0).reshape(-1, D)
-                for n in "kv")
-        copy = eye * 8.0 / EAGLE_INPUT_NORM
-        for n, rows in (("q", [attn["q"], copy]), ("k", [k, copy]),
-                        ("v", [v, eye])):
-            rows = np.concatenate(rows, axis=0)  # [2 N H, D]: embeds half
-            out[f"midlayer.self_attn.{n}_proj.weight"] = np.concatenate(
-                [rows, np.zeros_like(rows)], axis=1)
-        out["midlayer.self_attn.o_proj.weight"] = np.concatenate(
-            [attn["o"], eye], axis=1)
-        for k_, v_ in layer.items():
-            if not k_.startswith("self_attn."):
-                out["midlayer." + k_] = v_
-        out["midlayer.hidden_norm.weight"] = np.full(D, 1e-3, np.float32)
+        out.update(eagle3_midlayer(layer, N, K, H, EAGLE_INPUT_NORM, 1e-3))
         out["fc.weight"] = rng.normal(0.0, 0.08, (D, 3 * D)).astype(np.float32)
         out["norm.weight"] = w["model.norm.weight"]
         ids = (np.arange(V) if draft_vocab is None
@@ -273,6 +254,53 @@ def make_eagle(target: str, path: str, method: str = "eagle",
     save_file(out, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
     return path
+
+
+def eagle1_tensors(layer: dict) -> dict:
+    """`make_eagle`'s EAGLE-1 tensors from the target's first layer
+    (``layer``: its tensors without ``model.layers.0.``): fc passes the
+    token's embedding through, to a copy of that layer without its input
+    norm."""
+    import numpy as np
+    D = layer["self_attn.q_proj.weight"].shape[1]
+    eye = np.eye(D, dtype=np.float32)
+    out = {"fc.weight": np.concatenate([eye, 0 * eye], axis=1)}
+    for name, value in layer.items():
+        if name != "input_layernorm.weight":
+            out["layers.0." + name] = value
+    return out
+
+
+def eagle3_midlayer(layer: dict, N: int, K: int, H: int, input_norm: float,
+                    hidden_norm: float) -> dict:
+    """`make_eagle`'s EAGLE-3 ``midlayer.*`` tensors from the target's
+    first layer (``layer``: its tensors without ``model.layers.0.``; N
+    query and K kv heads of H): 2N heads of MHA, N the target's (its kv
+    heads repeated per query head) and N copying the token's embedding
+    into the residual (q = k = the embedding, normed by ``input_norm``,
+    times 8: each attends to itself alone; v and o_proj identities);
+    q/k/v read the embeddings' half of their 2D input only;
+    ``hidden_norm`` the feature's norm weight."""
+    import numpy as np
+    attn = {n: layer[f"self_attn.{n}_proj.weight"] for n in "qkvo"}
+    D = attn["q"].shape[1]
+    eye = np.eye(D, dtype=np.float32)
+    k, v = (np.repeat(attn[n].reshape(K, H, D), N // K, 0).reshape(-1, D)
+            for n in "kv")
+    copy = eye * 8.0 / input_norm
+    out = {}
+    for n, rows in (("q", [attn["q"], copy]), ("k", [k, copy]),
+                    ("v", [v, eye])):
+        rows = np.concatenate(rows, axis=0)  # [2 N H, D]: embeds half
+        out[f"midlayer.self_attn.{n}_proj.weight"] = np.concatenate(
+            [rows, np.zeros_like(rows)], axis=1)
+    out["midlayer.self_attn.o_proj.weight"] = np.concatenate(
+        [attn["o"], eye], axis=1)
+    for name, value in layer.items():
+        if not name.startswith("self_attn."):
+            out["midlayer." + name] = value
+    out["midlayer.hidden_norm.weight"] = np.full(D, hidden_norm, np.float32)
+    return out
 
 
 def make_eagle_target(path: str, seed: int = 0) -> str:
