@@ -410,11 +410,7 @@ class ModelRunner:
             out.scheduled, self.programs.buckets, self.prev_rows,
             None if sources is None else functools.partial(
                 self._shift_rows, sources)))
-        # The target's forward reads pending ids itself: its layout needs
-        # the correction only where a row had drafts before.
-        inputs, wants_lp, plan = self._step_inputs(
-            out, sources if sources is not None and sources.prev_drafts.any()
-            else None)
+        inputs, wants_lp, plan = self._step_inputs(out, sources)
         if draft is not None:  # one transfer for both models; drafts in
             inputs.packed, inputs.drafts = draft.place_inputs(
                 proposal, out.scheduled, inputs.packed, inputs.drafts)
