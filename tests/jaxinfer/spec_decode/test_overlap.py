@@ -186,3 +186,19 @@ def test_a_request_preempted_while_its_drafts_are_verified(
         RequestStatus.SWAPPED}
     assert want <= set(in_flight)
     assert tokens[True] == tokens[False]
+
+
+def test_a_draft_that_is_the_target_has_every_draft_accepted(make_llm,
+                                                             tiny_path):
+    """The target as its own draft, greedy, overlap on: every draft is
+    accepted, so the draft's K/V of each step laid out ahead (its pending
+    first token included) is the target's."""
+    from .conftest import draft_config
+    prompts = [{"prompt_token_ids": list(range(40 + i, 60 + i))}
+               for i in range(3)]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm = make_llm(speculative_config=draft_config(tiny_path))
+    llm.generate(prompts, sp, use_tqdm=False)
+    stats = llm.llm_engine.get_stats().spec_decode
+    assert stats.num_draft_tokens >= 30
+    assert stats.num_accepted_tokens == stats.num_draft_tokens, stats
