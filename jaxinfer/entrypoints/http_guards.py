@@ -3,7 +3,12 @@ OpenAI server and `/generate`.
 
 - A body over the limit gets 413 before it is read when Content-Length says
   so, or as soon as the running count passes the limit (chunked uploads), so
-  a 10 MB prompt is never parsed, tokenized or held in memory whole.
+  a 10 MB prompt is never parsed, tokenized or held in memory whole. The
+  413 carries ``Connection: close``: the server then closes the connection
+  instead of reading the rest of the body to keep it alive, which costs
+  about as much CPU as the upload itself and would slow every stream the
+  process serves. Clients read the answer after their send fails (urllib3,
+  httpcore and curl all do).
 - While the waiting queue is full or the server is shutting down, generation
   routes get 503 with Retry-After at once, before any parsing or tokenizing,
   so a client backs off instead of waiting behind the queue for its refusal.
@@ -41,6 +46,8 @@ class RequestGuard:
                 "POST", "PUT", "PATCH"):
             receive, refusal = await self._buffer_body(receive)
         if refusal is not None:
+            if refusal[1] == 413:  # the rest of the body stays unread
+                send = _closing(send)
             return await self.respond(*refusal)(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -82,6 +89,16 @@ class RequestGuard:
             chunks.append(message)
             if not message.get("more_body", False):
                 return _replay(chunks, receive), None
+
+
+def _closing(send):
+    """``send`` with ``Connection: close`` added to the response head."""
+    async def closing(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [
+                *message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+    return closing
 
 
 def _content_length(scope) -> int | None:

@@ -130,10 +130,12 @@ def test_body_over_the_limit_is_413_and_the_loop_stays_responsive(server):
     from jaxinfer.entrypoints.http_guards import DEFAULT_MAX_BODY_BYTES
     body = json.dumps({"prompt": "a" * (DEFAULT_MAX_BODY_BYTES + 10)})
     for path in ("/v1/completions", "/tokenize", "/v1/chat/completions"):
-        err = openai_error(requests.post(
-            server.base_url + path, data=body, timeout=30,
-            headers={"content-type": "application/json"}), 413)
+        r = requests.post(server.base_url + path, data=body, timeout=30,
+                          headers={"content-type": "application/json"})
+        err = openai_error(r, 413)
         assert "--max-request-body-bytes" in err["message"]
+        # The rest of the body is not read: the connection closes instead.
+        assert r.headers["connection"] == "close"
 
     # Without a Content-Length (chunked), the count stops the upload too.
     def chunks():
@@ -142,6 +144,7 @@ def test_body_over_the_limit_is_413_and_the_loop_stays_responsive(server):
     r = requests.post(server.base_url + "/tokenize", data=chunks(), timeout=30,
                       headers={"content-type": "application/json"})
     openai_error(r, 413)
+    assert r.headers["connection"] == "close"
 
 
 @pytest.mark.slow
