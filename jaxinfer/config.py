@@ -54,49 +54,6 @@ class CacheConfig:
                f"one of {', '.join(KV_CACHE_DTYPES)}", self.cache_dtype)
 
 
-def host_available_bytes() -> int:
-    """Host memory free for new allocations (Linux: MemAvailable; elsewhere
-    the physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-# At most this much KV cache on CPU unless num_gpu_blocks_override asks for
-# more (vLLM's CPU backend defaults to the same 4 GiB): the pool is zeroed
-# at start, and a host shares its memory with everything else.
-CPU_KV_CACHE_MAX_BYTES = 4 << 30
-
-
-def cpu_num_blocks(cache: CacheConfig, max_model_len: int, max_num_seqs: int,
-                   page_bytes: int, available_bytes: int) -> int:
-    """The CPU page pool: room for every seat at full length (more could
-    never be used at once), capped by ``gpu_memory_utilization`` of the
-    host memory available and by CPU_KV_CACHE_MAX_BYTES; at least one
-    full-length sequence must fit. Page 0 is the null page."""
-    per_seq = -(-max_model_len // cache.block_size)
-    share = (0.9 if cache.gpu_memory_utilization is None
-             else cache.gpu_memory_utilization)
-    budget = min(share * available_bytes, CPU_KV_CACHE_MAX_BYTES)
-    by_memory = int(budget // page_bytes) - 1
-    if by_memory < per_seq:
-        raise InvalidConfigError(
-            f"no room for the KV cache on CPU: gpu_memory_utilization="
-            f"{share} of {available_bytes / 2**30:.1f} "
-            f"GiB available host memory (at most "
-            f"{CPU_KV_CACHE_MAX_BYTES / 2**30:.0f} GiB) holds "
-            f"{max(by_memory, 0)} pages of {cache.block_size} tokens, fewer "
-            f"than one sequence of max_model_len={max_model_len} needs "
-            f"({per_seq}): raise gpu_memory_utilization, set "
-            "num_gpu_blocks_override, or lower max_model_len")
-    return min(max_num_seqs * per_seq, by_memory) + 1
-
-
 # vLLM's batch capacity on a GPU of at least 70 GiB: 1024 sequences, and
 # batched tokens by usage context (offline `LLM` or the OpenAI server).
 # Smaller GPUs keep 256 sequences and 8192 tokens. The KV pages bound the

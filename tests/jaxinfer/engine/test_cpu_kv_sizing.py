@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from jaxinfer.config import CPU_KV_CACHE_MAX_BYTES, CacheConfig, EngineArgs, cpu_num_blocks
+from jaxinfer.config import CacheConfig, EngineArgs
 from jaxinfer.errors import InvalidConfigError
+from jaxinfer.worker.kv_pool_size import CPU_KV_CACHE_MAX_BYTES, cpu_num_blocks
 
 PAGE = 1 << 20  # bytes per page, all layers
 

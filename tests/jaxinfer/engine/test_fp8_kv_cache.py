@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from jaxinfer import SamplingParams
-from jaxinfer.config import CacheConfig, cpu_num_blocks
+from jaxinfer.config import CacheConfig
 from jaxinfer.errors import UnsupportedFeatureError
 from jaxinfer.worker.kv_dtype import kv_page_dtype, page_bytes
+from jaxinfer.worker.kv_pool_size import cpu_num_blocks
 
 
 def test_the_planner_counts_twice_the_pages_of_bf16():
