@@ -206,11 +206,11 @@ def _filter_whole_rows(x: jax.Array, md: SamplingMetadata) -> jax.Array:
     return _filter_by_sorting_rows(x, md)
 
 
-def _threshold_from_candidates(x, md, kept_blocks, block_size):
+def _threshold_from_candidates(x, md, kept_blocks, block_size, by_top_k=None):
     """Per row the top-k/top-p threshold computed from the row's candidates
     (see top_candidates), and whether the candidates decided it exactly."""
     s, vocab = x.shape
-    c = top_candidates(x, kept_blocks, block_size)
+    c = top_candidates(x, kept_blocks, block_size, by_top_k=by_top_k)
     floor = c.floor[:, None]
     in_head = count_at_least(c.values, c.floor)  # candidates >= floor, all exact
     neg_inf = jnp.full((s,), -jnp.inf, x.dtype)
@@ -249,14 +249,16 @@ def _threshold_from_candidates(x, md, kept_blocks, block_size):
 
 def filter_logits(logits: jax.Array, md: SamplingMetadata, *,
                   kept_blocks: int = KEPT_BLOCKS,
-                  block_size: int = BLOCK_SIZE) -> jax.Array:
+                  block_size: int = BLOCK_SIZE,
+                  by_top_k: bool | None = None) -> jax.Array:
     """Temperature, min-p, top-k, top-p: the logits the draw uses, with
     filtered-out tokens at -inf. Top-p acts on the distribution already cut
     by min-p and top-k (renormalized), as in vLLM.
 
     Top-k/top-p thresholds come from each row's candidates (its
-    ``kept_blocks`` best blocks, see top_candidates) whenever they decide
-    them exactly: top-k up to the head's size, top-p when the cut falls in
+    ``kept_blocks`` best blocks, or on CPU or with ``by_top_k`` its
+    ``kept_blocks`` largest entries: see top_candidates) whenever they
+    decide them exactly: top-k up to the head's size, top-p when the cut falls in
     the head. Otherwise (a larger top_k, a flat distribution whose nucleus
     reaches past the head) the whole batch takes the full-row sort instead,
     so results never depend on the shortcut."""
@@ -264,7 +266,7 @@ def filter_logits(logits: jax.Array, md: SamplingMetadata, *,
     if md.top_k is None and md.top_p is None:
         return x
     threshold, exact = _threshold_from_candidates(x, md, kept_blocks,
-                                                  block_size)
+                                                  block_size, by_top_k)
     undecided = jnp.any(~exact & (_temperatures(md) > 0))
     return jax.lax.cond(
         undecided, lambda: _filter_whole_rows(x, md),
