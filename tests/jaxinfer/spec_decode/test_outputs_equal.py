@@ -74,6 +74,13 @@ def _same(a, b) -> None:
                 assert lx[t].logprob == pytest.approx(ly[t].logprob, abs=1e-4)
 
 
+# Plain decoding's outputs per (target, pool size, swap space): the methods
+# of one target compare against the same run. The tests share a worker
+# (their xdist group) so that each plain run happens once.
+_PLAIN_RESULTS: dict = {}
+
+
+@pytest.mark.xdist_group("spec_outputs_equal")
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "eagle3"])
 @pytest.mark.parametrize("blocks,swap", [(None, None), (14, None), (14, 0.01)],
                          ids=["roomy", "recomputing", "swapping"])
@@ -86,6 +93,10 @@ def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
         # The EAGLE target's outputs are shorter: a smaller pool preempts.
         blocks = 10
     for spec in (None, config):
+        plain_key = (target, blocks, swap)
+        if spec is None and plain_key in _PLAIN_RESULTS:
+            results[False] = _PLAIN_RESULTS[plain_key]
+            continue
         engine = make_llm(target, speculative_config=spec, swap_space=swap,
                           num_gpu_blocks_override=blocks).llm_engine
         rng = random.Random(5)
@@ -94,7 +105,9 @@ def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
                                                 abort_id="3")
         pool = engine.scheduler.kv.pool
         assert pool.num_free == pool.num_blocks - 1
-        if spec is not None:
+        if spec is None:
+            _PLAIN_RESULTS[plain_key] = results[False]
+        else:
             stats = engine.get_stats()
             assert stats.spec_decode.num_accepted_tokens > 0
             # Drafts were rejected too (a draft model's or an EAGLE head's
