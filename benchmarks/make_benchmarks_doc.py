@@ -159,10 +159,25 @@ def _accuracy(d: dict) -> str:
                      if (r["per_channel_weights"], r["activations"]) in names)
 
 
+def _speculative(d: dict, batch: str) -> str:
+    """Each method's output tok/s against plain decoding's, same target,
+    prompts and process."""
+    parts = []
+    for method, m in d["methods"].items():
+        b = m["batches"][batch]
+        parts.append(f"{method} {b['speedup']:.2f}x (acceptance "
+                     f"{b['acceptance_rate']:.2f})")
+    plain = next(iter(d["methods"].values()))["batches"][batch]
+    return (f"plain {plain['plain_output_tok_s']:,.0f} tok/s; "
+            + ", ".join(parts))
+
+
 ENGINE = "Engine, llama3-8b shape (random bf16 weights), one H200"
 KERNELS = "Kernels and sampler, one H200 (S=64 L=2048 N=32 K=8 H=128, page 16, bf16 unless noted)"
 FEATURES = "Features, one H200 (llama3-8b shape unless noted)"
 CPU = "CPU, embedded SmolLM2-135M-Instruct, 2-core machine"
+SPEC = ("Speculative decoding, llama3-8b shape (random bf16 weights shaped as "
+        "docs/speculative-decoding.md says), k = 4, one H100")
 SPEED = "engine-speed-8k-h200/summary.json"
 
 HEADLINES = (
@@ -198,6 +213,11 @@ HEADLINES = (
     Headline(FEATURES, "tensor parallel 2 (tiny model, Pallas kernels), two H200s",
              "tp-check-h200x2.json",
              _tp),
+    Headline(SPEC, "draft model, EAGLE, EAGLE-3 heads: one sequence, 512 in / 256 out",
+             "spec-decode-overlap-h100.json", lambda d: _speculative(d, "1"),
+             readme=True),
+    Headline(SPEC, "the same, 64 sequences", "spec-decode-overlap-h100.json",
+             lambda d: _speculative(d, "64")),
     Headline(CPU, "`jaxinfer generate ... --max-tokens 32`, warm caches", "cpu-first-run.json",
              _cpu_command, readme=True),
     Headline(CPU, "decode rates against HF transformers (torch, float32), same file",
