@@ -162,14 +162,12 @@ def _accuracy(d: dict) -> str:
 def _speculative(d: dict, batch: str) -> str:
     """Each method's output tok/s against plain decoding's, same target,
     prompts and process."""
-    parts = []
-    for method, m in d["methods"].items():
-        b = m["batches"][batch]
-        parts.append(f"{method} {b['speedup']:.2f}x (acceptance "
-                     f"{b['acceptance_rate']:.2f})")
-    plain = next(iter(d["methods"].values()))["batches"][batch]
-    return (f"plain {plain['plain_output_tok_s']:,.0f} tok/s; "
-            + ", ".join(parts))
+    rows = {m: v["batches"][batch] for m, v in d["methods"].items()}
+    accept = [r["acceptance_rate"] for r in rows.values()]
+    plain = next(iter(rows.values()))["plain_output_tok_s"]
+    return (f"plain {plain:,.0f} tok/s; "
+            + ", ".join(f"{m} {r['speedup']:.2f}x" for m, r in rows.items())
+            + f" (acceptance {min(accept):.2f}-{max(accept):.2f})")
 
 
 ENGINE = "Engine, llama3-8b shape (random bf16 weights), one H200"
@@ -213,7 +211,7 @@ HEADLINES = (
     Headline(FEATURES, "tensor parallel 2 (tiny model, Pallas kernels), two H200s",
              "tp-check-h200x2.json",
              _tp),
-    Headline(SPEC, "draft model, EAGLE, EAGLE-3 heads: one sequence, 512 in / 256 out",
+    Headline(SPEC, "speculative decoding, one sequence, 512 in / 256 out, H100",
              "spec-decode-overlap-h100.json", lambda d: _speculative(d, "1"),
              readme=True),
     Headline(SPEC, "the same, 64 sequences", "spec-decode-overlap-h100.json",
