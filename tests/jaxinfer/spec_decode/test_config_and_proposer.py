@@ -144,8 +144,11 @@ def test_warm_up_builds_every_program_a_speculative_step_runs(make_llm):
     """k is fixed at start: the verifying sampler and the k + 1 scored rows
     per sequence are in the known set, warm-up builds them, and steps run
     nothing else."""
-    llm = make_llm(warmup=True, speculative_config={
-        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
+    # Small limits: few buckets to build.
+    llm = make_llm(warmup=True, max_num_seqs=4, max_num_batched_tokens=16,
+                   max_model_len=64, speculative_config={
+                       "method": "ngram", "num_speculative_tokens": 2,
+                       "prompt_lookup_min": 1})
     programs = llm.llm_engine.runner.programs
     llm.generate([{"prompt_token_ids": [7, 8, 9] * 6},
                   {"prompt_token_ids": list(range(40, 90))}],
