@@ -159,6 +159,11 @@ def _accuracy(d: dict) -> str:
                      if (r["per_channel_weights"], r["activations"]) in names)
 
 
+def _span(xs: list[float]) -> str:
+    lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def _speculative(d: dict, batch: str) -> str:
     """Each method's output tok/s against plain decoding's, same target,
     prompts and process."""
@@ -167,7 +172,7 @@ def _speculative(d: dict, batch: str) -> str:
     plain = next(iter(rows.values()))["plain_output_tok_s"]
     return (f"plain {plain:,.0f} tok/s; "
             + ", ".join(f"{m} {r['speedup']:.2f}x" for m, r in rows.items())
-            + f" (acceptance {min(accept):.2f}-{max(accept):.2f})")
+            + f" (acceptance {_span(accept)})")
 
 
 ENGINE = "Engine, llama3-8b shape (random bf16 weights), one H200"

@@ -258,8 +258,8 @@ def filter_logits(logits: jax.Array, md: SamplingMetadata, *,
     Top-k/top-p thresholds come from each row's candidates (its
     ``kept_blocks`` best blocks, or on CPU or with ``by_top_k`` its
     ``kept_blocks`` largest entries: see top_candidates) whenever they
-    decide them exactly: top-k up to the head's size, top-p when the cut falls in
-    the head. Otherwise (a larger top_k, a flat distribution whose nucleus
+    decide them exactly: top-k up to the head's size, top-p when the cut
+    falls in the head. Otherwise (a larger top_k, a flat distribution whose nucleus
     reaches past the head) the whole batch takes the full-row sort instead,
     so results never depend on the shortcut."""
     x = _temperature_and_min_p(logits, md)

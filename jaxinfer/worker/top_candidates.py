@@ -91,7 +91,7 @@ def _top_k_candidates(x: jax.Array, kept: int) -> Candidates:
     # aborts XLA's TopK decomposer in a program over several devices.
     values = jnp.where(ids >= 0, values, -jnp.inf)
     floor = values[:, -1] if kept < v else jnp.full((s,), -jnp.inf, x.dtype)
-    return Candidates(values, ids.astype(jnp.int32), floor)
+    return Candidates(values, ids, floor)  # lax.top_k's ids are int32
 
 
 def count_at_least(x: jax.Array, floor: jax.Array) -> jax.Array:
