@@ -74,7 +74,8 @@ def run_peers(out_dir: str) -> dict:
 
 def measure_roofline() -> dict:
     """The roofline's ceilings (docs/benchmarking.md): torch copy_ of 2 GiB (bytes read + written)
-    and an 8192^3 bf16 matmul, medians of events-timed repeats."""
+    and an 8192^3 bf16 matmul, and the same matmul in fp8 (``_scaled_mm``),
+    medians of events-timed repeats."""
     import statistics
 
     import torch
@@ -97,8 +98,18 @@ def measure_roofline() -> dict:
         return statistics.median(out)
     t_copy = timed(lambda: y.copy_(x))
     t_mm = timed(lambda: a @ b)
-    return dict(bw=2 * x.numel() * 2 / t_copy, flops=2 * 8192**3 / t_mm,
-                device=torch.cuda.get_device_name())
+    out = dict(bw=2 * x.numel() * 2 / t_copy, flops=2 * 8192**3 / t_mm,
+               device=torch.cuda.get_device_name())
+    try:  # the fp8 tensor cores' rate, for fp8 weights' products
+        fa = a.to(torch.float8_e4m3fn)
+        fb = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major
+        one = torch.ones((), device="cuda")
+        t_fp8 = timed(lambda: torch._scaled_mm(fa, fb, one, one,
+                                               out_dtype=torch.bfloat16))
+        out["flops_fp8"] = 2 * 8192**3 / t_fp8
+    except (RuntimeError, AttributeError) as e:  # no fp8 tensor cores
+        out["flops_fp8_error"] = repr(e)[:200]
+    return out
 
 
 def engine_overrides(pairs: list[str]) -> dict:

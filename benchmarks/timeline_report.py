@@ -4,12 +4,19 @@ roofline of each of its steps, as a table and a PNG.
     python benchmarks/timeline_report.py DIR           # after engine_speed.py
     python benchmarks/timeline_report.py DIR --png     # also DIR/<run>.png (matplotlib)
 
-Roofline of one step (docs/benchmarking.md, per step):
-``t_min = max((W + kv_tokens * kv_bytes) / BW, (2 * P * tokens + 4 * N * H * L * pairs) / FLOPS)``
-with W the streamed weight bytes (all but an untied embedding table), P
-the parameters a token passes through, ``kv_tokens`` the KV entries the step
-reads, ``pairs`` its causal query-key pairs; BW and FLOPS measured in the
-same run. A run's roofline is the sum over its steps.
+Roofline of one step (docs/benchmarking.md, per step), two bounds:
+``overlapped = max((W + kv_tokens * kv_bytes) / BW, MM + ATT)`` and
+``serial = max(W / BW, MM) + max(kv_tokens * kv_bytes / BW, ATT)``, with
+``MM = 2 * P * tokens / FLOPS_w`` and ``ATT = 4 * N * H * L * pairs / FLOPS``:
+W the streamed weight bytes (all but an untied embedding table, in the
+stored dtype), P the parameters a token passes through, ``kv_tokens`` the KV
+entries the step reads (``kv_bytes`` per token in the page dtype), ``pairs``
+its causal query-key pairs; BW, FLOPS (bf16) and, for fp8 weights, FLOPS_w
+(fp8) measured in the same run. The overlapped bound is a step whose page
+reads run beside its matmuls; the serial one runs the weights' products and
+the attention one after the other, each at its own limit, which is what a
+step of kernels on one stream can reach. A run's bounds are sums over its
+steps; ``roofline_s`` and ``roofline_fraction`` are the overlapped ones.
 
 For a mixture of experts, W counts the experts a step's T tokens touch: per
 layer ``E * (1 - (1 - k/E)^T)``, the expected count under uniform routing
@@ -32,44 +39,70 @@ LLAMA3_8B = dict(streamed_weight_bytes=15.01e9, token_params=7.50e9,
                  kv_bytes_per_token=131072, attn_flops_per_pair=4 * 32 * 128 * 32)
 
 
-def model_constants(model_dir: str, dtype_bytes: int = 2) -> dict:
+def model_constants(model_dir: str, dtype_bytes: int = 2,
+                    quantization: str | None = None,
+                    kv_cache_dtype: str | None = None) -> dict:
     """step_t_min's constants for the model whose config.json is in
-    ``model_dir``, counted on its abstract params (nothing allocated)."""
-    import jax
+    ``model_dir``, counted on its abstract params (nothing allocated):
+    parameter counts on the float model, weight bytes on the params as
+    stored (``quantization``: the engine's argument; a checkpoint's own
+    quantization_config counts too), KV bytes in ``kv_cache_dtype``."""
     import jax.numpy as jnp
-    from flax import linen as nn
 
-    from jaxinfer.models.abstract import abstract_variables
     from jaxinfer.models.config import load_hf_config, model_config_from_hf
-    from jaxinfer.models.registry import model_class
+    from jaxinfer.models.loader import resolve_model
     cfg = model_config_from_hf(load_hf_config(model_dir))
-    model = model_class(cfg.architecture)(cfg, dtype=jnp.bfloat16)
-    params = nn.unbox(abstract_variables(model, cfg)["params"])
-    expert, embedding, total = 0, 0, 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        keys = [getattr(k, "key", "") for k in path]
-        if keys[-1] in ("gate_proj", "up_proj", "down_proj") and "mlp" in keys \
-                and len(leaf.shape) == 3:  # stacked [E, ...] expert weights
-            expert += leaf.size
-        elif keys[0] == "embedding":
-            embedding += leaf.size
-        total += leaf.size
-    tied = getattr(cfg, "tie_word_embeddings", False)
-    dense = total - expert - (0 if tied else embedding)
+    counts = _param_counts(cfg, lambda leaf: leaf.size)
+    stored = resolve_model(model_dir, "dummy", quantization).config
+    # Float params in the model's dtype (dtype_bytes); codes and their
+    # scales as stored.
+    sizes = _param_counts(stored, lambda leaf: leaf.size * (
+        dtype_bytes if leaf.dtype == jnp.bfloat16 else leaf.dtype.itemsize))
+    one_byte = (kv_cache_dtype or "auto").startswith("fp8")
+    kv_dtype_bytes = 1 if one_byte else dtype_bytes
     L = cfg.num_layers
-    out = dict(streamed_weight_bytes=dense * dtype_bytes,
+    dense, expert = counts["dense"], counts["expert"]
+    out = dict(streamed_weight_bytes=sizes["dense"],
                token_params=dense,
                kv_bytes_per_token=2 * L * cfg.num_kv_heads * cfg.head_dim
-               * dtype_bytes,
+               * kv_dtype_bytes,
                attn_flops_per_pair=4 * L * cfg.num_heads * cfg.head_dim)
+    if stored.quantization is not None:
+        out["quantization"] = stored.quantization.method
     E = getattr(cfg, "num_experts", 0)
     if expert and E:
         k = cfg.num_experts_per_tok
         per_expert = expert // (L * E)  # one expert's params in one layer
         out.update(num_layers=L, num_experts=E, experts_per_tok=k,
-                   expert_bytes=per_expert * dtype_bytes)
+                   expert_bytes=sizes["expert"] // (L * E))
         out["token_params"] += L * k * per_expert
     return out
+
+
+def _param_counts(cfg, measure) -> dict:
+    """``measure(leaf)`` summed over the dense params (all but an untied
+    embedding table and the stacked experts) and over the experts."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from jaxinfer.models.abstract import abstract_variables
+    from jaxinfer.models.registry import model_class
+    model = model_class(cfg.architecture)(cfg, dtype=jnp.bfloat16)
+    params = nn.unbox(abstract_variables(model, cfg)["params"])
+    expert, embedding, total = 0, 0, 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        keys = [getattr(k, "key", "") for k in path]
+        size = measure(leaf)
+        if keys[-1] in ("gate_proj", "up_proj", "down_proj") and "mlp" in keys \
+                and len(leaf.shape) == 3:  # stacked [E, ...] expert weights
+            expert += size
+        elif keys[0] == "embedding":
+            embedding += size
+        total += size
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    return dict(dense=total - expert - (0 if tied else embedding),
+                expert=expert)
 
 
 def step_weight_bytes(m: dict, tokens: int) -> float:
@@ -83,19 +116,31 @@ def step_weight_bytes(m: dict, tokens: int) -> float:
     return w
 
 
-def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
-    """One record's t_min; a multi-step window (``num_steps`` k) sums its k
-    decode steps, each row's KV one token longer every step."""
+def step_bounds(r: dict, roof: dict, m: dict = LLAMA3_8B
+                ) -> tuple[float, float]:
+    """One record's (overlapped, serial) bounds in seconds; a multi-step
+    window (``num_steps`` k) sums its k decode steps, each row's KV one
+    token longer every step."""
     tokens = r["prefill_tokens"] + r["decode_tokens"]
-    total = 0.0
+    # fp8 weights multiply on the fp8 tensor cores (the run's fp8 rate);
+    # every other scheme's products, and attention, run in 16 bits.
+    flops_w = (roof.get("flops_fp8") or roof["flops"]
+               if m.get("quantization") == "fp8" else roof["flops"])
+    overlapped = serial = 0.0
     for i in range(r.get("num_steps", 1)):
         grown = i * r["decode_tokens"]  # decode rows gain a token per step
-        t_bytes = (step_weight_bytes(m, tokens) + (r["kv_tokens"] + grown) *
-                   m["kv_bytes_per_token"]) / roof["bw"]
-        t_flops = (2 * m["token_params"] * tokens + m["attn_flops_per_pair"]
-                   * (r["attn_pairs"] + grown)) / roof["flops"]
-        total += max(t_bytes, t_flops)
-    return total
+        w = step_weight_bytes(m, tokens) / roof["bw"]
+        kv = (r["kv_tokens"] + grown) * m["kv_bytes_per_token"] / roof["bw"]
+        mm = 2 * m["token_params"] * tokens / flops_w
+        att = m["attn_flops_per_pair"] * (r["attn_pairs"] + grown) / roof["flops"]
+        overlapped += max(w + kv, mm + att)
+        serial += max(w, mm) + max(kv, att)
+    return overlapped, serial
+
+
+def step_t_min(r: dict, roof: dict, m: dict = LLAMA3_8B) -> float:
+    """One record's overlapped bound (the roofline)."""
+    return step_bounds(r, roof, m)[0]
 
 
 def load_steps(path: str) -> list[dict]:
@@ -117,40 +162,49 @@ def kind(r: dict) -> str:
 def summarize(steps: list[dict], roof: dict, elapsed_s: float | None,
               m: dict = LLAMA3_8B) -> dict:
     out = {"steps": len(steps)}
-    t_min = sum(step_t_min(r, roof, m) for r in steps)
+    bounds = [step_bounds(r, roof, m) for r in steps]
+    t_min = sum(b[0] for b in bounds)
+    t_serial = sum(b[1] for b in bounds)
     dev = sum(r["device_ms"] for r in steps) / 1e3
-    out.update(roofline_s=t_min, device_s=dev,
+    out.update(roofline_s=t_min, serial_bound_s=t_serial, device_s=dev,
                host_s=sum(r["host_ms"] for r in steps) / 1e3,
                compile_s=sum(r["compile_ms"] for r in steps) / 1e3,
                preemptions=sum(r["preempted"] for r in steps))
     if elapsed_s:
-        out.update(elapsed_s=elapsed_s, roofline_fraction=t_min / elapsed_s)
+        out.update(elapsed_s=elapsed_s, roofline_fraction=t_min / elapsed_s,
+                   serial_fraction=t_serial / elapsed_s)
     by = {}
-    for r in steps:
+    for r, (over, ser) in zip(steps, bounds):
         k = kind(r)
         b = by.setdefault(k, {"n": 0, "device_s": 0.0, "t_min_s": 0.0,
-                              "host_s": 0.0})
+                              "serial_s": 0.0, "host_s": 0.0})
         b["n"] += 1
         b["device_s"] += r["device_ms"] / 1e3
         b["host_s"] += r["host_ms"] / 1e3
-        b["t_min_s"] += step_t_min(r, roof, m)
+        b["t_min_s"] += over
+        b["serial_s"] += ser
     out["by_kind"] = by
     return out
 
 
 def table(name: str, s: dict) -> str:
-    lines = [f"{name}: {s['steps']} steps, roofline {s['roofline_s']:.1f} s"
+    lines = [f"{name}: {s['steps']} steps, roofline {s['roofline_s']:.1f} s "
+             f"(serial {s['serial_bound_s']:.1f} s)"
              + (f", wall {s['elapsed_s']:.1f} s, fraction "
-                f"{s['roofline_fraction']:.2f}" if "elapsed_s" in s else "")
+                f"{s['roofline_fraction']:.2f} (of serial "
+                f"{s['serial_fraction']:.2f})" if "elapsed_s" in s else "")
              + f"; device {s['device_s']:.1f} s, host {s['host_s']:.1f} s, "
              f"compile {s['compile_s']:.1f} s, preemptions {s['preemptions']}",
              f"  {'kind':8} {'steps':>6} {'device s':>9} {'roofline s':>10} "
-             f"{'ratio':>6} {'host s':>7} {'ms/step':>8}"]
+             f"{'ratio':>6} {'serial':>6} {'host s':>7} {'ms/step':>8}"]
     for k, b in sorted(s["by_kind"].items()):
-        ratio = b["t_min_s"] / b["device_s"] if b["device_s"] else 0.0
-        lines.append(f"  {k:8} {b['n']:>6} {b['device_s']:>9.2f} "
-                     f"{b['t_min_s']:>10.2f} {ratio:>6.2f} {b['host_s']:>7.2f} "
-                     f"{1e3 * b['device_s'] / max(b['n'], 1):>8.2f}")
+        dev = b["device_s"]
+        ratio = b["t_min_s"] / dev if dev else 0.0
+        serial = b["serial_s"] / dev if dev else 0.0
+        lines.append(f"  {k:8} {b['n']:>6} {dev:>9.2f} "
+                     f"{b['t_min_s']:>10.2f} {ratio:>6.2f} {serial:>6.2f} "
+                     f"{b['host_s']:>7.2f} "
+                     f"{1e3 * dev / max(b['n'], 1):>8.2f}")
     return "\n".join(lines)
 
 
@@ -170,11 +224,16 @@ def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
             summary = json.load(f)
     roof = summary["roofline"]
     model = (summary.get("engine") or {}).get("model")
-    m = (model_constants(model) if model and os.path.exists(
-        os.path.join(model, "config.json")) else LLAMA3_8B)
+    engine = summary.get("engine") or {}
+    m = (model_constants(model, quantization=engine.get("quantization"),
+                         kv_cache_dtype=engine.get("kv_cache_dtype"))
+         if model and os.path.exists(os.path.join(model, "config.json"))
+         else LLAMA3_8B)
     summary["roofline_model"] = m
+    fp8 = (f", fp8 {roof['flops_fp8'] / 1e12:.0f}" if roof.get("flops_fp8")
+           else "")
     parts = [f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul "
-             f"{roof['flops'] / 1e12:.0f} TFLOP/s ({roof.get('device', '')})"]
+             f"{roof['flops'] / 1e12:.0f}{fp8} TFLOP/s ({roof.get('device', '')})"]
     for name, run in summary["runs"].items():
         path = os.path.join(d, f"{name}.steps.jsonl")
         if not (os.path.exists(path) or os.path.exists(path + ".gz")):
