@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from .attention import AttentionMetadata
@@ -27,10 +28,25 @@ def _apply(model: nn.Module, variables: dict, *args: Any, **kw: Any) -> Any:
     return model.apply(variables, *args, **kw)
 
 
-def model_constants(model: nn.Module, max_model_len: int) -> dict:
+def model_constants(model: nn.Module, max_model_len: int,
+                    sharding: jax.sharding.Sharding | None = None) -> dict:
     """Device arrays of the model's constants for positions below
-    ``max_model_len``; built once, passed to every ``run_model``."""
-    return jax.tree_util.tree_map(jnp.asarray, model.constants(max_model_len))
+    ``max_model_len``; built once, passed to every ``run_model``.
+    ``sharding``: where they live (a mesh's replicated sharding when the
+    params span several devices: a program lowered ahead from their
+    shapes and shardings must see them on the params' devices, and an
+    uncommitted array's shape carries device 0 alone); None: the default
+    device, uncommitted. Built from the host table in every process, as a
+    multi-host mesh needs."""
+    tables = model.constants(max_model_len)
+    if sharding is None:
+        return jax.tree_util.tree_map(jnp.asarray, tables)
+
+    def place(table: Any) -> jax.Array:
+        table = np.asarray(table)
+        return jax.make_array_from_callback(table.shape, sharding,
+                                            lambda index: table[index])
+    return jax.tree_util.tree_map(place, tables)
 
 
 def run_model(

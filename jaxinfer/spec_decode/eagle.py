@@ -198,7 +198,9 @@ class EagleDrafter(PagedDrafter):
         tied = target_model.cfg.tie_word_embeddings
         self.head = EagleHead(ec, tied and ec.method == "eagle",
                               backend=target_model.backend, dtype=dtype)
-        self.constants = model_constants(self.head, max_model_len)
+        self.constants = model_constants(
+            self.head, max_model_len,
+            placement.replicated if placement.mesh.size > 1 else None)
         self.params = self._load(source, target_params, tied)
         logger.info("loaded the %s head %s in %.1fs", ec.method, source,
                     time.perf_counter() - t0)

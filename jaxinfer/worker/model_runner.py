@@ -85,8 +85,9 @@ class ModelRunner:
         self.placement = Placement(self.model, self.cfg, tensor_parallel_size,
                                    pipeline_parallel_size, devices)
         self.model = self.model.clone(mesh=self.placement.mesh)
-        self.constants = model_constants(self.model,
-                                         scheduler_config.max_model_len)
+        self.constants = model_constants(
+            self.model, scheduler_config.max_model_len,
+            self.placement.replicated if self.placement.mesh.size > 1 else None)
         self.kv_dtype = kv_page_dtype(cache_config.cache_dtype, dtype)
         self.max_logprobs = max_logprobs
         # An EAGLE head reads the target's hidden states at its taps: the

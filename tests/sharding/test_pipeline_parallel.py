@@ -72,6 +72,9 @@ def _run(path: str, configs: dict, devices: int, timeout: int = 900) -> dict:
                           capture_output=True, text=True, env=env,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # Every program built ahead on the mesh (none fell back to a build on
+    # first use, as when the model's constants sat on one device).
+    assert "ahead failed" not in proc.stderr, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
 
