@@ -210,7 +210,9 @@ def _rope_write_kv(q: jax.Array, k: jax.Array, v: jax.Array,
     from jaxinfer.pallas_kernels.rope_write_kv import rope_write_kv
     norms, eps = (qk_norm[:2], qk_norm[2]) if qk_norm is not None else ((), 0.0)
 
-    def fn(q, k, v, cos_sin, k_pages, v_pages, slots, *norms):
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, cos_sin: jax.Array,
+           k_pages: jax.Array, v_pages: jax.Array, slots: jax.Array,
+           *norms: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         return rope_write_kv(q, k, v, cos_sin, k_pages, v_pages, slots,
                              *norms, eps=eps, interpret=interpret)
 

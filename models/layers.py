@@ -69,7 +69,7 @@ class RMSNorm(nn.Module):
     eps: float
     dtype: jnp.dtype
 
-    def setup(self):
+    def setup(self) -> None:
         self.scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
                            nn.initializers.ones)
 

@@ -94,19 +94,19 @@ def unsupported(q: jax.Array, k: jax.Array, v: jax.Array, cos_sin: jax.Array,
 
 
 def rope_write_kv_kernel(
-    slots_ref,  # [T] int32 slot of each token
-    cos_sin_ref,  # [T, H] f32 cos | sin
-    q_norm_ref,  # [H] RMSNorm weight of q (ones when unused)
-    k_norm_ref,  # [H] RMSNorm weight of k
-    q_ref,  # [T, G, H] this kv head's query heads
-    k_ref,  # [T, H] this kv head
-    v_ref,  # [T, H]
-    k_pages_in_ref,  # [num_pages, B, H] aliased with k_pages_ref
-    v_pages_in_ref,  # [num_pages, B, H] aliased with v_pages_ref
-    q_out_ref,  # [T, G, H]
-    k_pages_ref,  # [num_pages, B, H] this kv head's pages, written in place
-    v_pages_ref,  # [num_pages, B, H]
-    *, block_tokens: int, norm: bool, eps: float):
+    slots_ref: Ref,  # [T] int32 slot of each token
+    cos_sin_ref: Ref,  # [T, H] f32 cos | sin
+    q_norm_ref: Ref,  # [H] RMSNorm weight of q (ones when unused)
+    k_norm_ref: Ref,  # [H] RMSNorm weight of k
+    q_ref: Ref,  # [T, G, H] this kv head's query heads
+    k_ref: Ref,  # [T, H] this kv head
+    v_ref: Ref,  # [T, H]
+    k_pages_in_ref: Ref,  # [num_pages, B, H] aliased with k_pages_ref
+    v_pages_in_ref: Ref,  # [num_pages, B, H] aliased with v_pages_ref
+    q_out_ref: Ref,  # [T, G, H]
+    k_pages_ref: Ref,  # [num_pages, B, H] this kv head's pages, written in place
+    v_pages_ref: Ref,  # [num_pages, B, H]
+    *, block_tokens: int, norm: bool, eps: float) -> None:
     del k_pages_in_ref, v_pages_in_ref
     num_tokens, group, head_dim = q_ref.shape
     half = head_dim // 2
@@ -127,7 +127,7 @@ def rope_write_kv_kernel(
             ms = (jnp.sum(x1 * x1, axis=1) + jnp.sum(x2 * x2, axis=1)) / head_dim
             r = jax.lax.rsqrt(ms + eps)[:, None]
 
-            def scaled(x, w):
+            def scaled(x: jax.Array, w: jax.Array) -> jax.Array:
                 x = (x * r).astype(dtype).astype(jnp.float32)
                 return (x * w.astype(jnp.float32)[None, :]).astype(
                     dtype).astype(jnp.float32)
