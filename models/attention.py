@@ -141,21 +141,18 @@ def paged_attention(
         q, kv = _rope_write_kv(q, k, v, cos_sin, kv, slots, qk_norm,
                                interpret=backend.startswith("pallas_interpret"),
                                mesh=mesh)
-        return _attend(q, kv, md, kv_lens, tables, cu, num_seqs,
-                       backend=backend, sm_scale=sm_scale,
-                       sliding_window=sliding_window,
-                       logit_soft_cap=logit_soft_cap, mesh=mesh), kv
-    if cos_sin is not None:
-        if qk_norm is not None:
-            q, k = rms_norm(q, qk_norm[0], qk_norm[2]), rms_norm(k, qk_norm[1],
-                                                               qk_norm[2])
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-    if len(kv) == 4:
-        bound = kv_cache.pages_touched_bound(
-            k.shape[0], tables.shape[0], kv[0].shape[2])
-        kv = kv_cache.write_kv_scaled(*kv, k, v, slots, bound)
     else:
-        kv = kv_cache.write_kv(kv[0], kv[1], k, v, slots)
+        if cos_sin is not None:
+            if qk_norm is not None:
+                q_w, k_w, eps = qk_norm
+                q, k = rms_norm(q, q_w, eps), rms_norm(k, k_w, eps)
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        if len(kv) == 4:
+            bound = kv_cache.pages_touched_bound(
+                k.shape[0], tables.shape[0], kv[0].shape[2])
+            kv = kv_cache.write_kv_scaled(*kv, k, v, slots, bound)
+        else:
+            kv = kv_cache.write_kv(kv[0], kv[1], k, v, slots)
     return _attend(q, kv, md, kv_lens, tables, cu, num_seqs, backend=backend,
                    sm_scale=sm_scale, sliding_window=sliding_window,
                    logit_soft_cap=logit_soft_cap, mesh=mesh), kv

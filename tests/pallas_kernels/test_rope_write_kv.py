@@ -61,8 +61,8 @@ def make_case(*, num_tokens, num_kv_heads, group, head_dim, page_size,
 
 @functools.partial(jax.jit, compiler_options=QUICK_BUILD)
 def xla_path(q, k, v, cos_sin, k_pages, v_pages, slots, q_norm, k_norm):
-    """What models/llama.py's Attention ran before attention: the model's
-    own norm and RoPE functions, then the write."""
+    """The XLA path between the projection and attention: the model's own
+    norm and RoPE functions, then the write."""
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, EPS), rms_norm(k, k_norm, EPS)
     q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
