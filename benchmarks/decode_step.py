@@ -51,8 +51,11 @@ TINY = ModelConfig(
     head_dim=32, max_position_embeddings=512)
 
 
-def decode_batch(cfg: ModelConfig, S: int, L: int, key):
-    """A random page pool and the metadata of one decode step."""
+def decode_batch(cfg: ModelConfig, S: int, L: int, key, T: int | None = None):
+    """A random page pool and the metadata of one decode step; ``T`` > S
+    token rows pads the step with rows aimed at the null page (the engine
+    pads a lone decode row to 16 on the GPU)."""
+    T = T or S
     pages_per_seq = L // BLOCK
     num_pages = S * pages_per_seq + 1  # + the null page
     shape = (cfg.num_kv_heads, num_pages, BLOCK, cfg.head_dim)
@@ -62,14 +65,16 @@ def decode_batch(cfg: ModelConfig, S: int, L: int, key):
           for i in range(cfg.num_layers)]
     tables = (1 + np.arange(S * pages_per_seq, dtype=np.int32)).reshape(S, -1)
     pos = L - 1  # the new token's position; its slot is in the last page
+    slots = np.zeros(T, np.int32)  # padding rows -> the null page
+    slots[:S] = tables[:, -1] * BLOCK + pos % BLOCK
     md = AttentionMetadata(
-        slot_mapping=jnp.asarray(tables[:, -1] * BLOCK + pos % BLOCK),
+        slot_mapping=jnp.asarray(slots),
         block_tables=jnp.asarray(tables), kv_lens=jnp.full(S, L, jnp.int32),
         cu_q_lens=jnp.arange(S + 1, dtype=jnp.int32),
         num_seqs=jnp.array([S], jnp.int32),
         decode_only=True)  # as the engine marks a step of decodes alone
-    ids = jax.random.randint(key, (S,), 0, cfg.vocab_size, jnp.int32)
-    return kv, md, ids, jnp.full(S, pos, jnp.int32)
+    ids = jax.random.randint(key, (T,), 0, cfg.vocab_size, jnp.int32)
+    return kv, md, ids, jnp.full(T, pos, jnp.int32)
 
 
 def build(cfg: ModelConfig, backend: str, max_len: int, compiler_options=None):
@@ -81,10 +86,12 @@ def build(cfg: ModelConfig, backend: str, max_len: int, compiler_options=None):
             make_step(model, compiler_options))
 
 
-def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int):
-    """A no-argument call of the step on a random pool at (S, L), the pool
-    donated and carried from call to call; also its (ids, pos, md)."""
-    kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L))
+def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int,
+                T: int | None = None):
+    """A no-argument call of the step on a random pool at (S, L) (T token
+    rows, default S), the pool donated and carried from call to call; also
+    its (ids, pos, md)."""
+    kv, md, ids, pos = decode_batch(cfg, S, L, jax.random.key(S * 7 + L), T)
     state = {"kv": kv}
 
     def run():
@@ -96,14 +103,16 @@ def step_caller(step, params, constants, cfg: ModelConfig, S: int, L: int):
 def make_step(model, compiler_options=None):
     def step(params, kv, constants, ids, positions, md):
         logits, kv = run_model(model, params, constants, kv, ids, positions, md,
-                               jnp.arange(ids.shape[0], dtype=jnp.int32))
+                               jnp.arange(md.kv_lens.shape[0], dtype=jnp.int32))
         return jnp.argmax(logits, axis=-1), kv
     return jax.jit(step, donate_argnums=(1,), compiler_options=compiler_options)
 
 
 def parse_variants(spec: str) -> dict:
     """``name=opt:value+opt:value;name2=...`` -> {name: {opt: value}}: XLA
-    debug options per variant of the step (``default`` has none)."""
+    debug options per variant of the step (``default`` has none), and
+    ``backend:NAME``, the variant's attention backend (default
+    ``--backend``)."""
     out = {}
     for part in filter(None, spec.split(";")):
         name, _, opts = part.partition("=")
@@ -119,33 +128,49 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--backend", default=None, help="attention backend")
-    ap.add_argument("--sizes", default="1:1024,64:1024,256:1024,64:2048")
+    ap.add_argument("--sizes", default="1:1024,64:1024,256:1024,64:2048",
+                    help="S:L or S:L:T (T token rows, S of them real)")
     ap.add_argument("--variants", default="default=",
                     help="XLA options per variant, e.g. 'default=;nomerge="
-                         "xla_disable_hlo_passes:dot-merger'")
+                         "xla_disable_hlo_passes:dot-merger'; backend:NAME "
+                         "gives a variant its own attention backend, e.g. "
+                         "'fused=;xla_rope=backend:pallas_xla_rope'")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     cfg = TINY if SMOKE else LLAMA3_8B
-    sizes = [tuple(map(int, s.split(":"))) for s in args.sizes.split(",")]
+    sizes = [(*map(int, s.split(":")), None)[:3] for s in args.sizes.split(",")]
     if SMOKE:
-        sizes = [(2, 64), (4, 128)]
+        sizes = [(2, 64, None), (1, 128, 4)]
     roof = roofline()
     backend = args.backend or ("pallas_interpret" if SMOKE else "pallas")
-    model, params, constants, _ = build(cfg, backend, max(L for _, L in sizes))
+    model, params, constants, _ = build(cfg, backend, max(L for _, L, _ in sizes))
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
-    for S, L in sizes:
+    for S, L, T in sizes:
         for vname, opts in variants.items():
-            step = make_step(model, opts or None)
-            run, state, _ = step_caller(step, params, constants, cfg, S, L)
+            opts = dict(opts)
+            vbackend = opts.pop("backend", backend)
+            vmodel = (model if vbackend == backend else model_class(
+                cfg.architecture)(cfg, backend=vbackend, dtype=jnp.bfloat16))
+            step = make_step(vmodel, opts or None)
+            run, state, _ = step_caller(step, params, constants, cfg, S, L, T)
             ts = time_fn(run, repeats=7, min_s=0.05)
             med = statistics.median(ts)
+            # The variants' greedy tokens side by side (the pool carried
+            # through the timing holds the same values every call).
+            tokens = np.asarray(run()).tolist()
+            first = next((r for r in rows if (r["S"], r["L"], r["T"]) ==
+                          (S, L, T or S)), None)
             nbytes = weight_bytes + S * L * kv_per_token
             t_min = max(nbytes / roof["bw"], 2 * cfg.num_params * S / roof["flops"])
-            rows.append(dict(S=S, L=L, variant=vname, xla_options=opts,
+            rows.append(dict(S=S, L=L, T=T or S, variant=vname, backend=vbackend,
+                             xla_options=opts,
                              ms=med * 1e3, repeats_s=ts, bytes=nbytes,
-                             t_min_ms=t_min * 1e3, roofline_fraction=t_min / med))
+                             t_min_ms=t_min * 1e3, roofline_fraction=t_min / med,
+                             tokens=tokens,
+                             same_tokens_as_first=(None if first is None else float(
+                                 np.mean(np.equal(tokens, first["tokens"]))))))
             del state, run, step
     result = dict(
         workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
@@ -160,11 +185,13 @@ def main():
         json.dump(result, f, indent=1)
     print(f"BW {roof['bw'] / 1e12:.2f} TB/s, matmul {roof['flops'] / 1e12:.0f} "
           f"TFLOP/s, weights {weight_bytes / 1e9:.1f} GB, backend {backend}")
-    print(f"{'S':>5} {'L':>6} {'variant':>12} {'ms/step':>9} {'t_min ms':>9} "
-          f"{'roofline':>9}")
+    print(f"{'S':>5} {'L':>6} {'T':>5} {'variant':>12} {'ms/step':>9} "
+          f"{'t_min ms':>9} {'roofline':>9} {'same tokens':>11}")
     for r in rows:
-        print(f"{r['S']:>5} {r['L']:>6} {r['variant']:>12} {r['ms']:>9.2f} "
-              f"{r['t_min_ms']:>9.2f} {r['roofline_fraction']:>9.2f}")
+        same = r["same_tokens_as_first"]
+        print(f"{r['S']:>5} {r['L']:>6} {r['T']:>5} {r['variant']:>12} {r['ms']:>9.2f} "
+              f"{r['t_min_ms']:>9.2f} {r['roofline_fraction']:>9.2f} "
+              f"{'' if same is None else f'{same:.2f}':>11}")
 
 
 if __name__ == "__main__":

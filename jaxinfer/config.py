@@ -222,8 +222,10 @@ class EngineArgs:
     attention_backend: str | None = _arg(
         None, "default: pallas on GPU (Mosaic GPU kernels on Hopper, Triton "
         "elsewhere), reference on CPU; pallas_triton keeps both kernels on "
-        "the Triton lowering", choices=("reference", "pallas", "pallas_triton",
-                                        "pallas_interpret"))
+        "the Triton lowering; a *_xla_rope backend leaves RoPE and the K/V "
+        "write to XLA instead of one kernel",
+        choices=("reference", "pallas", "pallas_triton", "pallas_interpret",
+                 "pallas_xla_rope", "pallas_interpret_xla_rope"))
     # Persistent XLA cache; None: $JAXINFER_COMPILATION_CACHE_DIR, else
     # ~/.cache/jaxinfer/xla (CPU included); "" = off.
     compilation_cache_dir: str | None = _arg(

@@ -2,7 +2,10 @@
 
 A layer hands over this step's q/k/v and its page pair; this module writes the
 new K/V into the pages and runs ragged paged attention with the backend chosen
-once for the engine. Layers never import a kernel themselves.
+once for the engine. Layers never import a kernel themselves. A layer that
+hands over its RoPE rows (and q/k norm weights) gets those applied here too:
+the Pallas backends run them with the write as one kernel
+(``pallas_kernels/rope_write_kv.py``) wherever it takes the case.
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ from jaxinfer.pallas_kernels.ragged_paged_attention_reference import (
     ragged_paged_attention_reference,
 )
 
+from .layers import rms_norm
+from .rope import apply_rope
+
 # "pallas": the Pallas kernels with the backend ragged_paged_attention picks
 # (Mosaic GPU on Hopper for the cases it takes, else the Triton lowering);
 # "pallas_triton": the Triton-lowered kernels only; "pallas_interpret": the
-# kernels interpreted (CPU tests).
-BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret")
+# kernels interpreted (CPU tests). Each Pallas backend runs a layer's q/k
+# norm, RoPE and K/V write as one kernel; "<backend>_xla_rope" runs the same
+# attention kernels with those as XLA ops, as "reference" does (to compare).
+XLA_ROPE = "_xla_rope"
+BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret",
+            "pallas" + XLA_ROPE, "pallas_interpret" + XLA_ROPE)
 # The engine's GPU default: the Mosaic GPU kernels on Hopper for the cases
 # they take, Triton for the rest (the faster of the two wherever both run;
 # benchmarks/kernels/bench_attention.py compares them).
@@ -72,6 +82,7 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def _attention_fn(backend: str) -> Callable[..., jax.Array]:
+    backend = backend.removesuffix(XLA_ROPE)
     if backend == "reference":
         return ragged_paged_attention_reference
     try:
@@ -109,22 +120,50 @@ def paged_attention(
     sliding_window: int | None = None,
     logit_soft_cap: float | None = None,
     mesh: Mesh | None = None,
+    cos_sin: jax.Array | None = None,  # [T, H] f32 RoPE rows (rope.py's table)
+    qk_norm: tuple[jax.Array, jax.Array, float] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """Writes k/v at ``md.slot_mapping`` then attends; returns (out [T, N, H],
     the updated pages laid out as ``kv``). ``mesh``: the tensor-parallel
     mesh, under which the Pallas kernels run per shard (the reference is
     left to XLA's SPMD partitioner). A page quadruple (fp8 pages + scales)
     is written with per-page scales, which the kernels read beside the
-    pages."""
+    pages.
+
+    With ``cos_sin``, q and k arrive as projected: RoPE (HF's rotation over
+    the whole head) is applied to both here, after an RMSNorm of each when
+    ``qk_norm`` = (q weight [H], k weight [H], eps) is given."""
     slots, tables, kv_lens, cu, num_seqs = (
         jnp.asarray(a) for a in (md.slot_mapping, md.block_tables, md.kv_lens,
                                  md.cu_q_lens, md.num_seqs))
-    if len(kv) == 4:
-        bound = kv_cache.pages_touched_bound(
-            k.shape[0], tables.shape[0], kv[0].shape[2])
-        kv = kv_cache.write_kv_scaled(*kv, k, v, slots, bound)
+    if cos_sin is not None and _fused_prologue(backend, q, k, v, cos_sin, kv,
+                                               qk_norm):
+        q, kv = _rope_write_kv(q, k, v, cos_sin, kv, slots, qk_norm,
+                               interpret=backend.startswith("pallas_interpret"),
+                               mesh=mesh)
     else:
-        kv = kv_cache.write_kv(kv[0], kv[1], k, v, slots)
+        if cos_sin is not None:
+            if qk_norm is not None:
+                q_w, k_w, eps = qk_norm
+                q, k = rms_norm(q, q_w, eps), rms_norm(k, k_w, eps)
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        if len(kv) == 4:
+            bound = kv_cache.pages_touched_bound(
+                k.shape[0], tables.shape[0], kv[0].shape[2])
+            kv = kv_cache.write_kv_scaled(*kv, k, v, slots, bound)
+        else:
+            kv = kv_cache.write_kv(kv[0], kv[1], k, v, slots)
+    return _attend(q, kv, md, kv_lens, tables, cu, num_seqs, backend=backend,
+                   sm_scale=sm_scale, sliding_window=sliding_window,
+                   logit_soft_cap=logit_soft_cap, mesh=mesh), kv
+
+
+def _attend(q: jax.Array, kv: tuple[jax.Array, ...], md: AttentionMetadata,
+            kv_lens: jax.Array, tables: jax.Array, cu: jax.Array,
+            num_seqs: jax.Array, *, backend: str, sm_scale: float,
+            sliding_window: int | None, logit_soft_cap: float | None,
+            mesh: Mesh | None) -> jax.Array:
+    """Ragged paged attention over pages already written."""
     attn = functools.partial(_attention_fn(backend), sm_scale=sm_scale,
                              sliding_window=sliding_window,
                              logit_soft_cap=logit_soft_cap,
@@ -139,9 +178,47 @@ def paged_attention(
 
     if backend != "reference" and mesh is not None:
         if _splits_heads(mesh, kv[0].shape[0]):
-            fn = _per_shard(fn, mesh, len(kv) - 2)
-    out = fn(q, kv[0], kv[1], kv_lens, tables, cu, num_seqs, *kv[2:])
-    return out, kv
+            # Per-page scales [K, num_pages] split on kv heads like the pages.
+            in_specs = ((_HEADS, _PAGES, _PAGES, _REP, _REP, _REP, _REP)
+                        + (_PAGES,) * (len(kv) - 2))
+            fn = _per_shard(fn, mesh, in_specs, _HEADS)
+    return fn(q, kv[0], kv[1], kv_lens, tables, cu, num_seqs, *kv[2:])
+
+
+def _fused_prologue(backend: str, q: jax.Array, k: jax.Array, v: jax.Array,
+                    cos_sin: jax.Array, kv: tuple[jax.Array, ...],
+                    qk_norm: tuple[jax.Array, jax.Array, float] | None) -> bool:
+    """Whether rope_write_kv runs the norm, RoPE and write: on the Pallas
+    backends, for 16-bit or f32 page pairs and the shapes it takes."""
+    if backend == "reference" or backend.endswith(XLA_ROPE) or len(kv) != 2:
+        return False
+    from jaxinfer.pallas_kernels.rope_write_kv import unsupported
+    norms = qk_norm[:2] if qk_norm is not None else ()
+    return unsupported(q, k, v, cos_sin, kv[0], kv[1], *norms) is None
+
+
+def _rope_write_kv(q: jax.Array, k: jax.Array, v: jax.Array,
+                   cos_sin: jax.Array, kv: tuple[jax.Array, ...],
+                   slots: jax.Array,
+                   qk_norm: tuple[jax.Array, jax.Array, float] | None, *,
+                   interpret: bool, mesh: Mesh | None
+                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """rope_write_kv, per model-axis shard when the kv heads split."""
+    from jaxinfer.pallas_kernels.rope_write_kv import rope_write_kv
+    norms, eps = (qk_norm[:2], qk_norm[2]) if qk_norm is not None else ((), 0.0)
+
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array, cos_sin: jax.Array,
+           k_pages: jax.Array, v_pages: jax.Array, slots: jax.Array,
+           *norms: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return rope_write_kv(q, k, v, cos_sin, k_pages, v_pages, slots,
+                             *norms, eps=eps, interpret=interpret)
+
+    if mesh is not None and _splits_heads(mesh, kv[0].shape[0]):
+        in_specs = ((_HEADS, _HEADS, _HEADS, _REP, _PAGES, _PAGES, _REP)
+                    + (_REP,) * len(norms))
+        fn = _per_shard(fn, mesh, in_specs, (_HEADS, _PAGES, _PAGES))
+    q, k_pages, v_pages = fn(q, k, v, cos_sin, kv[0], kv[1], slots, *norms)
+    return q, (k_pages, v_pages)
 
 
 def _splits_heads(mesh: Mesh, num_kv_heads: int) -> bool:
@@ -151,8 +228,16 @@ def _splits_heads(mesh: Mesh, num_kv_heads: int) -> bool:
     return num_kv_heads % mesh.shape["model"] == 0
 
 
-def _per_shard(fn: Callable[..., jax.Array], mesh: Mesh, num_scales: int = 0
-               ) -> Callable[..., jax.Array]:
+# Specs of a kernel's arguments under tensor parallelism: [T, heads, H]
+# rows split on heads, pages (and their scales) on kv heads, the rest
+# replicated.
+_HEADS = PartitionSpec(None, "model", None)
+_PAGES = PartitionSpec("model")
+_REP = PartitionSpec()
+
+
+def _per_shard(fn: Callable[..., Any], mesh: Mesh, in_specs: tuple,
+               out_specs: Any) -> Callable[..., Any]:
     """Runs a Pallas kernel once per model-axis shard on its own heads.
 
     XLA cannot partition a custom kernel call, so under tensor parallelism
@@ -160,21 +245,16 @@ def _per_shard(fn: Callable[..., jax.Array], mesh: Mesh, num_scales: int = 0
     heads (GQA groups never straddle a shard, since both head counts divide
     evenly); the metadata is replicated.
     """
-    heads = PartitionSpec(None, "model", None)
-    pages = PartitionSpec("model")
-    rep = PartitionSpec()
-    # Per-page scales [K, num_pages] split on kv heads like the pages.
-    in_specs = (heads, pages, pages, rep, rep, rep, rep) + (pages,) * num_scales
     if hasattr(jax, "shard_map"):  # jax >= 0.7
         context = jax.sharding.get_abstract_mesh()
         if not context.empty and context.manual_axes:
             # Inside another shard_map (pipeline stages, manual over
             # "stage"): nest on the context's mesh, manual over "model" too.
             return jax.shard_map(fn, mesh=context, in_specs=in_specs,
-                                 out_specs=heads, check_vma=False,
+                                 out_specs=out_specs, check_vma=False,
                                  axis_names={"model"})
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
-                             out_specs=heads, check_vma=False)
+                             out_specs=out_specs, check_vma=False)
     from jax.experimental.shard_map import shard_map  # pragma: no cover
-    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=heads,
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                      check_rep=False)

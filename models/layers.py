@@ -54,20 +54,27 @@ def param(module: nn.Module, name: str, shape: tuple[int, ...],
         name, nn.with_logical_partitioning(init, axes), shape, dtype)
 
 
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32; HF casts back to the
+    activation dtype before the weight multiply."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return scale * xf.astype(x.dtype)
+
+
 class RMSNorm(nn.Module):
+    """``scale`` is readable without applying the norm (a kernel that fuses
+    the norm takes the weight itself)."""
     dim: int
     eps: float
     dtype: jnp.dtype
 
-    @nn.compact
+    def setup(self) -> None:
+        self.scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
+                           nn.initializers.ones)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = param(self, "scale", (self.dim,), ("norm",), self.dtype,
-                      nn.initializers.ones)
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) +
-                                self.eps)
-        # HF casts back to the activation dtype before the weight multiply.
-        return scale * xf.astype(x.dtype)
+        return rms_norm(x, self.scale, self.eps)
 
 
 class UnitOffsetRMSNorm(nn.Module):

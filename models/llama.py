@@ -29,7 +29,7 @@ from .config import ModelConfig, decoder_config_from_hf
 from .layers import Linear, RMSNorm, compute_together, param, rows_times_table
 from .mlp import GatedMLP
 from .quantization import linear_method
-from .rope import apply_rope, rope_cos_sin_table
+from .rope import rope_cos_sin_table
 from .spec import GGUFNames, ModelSpec, WeightSpec, keep_layout, linear_from_hf, reshape_to
 
 ROPE_TABLE = "rope_cos_sin"  # the model's constant: [max_model_len, H] f32
@@ -67,14 +67,18 @@ class Attention(nn.Module):
                    c.attention_bias, self.dtype, linear_method(c),
                    name="v_proj")(x, pending=True)
         q, k, v = compute_together(q, k, v)
+        qk_norm = None
         if c.qk_norm:
-            q = RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm")(q)
-            k = RMSNorm(H, c.rms_norm_eps, self.dtype, name="k_norm")(k)
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            qk_norm = (RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm").scale,
+                       RMSNorm(H, c.rms_norm_eps, self.dtype, name="k_norm").scale,
+                       c.rms_norm_eps)
+        # The q/k norms, RoPE and the K/V write run in paged_attention (one
+        # kernel on the Pallas backends).
         out, kv = paged_attention(q, k, v, kv, md, backend=self.backend,
                                   sm_scale=H**-0.5,
                                   sliding_window=c.sliding_window,
-                                  mesh=self.mesh)
+                                  mesh=self.mesh, cos_sin=cos_sin,
+                                  qk_norm=qk_norm)
         out = Linear((N, H), (D,), ("heads", "head_dim", "embed"), False,
                      self.dtype, linear_method(c), name="o_proj")(out)
         return out, kv

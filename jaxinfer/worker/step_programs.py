@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 # Attention backends whose cost does not grow with the block table's width
 # (the kernels stop at each sequence's length): one P bucket, fewer programs.
-FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton")
+FIXED_PAGE_BACKENDS = ("pallas", "pallas_triton", "pallas_xla_rope")
 # CPU decode steps of one sequence get their own one-row programs only for
 # models whose rows cost something: for a test-sized model the extra
 # programs' compiles cost more than the one-row steps save.
