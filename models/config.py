@@ -94,6 +94,10 @@ class ModelConfig:
     # How the linear layers are quantized (quantization/config.py's
     # QuantizationConfig), None for float weights; set by the loader.
     quantization: Any = None
+    # q, k and v as one weight [D, K, G + 2, H] (fused_qkv.py): set by the
+    # engine where it applies (``with_fused_qkv``); a checkpoint's own
+    # config keeps them separate, as checkpoints store them.
+    fused_qkv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size",

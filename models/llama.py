@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from . import fused_qkv
 from .attention import AttentionMetadata, paged_attention
 from .config import ModelConfig, decoder_config_from_hf
 from .layers import Linear, RMSNorm, compute_together, param, rows_times_table
@@ -56,17 +57,23 @@ class Attention(nn.Module):
         c = self.cfg
         D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         Din = self.in_dim or D
-        # q, k and v on the int4 kernel run as one call (compute_together).
-        q = Linear((Din,), (N, H), ("embed", "heads", "head_dim"),
-                   c.attention_bias, self.dtype, linear_method(c),
-                   name="q_proj")(x, pending=True)
-        k = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
-                   c.attention_bias, self.dtype, linear_method(c),
-                   name="k_proj")(x, pending=True)
-        v = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
-                   c.attention_bias, self.dtype, linear_method(c),
-                   name="v_proj")(x, pending=True)
-        q, k, v = compute_together(q, k, v)
+        if c.fused_qkv:  # one weight [Din, K, G + 2, H] (fused_qkv.py)
+            qkv = Linear((Din,), fused_qkv.group_shape(c),
+                         fused_qkv.KERNEL_AXES, c.attention_bias, self.dtype,
+                         linear_method(c), name=fused_qkv.FUSED)(x)
+            q, k, v = fused_qkv.split(qkv, N)
+        else:
+            # q, k and v on the int4 kernel run as one call (compute_together).
+            q = Linear((Din,), (N, H), ("embed", "heads", "head_dim"),
+                       c.attention_bias, self.dtype, linear_method(c),
+                       name="q_proj")(x, pending=True)
+            k = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
+                       c.attention_bias, self.dtype, linear_method(c),
+                       name="k_proj")(x, pending=True)
+            v = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
+                       c.attention_bias, self.dtype, linear_method(c),
+                       name="v_proj")(x, pending=True)
+            q, k, v = compute_together(q, k, v)
         qk_norm = None
         if c.qk_norm:
             qk_norm = (RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm").scale,
@@ -275,12 +282,15 @@ def _head(norm: Callable[[jax.Array], Any], x: jax.Array,
 def attention_weights(cfg: ModelConfig, hf: str, path: tuple
                       ) -> Iterator[WeightSpec]:
     D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
-        yield WeightSpec(hf + f"{name}.weight", path + (name, "kernel"),
-                         (heads * H, D), linear_from_hf((heads, H), (D,)))
-        if cfg.attention_bias:
-            yield WeightSpec(hf + f"{name}.bias", path + (name, "bias"),
-                             (heads * H,), reshape_to((heads, H)))
+    if cfg.fused_qkv:
+        yield from fused_qkv.qkv_specs(cfg, hf, path)
+    else:
+        for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
+            yield WeightSpec(hf + f"{name}.weight", path + (name, "kernel"),
+                             (heads * H, D), linear_from_hf((heads, H), (D,)))
+            if cfg.attention_bias:
+                yield WeightSpec(hf + f"{name}.bias", path + (name, "bias"),
+                                 (heads * H,), reshape_to((heads, H)))
     yield WeightSpec(hf + "o_proj.weight", path + ("o_proj", "kernel"),
                      (D, N * H), linear_from_hf((D,), (N, H)))
     if cfg.qk_norm:
@@ -339,7 +349,8 @@ def _spec(architecture: str, gguf_arch: str, permuted_qk: bool,
         architecture=architecture, model=LlamaForCausalLM,
         config_from_hf=config_from_hf, weights=decoder_weights,
         gguf=GGUFNames(gguf_arch, GGUF_LAYER_NAMES, GGUF_TOP_NAMES,
-                       permuted_qk=permuted_qk))
+                       permuted_qk=permuted_qk),
+        fuses_qkv=True)
 
 
 # Every variant is the same module; the config carries the differences.

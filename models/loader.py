@@ -19,7 +19,7 @@ from .gguf_loader import GGUFReader
 from .orbax_checkpoint import is_orbax_model
 from .safetensors_loader import SafetensorsReader
 from .tokenizer_source import TokenizerSource
-from .weights import build_params, weight_specs
+from .weights import build_params, checkpoint_names, weight_specs
 
 logger = logging.getLogger(__name__)
 
@@ -146,11 +146,12 @@ def _build_cache_entry(path: str, root: str, digest: str
     reader = GGUFReader(path)
     hf = reader.hf_config()
     cfg = model_config_from_hf(hf)
-    # Only the tensors the model needs; one missing is left out here and
-    # named by build_params at load time.
+    # Only the tensors the model needs, as the checkpoint names them (a
+    # fused param's parts, which either layout reads); one missing is left
+    # out here and named by build_params at load time.
     tensors = ((n, w) for n, w in
-               ((spec.hf_name, reader.get(spec.hf_name))
-                 for spec in weight_specs(cfg))
+               ((name, reader.get(name)) for spec in weight_specs(cfg)
+                for name in checkpoint_names(spec))
                if w is not None)
     try:
         entry = weight_cache.write_entry(root, digest, path, hf, tensors)

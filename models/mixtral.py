@@ -40,5 +40,6 @@ SPECS = (
                                         mlp_hf="block_sparse_moe"),
               gguf=GGUFNames("llama", GGUF_MIXTRAL_LAYER_NAMES,
                              GGUF_TOP_NAMES, permuted_qk=True,
-                             experts=True)),
+                             experts=True),
+              fuses_qkv=True),
 )

@@ -9,6 +9,7 @@ makes it the fastest way to start a large model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -47,6 +48,14 @@ def restore_params(path: str, model: nn.Module, cfg: ModelConfig,
     if shardings is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree_util.tree_map(lambda _: device, abstract)
+    if cfg.fused_qkv:
+        # `jaxinfer convert` writes q, k and v apart, as checkpoints hold
+        # them: restored so, then joined on device (fused_qkv.py).
+        from .fused_qkv import fuse_params, separate_shardings
+        stored = dataclasses.replace(cfg, fused_qkv=False)
+        params = restore_params(path, model.clone(cfg=stored), stored, dtype,
+                                separate_shardings(shardings))
+        return fuse_params(params, shardings)
     # Quantized layers' params keep their own dtypes (codes, scales).
     target = jax.tree_util.tree_map_with_path(
         lambda p, a, s: jax.ShapeDtypeStruct(

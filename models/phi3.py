@@ -6,8 +6,10 @@ config. Phi-3 stores q, k and v as one ``qkv_proj`` and gate and up as one
 ``gate_up_proj``; each is cut into our separate layers at load time, so
 that tensor parallelism splits q, k and v (and gate and up) each on its
 own heads, as it does for Llama, and the fused output axis never straddles
-a shard. Its ``longrope`` scaling (``su`` and ``yarn`` are older names HF
-maps to it for this family) is computed in ``rope.py``.
+a shard. With ``fused_qkv`` the q/k/v rows are regrouped by kv head into
+the one weight of ``fused_qkv.py`` instead. Its ``longrope`` scaling
+(``su`` and ``yarn`` are older names HF maps to it for this family) is
+computed in ``rope.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from .config import ModelConfig, decoder_config_from_hf
 from .errors import ModelConfigError
+from .fused_qkv import qkv_specs
 from .llama import LlamaForCausalLM
 from .spec import ModelSpec, WeightSpec, linear_from_hf
 
@@ -42,13 +45,18 @@ def phi3_weights(cfg: ModelConfig) -> Iterator[WeightSpec]:
                          p + ("input_layernorm", "scale"), (D,))
         yield WeightSpec(hf + "post_attention_layernorm.weight",
                          p + ("post_attention_layernorm", "scale"), (D,))
-        start = 0
-        for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
-            yield WeightSpec(
-                hf + "self_attn.qkv_proj.weight",
-                p + ("self_attn", name, "kernel"), ((N + 2 * K) * H, D),
-                _rows(start, start + heads * H, linear_from_hf((heads, H), (D,))))
-            start += heads * H
+        if cfg.fused_qkv:  # regrouped by kv head (fused_qkv.py)
+            yield from qkv_specs(cfg, hf + "self_attn.", p + ("self_attn",),
+                                 stored="qkv_proj.weight")
+        else:
+            start = 0
+            for name, heads in (("q_proj", N), ("k_proj", K), ("v_proj", K)):
+                yield WeightSpec(
+                    hf + "self_attn.qkv_proj.weight",
+                    p + ("self_attn", name, "kernel"), ((N + 2 * K) * H, D),
+                    _rows(start, start + heads * H,
+                          linear_from_hf((heads, H), (D,))))
+                start += heads * H
         yield WeightSpec(hf + "self_attn.o_proj.weight",
                          p + ("self_attn", "o_proj", "kernel"), (D, N * H),
                          linear_from_hf((D,), (N, H)))
@@ -106,5 +114,5 @@ def config_from_hf(hf: dict) -> ModelConfig:
 SPECS = (
     ModelSpec(architecture="Phi3ForCausalLM", model=LlamaForCausalLM,
               config_from_hf=config_from_hf, weights=phi3_weights,
-              count_params=count_params),
+              count_params=count_params, fuses_qkv=True),
 )

@@ -55,5 +55,6 @@ SPECS = (
               gguf=GGUFNames("qwen3moe", GGUF_MOE_LAYER_NAMES,
                              GGUF_TOP_NAMES, permuted_qk=False,
                              config_defaults={"norm_topk_prob": True},
-                             experts=True)),
+                             experts=True),
+              fuses_qkv=True),
 )

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,17 @@ def reshape_to(shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
 
 
 @dataclasses.dataclass(frozen=True)
+class JoinedTensors:
+    """Checkpoint tensors that make one tensor together (a layer's q, k and
+    v for one fused weight): ``join`` takes them, read by ``names`` and
+    checked against ``shapes`` (HF layout), and returns the joined tensor
+    in HF layout, of its spec's ``hf_shape``."""
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    join: Callable[[Sequence[np.ndarray]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
 class WeightSpec:
     """One checkpoint tensor and where it lands in our params."""
     hf_name: str  # name in an HF safetensors checkpoint
@@ -101,6 +112,9 @@ class WeightSpec:
     # the checkpoint holds no tensor named hf_name (GGUF stores them
     # stacked under one name).
     parts: tuple[str, ...] = ()
+    # The checkpoint tensors this one is joined from (then ``hf_name``
+    # names the joined tensor, which no checkpoint holds as such).
+    joined: JoinedTensors | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +151,9 @@ class ModelSpec:
     weights: Callable[[ModelConfig], Iterable[WeightSpec]]
     gguf: GGUFNames | None = None
     count_params: Callable[[ModelConfig], int] | None = None
+    # ``weights`` honours ``ModelConfig.fused_qkv`` (its module is
+    # llama.py's, whose Attention then holds one q/k/v weight).
+    fuses_qkv: bool = False
 
     def num_params(self, cfg: ModelConfig) -> int:
         if self.count_params is not None:

@@ -67,9 +67,11 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype: Any, source: str,
                           jnp.asarray(arr, dtype=target))
 
     for spec in weight_specs(cfg):
+        spec_get = (get if spec.joined is None else
+                    _joining(spec, get, source, cfg.architecture))
         if linear is not None:
             # A quantized linear layer: its params in their own dtypes.
-            items = linear(spec, get, source)
+            items = linear(spec, spec_get, source)
             if items is not None:
                 for path, arr in items:
                     put(path, arr, arr.dtype)
@@ -82,7 +84,7 @@ def build_params(cfg: ModelConfig, get: TensorGetter, dtype: Any, source: str,
                 node = node.setdefault(key, {})
             node[path[-1]] = stand_in
             continue
-        w = get(hf_name)
+        w = spec_get(hf_name)
         for alias in spec.aliases:
             if w is not None:
                 break
@@ -109,6 +111,33 @@ def check_shape(spec: WeightSpec, w: np.ndarray | None, source: str,
         raise ShapeMismatchError(
             f"{source}: tensor {spec.hf_name!r} has shape {tuple(w.shape)}, "
             f"but the config implies {tuple(spec.hf_shape)}")
+
+
+def checkpoint_names(spec: WeightSpec) -> tuple[str, ...]:
+    """The checkpoint tensors a spec reads by name: those it is joined
+    from, else its own (aliases and stacked parts aside)."""
+    return spec.joined.names if spec.joined is not None else (spec.hf_name,)
+
+
+def _joining(spec: WeightSpec, get: TensorGetter, source: str,
+             architecture: str) -> TensorGetter:
+    """``get`` that answers ``spec.hf_name`` with the tensor joined from
+    ``spec.joined``'s (each checked as its own tensor), so the plain and
+    the quantized paths read it alike."""
+    joined = spec.joined
+    assert joined is not None
+
+    def read(name: str) -> np.ndarray | None:
+        if name != spec.hf_name:
+            return get(name)
+        arrays = []
+        for part, shape in zip(joined.names, joined.shapes):
+            w = get(part)
+            check_shape(WeightSpec(part, spec.path, shape), w, source,
+                        architecture)
+            arrays.append(w)
+        return joined.join(arrays)
+    return read
 
 
 def _stacked(spec: WeightSpec, get: TensorGetter, source: str,

@@ -29,6 +29,9 @@ LOGICAL_RULES = (
     ("router", None),  # the router's expert logits: small, replicated
     ("embed", None),
     ("head_dim", None),
+    # A fused q/k/v weight's axis inside one kv head's group (its query
+    # heads, its k, its v): whole groups go with their kv head.
+    ("qkv_group", None),
     ("norm", None),
     ("patch", None),  # a vision tower's patch pixels and positions
 )

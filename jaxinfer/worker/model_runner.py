@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxinfer.models import ModelFiles, model_class, resolve_backend
+from jaxinfer.models.fused_qkv import with_fused_qkv
 from jaxinfer.models.quantization.methods import with_int4_kernel
 from jaxinfer.models.runtime import model_constants
 
@@ -70,6 +71,10 @@ class ModelRunner:
         self.cfg = with_int4_kernel(
             files.config, tensor_parallel_size * pipeline_parallel_size,
             jax.default_backend())
+        # One q/k/v weight where it applies (models/fused_qkv.py).
+        self.cfg = with_fused_qkv(self.cfg, jax.default_backend(),
+                                  tensor_parallel_size,
+                                  lora=lora_config is not None)
         self.dtype = dtype
         # A draft model or an EAGLE head, loaded with the weights.
         self.draft: DraftModel | EagleDrafter | None = None

@@ -4,6 +4,8 @@ at a time. The target's runner and a draft model load alike."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxinfer.models import ModelFiles, load_params
 from jaxinfer.models.dummy import random_params
 from jaxinfer.models.orbax_checkpoint import restore_params
@@ -19,7 +21,8 @@ def load_weights(files: ModelFiles, model, cfg, dtype, placement: Placement,
     elif files.format == "orbax":  # restored straight into the sharding
         params = restore_params(files.source, model, cfg, dtype,
                                 placement.param_shardings)
-    else:
-        params = load_params(files, dtype, place=placement.place_param,
+    else:  # the weight list of the config the model runs (fused q/k/v)
+        params = load_params(dataclasses.replace(files, config=cfg), dtype,
+                             place=placement.place_param,
                              elsewhere=placement.elsewhere)
     return placement.finish_params(params)
