@@ -15,12 +15,20 @@ donated. Medians of repeats after warm-up. The roofline is
 torch's copy_ and 8192^3 bf16 matmul in this run. Also times the sampler
 alone with every feature on (S=256, V=128256) to compare with the step.
 
+The model is the engine's on this platform: one q/k/v weight per layer on
+GPU (``models/fused_qkv.py``). ``--variants`` times other forms in the
+same run: ``fused_qkv:true`` / ``fused_qkv:false`` choose the model's form
+(each form's weights are drawn once and dropped before the next; both
+forms hold the same values), e.g.
+``--variants 'separate=fused_qkv:false;fused=fused_qkv:true'``.
+
 BENCH_SMOKE=1 runs a tiny shape on CPU to check the script.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -35,6 +43,7 @@ from benchmarks.kernels.bench_attention import roofline, time_fn
 from benchmarks.run_stamp import run_stamp
 from jaxinfer.models import AttentionMetadata, ModelConfig, model_class
 from jaxinfer.models.dummy import random_params
+from jaxinfer.models.fused_qkv import with_fused_qkv
 from jaxinfer.models.runtime import model_constants, run_model
 
 SMOKE = os.environ.get("BENCH_SMOKE") == "1"
@@ -108,11 +117,16 @@ def make_step(model, compiler_options=None):
     return jax.jit(step, donate_argnums=(1,), compiler_options=compiler_options)
 
 
+# Variant options that choose the model's form rather than an XLA option.
+MODEL_OPTIONS = ("fused_qkv",)
+
+
 def parse_variants(spec: str) -> dict:
     """``name=opt:value+opt:value;name2=...`` -> {name: {opt: value}}: XLA
-    debug options per variant of the step (``default`` has none), and
+    debug options per variant of the step (``default`` has none),
     ``backend:NAME``, the variant's attention backend (default
-    ``--backend``)."""
+    ``--backend``), and ``fused_qkv:true|false`` (MODEL_OPTIONS), its
+    q/k/v weight's form (default: the engine's on this platform)."""
     out = {}
     for part in filter(None, spec.split(";")):
         name, _, opts = part.partition("=")
@@ -134,7 +148,8 @@ def main():
                     help="XLA options per variant, e.g. 'default=;nomerge="
                          "xla_disable_hlo_passes:dot-merger'; backend:NAME "
                          "gives a variant its own attention backend, e.g. "
-                         "'fused=;xla_rope=backend:pallas_xla_rope'")
+                         "'fused=;xla_rope=backend:pallas_xla_rope'; "
+                         "fused_qkv:true/false picks the q/k/v weight's form")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     cfg = TINY if SMOKE else LLAMA3_8B
@@ -143,35 +158,54 @@ def main():
         sizes = [(2, 64, None), (1, 128, 4)]
     roof = roofline()
     backend = args.backend or ("pallas_interpret" if SMOKE else "pallas")
-    model, params, constants, _ = build(cfg, backend, max(L for _, L, _ in sizes))
-    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))
+    cfg = with_fused_qkv(cfg, jax.default_backend())  # the engine's form
+    # Variants grouped by the model form they run: {form: [(name, options)]}.
+    forms: dict[tuple, list] = {}
+    for vname, opts in variants.items():
+        form = tuple((k, opts[k]) for k in MODEL_OPTIONS if k in opts)
+        forms.setdefault(form, []).append(
+            (vname, {k: v for k, v in opts.items() if k not in MODEL_OPTIONS}))
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
-    for S, L, T in sizes:
-        for vname, opts in variants.items():
-            opts = dict(opts)
-            vbackend = opts.pop("backend", backend)
-            vmodel = (model if vbackend == backend else model_class(
-                cfg.architecture)(cfg, backend=vbackend, dtype=jnp.bfloat16))
-            step = make_step(vmodel, opts or None)
-            run, state, _ = step_caller(step, params, constants, cfg, S, L, T)
-            ts = time_fn(run, repeats=7, min_s=0.05)
-            med = statistics.median(ts)
-            # The variants' greedy tokens side by side (the pool carried
-            # through the timing holds the same values every call).
-            tokens = np.asarray(run()).tolist()
-            first = next((r for r in rows if (r["S"], r["L"], r["T"]) ==
-                          (S, L, T or S)), None)
-            nbytes = weight_bytes + S * L * kv_per_token
-            t_min = max(nbytes / roof["bw"], 2 * cfg.num_params * S / roof["flops"])
-            rows.append(dict(S=S, L=L, T=T or S, variant=vname, backend=vbackend,
-                             xla_options=opts,
-                             ms=med * 1e3, repeats_s=ts, bytes=nbytes,
-                             t_min_ms=t_min * 1e3, roofline_fraction=t_min / med,
-                             tokens=tokens,
-                             same_tokens_as_first=(None if first is None else float(
-                                 np.mean(np.equal(tokens, first["tokens"]))))))
-            del state, run, step
+    for form, members in forms.items():
+        fcfg = dataclasses.replace(cfg, **dict(form))
+        model, params, constants, _ = build(fcfg, backend,
+                                            max(L for _, L, _ in sizes))
+        weight_bytes = sum(x.size * x.dtype.itemsize
+                           for x in jax.tree_util.tree_leaves(params))
+        for S, L, T in sizes:
+            for vname, opts in members:
+                opts = dict(opts)
+                vbackend = opts.pop("backend", backend)
+                vmodel = (model if vbackend == backend else model_class(
+                    fcfg.architecture)(fcfg, backend=vbackend,
+                                       dtype=jnp.bfloat16))
+                step = make_step(vmodel, opts or None)
+                run, state, _ = step_caller(step, params, constants, fcfg, S,
+                                            L, T)
+                ts = time_fn(run, repeats=7, min_s=0.05)
+                med = statistics.median(ts)
+                # The variants' greedy tokens side by side (the pool carried
+                # through the timing holds the same values every call).
+                tokens = np.asarray(run()).tolist()
+                first = next((r for r in rows if (r["S"], r["L"], r["T"]) ==
+                              (S, L, T or S)), None)
+                nbytes = weight_bytes + S * L * kv_per_token
+                t_min = max(nbytes / roof["bw"],
+                            2 * cfg.num_params * S / roof["flops"])
+                rows.append(dict(
+                    S=S, L=L, T=T or S, variant=vname, backend=vbackend,
+                    fused_qkv=fcfg.fused_qkv, xla_options=opts,
+                    ms=med * 1e3, repeats_s=ts, bytes=nbytes,
+                    t_min_ms=t_min * 1e3, roofline_fraction=t_min / med,
+                    tokens=tokens,
+                    same_tokens_as_first=(None if first is None else float(
+                        np.mean(np.equal(tokens, first["tokens"]))))))
+                del state, run, step
+        del model, params, constants
+    rows.sort(key=lambda r: (sizes.index(next(s for s in sizes if (
+        s[0], s[1], s[2] or s[0]) == (r["S"], r["L"], r["T"]))),
+        list(variants).index(r["variant"])))
     result = dict(
         workload="decode-step", model="llama3-8b" if not SMOKE else "tiny",
         backend=backend, **run_stamp(),
