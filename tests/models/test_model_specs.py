@@ -5,6 +5,7 @@ Shapes only (``jax.eval_shape``): no weights are made."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from jaxinfer.models import model_spec, supported_architectures
 from jaxinfer.models.abstract import abstract_variables
 from jaxinfer.models.gguf_loader import _hf_name
 from jaxinfer.models.spec import verify_weights
+from jaxinfer.models.weights import checkpoint_names
 
 TINY_HF = dict(vocab_size=96, hidden_size=32, intermediate_size=48,
                num_hidden_layers=2, num_attention_heads=4,
@@ -21,10 +23,15 @@ TINY_HF = dict(vocab_size=96, hidden_size=32, intermediate_size=48,
 
 
 def _configs(architecture):
+    """Untied and tied; each also with one q/k/v weight where the family's
+    weight list lays one out (models/fused_qkv.py)."""
     spec = model_spec(architecture)
     for tied in (False, True):
-        yield spec, spec.config_from_hf(dict(
+        cfg = spec.config_from_hf(dict(
             TINY_HF, architectures=[architecture], tie_word_embeddings=tied))
+        yield spec, cfg
+        if spec.fuses_qkv:
+            yield spec, dataclasses.replace(cfg, fused_qkv=True)
 
 
 @pytest.mark.parametrize("architecture", supported_architectures())
@@ -40,15 +47,23 @@ def test_weights_fill_the_module(architecture):
 @pytest.mark.parametrize("architecture", [
     a for a in supported_architectures() if model_spec(a).gguf is not None])
 def test_gguf_names_reach_every_tensor(architecture):
-    spec, cfg = next(_configs(architecture))
-    names = spec.gguf
-    assert names is not None
-    gguf = [f"blk.{i}.{g}.{kind}" for i in range(cfg.num_layers)
-            for g in names.layer_names for kind in ("weight", "bias")]
-    reachable = {_hf_name(names, g) for g in [*gguf, *names.top_names]}
-    missing = [w.hf_name for w in spec.weights(cfg)
-               if w.hf_name not in reachable]
-    assert not missing
+    for spec, cfg in _configs(architecture):
+        names = spec.gguf
+        assert names is not None
+        gguf = [f"blk.{i}.{g}.{kind}" for i in range(cfg.num_layers)
+                for g in names.layer_names for kind in ("weight", "bias")]
+        reachable = {_hf_name(names, g) for g in [*gguf, *names.top_names]}
+        missing = [n for w in spec.weights(cfg) for n in checkpoint_names(w)
+                   if n not in reachable]
+        assert not missing
+
+
+def test_fused_qkv_is_laid_out_by_the_llama_module_families():
+    fused = {a for a in supported_architectures() if model_spec(a).fuses_qkv}
+    assert fused == {"LlamaForCausalLM", "MistralForCausalLM",
+                     "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                     "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                     "Phi3ForCausalLM"}
 
 
 def test_family_choices_come_from_the_spec():
