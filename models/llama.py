@@ -9,7 +9,8 @@ is no model-name branching in the layers. The MLP is a pluggable module
 
 Logical axis names (mapped to mesh axes by ``jaxinfer.sharding``):
 ``vocab``, ``embed`` (D), ``heads`` (N), ``kv_heads`` (K), ``head_dim`` (H),
-``mlp`` (F).
+``mlp`` (F), and ``qkv_group`` (G + 2) of the one q/k/v weight that
+``ModelConfig.fused_qkv`` chooses (``fused_qkv.py``).
 """
 
 from __future__ import annotations
@@ -64,16 +65,16 @@ class Attention(nn.Module):
             q, k, v = fused_qkv.split(qkv, N)
         else:
             # q, k and v on the int4 kernel run as one call (compute_together).
-            q = Linear((Din,), (N, H), ("embed", "heads", "head_dim"),
+            q, k, v = compute_together(
+                Linear((Din,), (N, H), ("embed", "heads", "head_dim"),
                        c.attention_bias, self.dtype, linear_method(c),
-                       name="q_proj")(x, pending=True)
-            k = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
+                       name="q_proj")(x, pending=True),
+                Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
                        c.attention_bias, self.dtype, linear_method(c),
-                       name="k_proj")(x, pending=True)
-            v = Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
+                       name="k_proj")(x, pending=True),
+                Linear((Din,), (K, H), ("embed", "kv_heads", "head_dim"),
                        c.attention_bias, self.dtype, linear_method(c),
-                       name="v_proj")(x, pending=True)
-            q, k, v = compute_together(q, k, v)
+                       name="v_proj")(x, pending=True))
         qk_norm = None
         if c.qk_norm:
             qk_norm = (RMSNorm(H, c.rms_norm_eps, self.dtype, name="q_norm").scale,

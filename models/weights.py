@@ -135,6 +135,7 @@ def _joining(spec: WeightSpec, get: TensorGetter, source: str,
             w = get(part)
             check_shape(WeightSpec(part, spec.path, shape), w, source,
                         architecture)
+            assert w is not None  # check_shape raised for a missing one
             arrays.append(w)
         return joined.join(arrays)
     return read
