@@ -110,13 +110,15 @@ _FUSED_SCRIPT = textwrap.dedent("""
     prompts = ["Hello there, how are you doing", "x", "The capital of France is"]
     sp = SamplingParams(max_tokens=8, temperature=0)
 
-    def run(model, tp, backend, fused):
+    def run(model, tp, backend, fused, pp=1):
         # The engine fuses on the platforms listed (GPU by default).
         fused_qkv.DEFAULT_PLATFORMS = ("cpu",) if fused else ()
         llm = LLM(model, num_gpu_blocks_override=64, max_model_len=128,
-                  tensor_parallel_size=tp, attention_backend=backend)
+                  tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                  attention_backend=backend)
         r = llm.llm_engine.runner
-        qkv = r.params["layers_0"]["self_attn"].get("qkv_proj", {})
+        layer = (r.params["slots"][0] if pp > 1 else r.params["layers_0"])
+        qkv = layer["self_attn"].get("qkv_proj", {})
         return {
             "fused": r.cfg.fused_qkv,
             "tokens": [o.outputs[0].token_ids
@@ -129,7 +131,8 @@ _FUSED_SCRIPT = textwrap.dedent("""
     out = {"separate": run(path, 1, "reference", False),
            "reference": run(path, 2, "reference", True),
            "pallas": run(path, 2, "pallas_interpret", True),
-           "orbax": run(orbax_dir, 2, "reference", True)}
+           "orbax": run(orbax_dir, 2, "reference", True),
+           "stages": run(path, 1, "reference", True, pp=2)}
     print("RESULT" + json.dumps(out))
 """)
 
@@ -139,8 +142,9 @@ def test_fused_qkv_on_two_devices_matches_separate_on_one(tiny_model_factory,
                                                           tmp_path):
     """The fused weight split on kv heads over two devices (GSPMD for the
     reference attention, the Pallas kernels per shard), loaded from
-    safetensors and restored from an orbax checkpoint, gives the greedy
-    tokens of the separate weights on one device."""
+    safetensors and restored from an orbax checkpoint, and over two
+    pipeline stages, gives the greedy tokens of the separate weights on
+    one device."""
     path = tiny_model_factory("qwen2")  # G = 2, q/k/v biases
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
@@ -150,9 +154,12 @@ def test_fused_qkv_on_two_devices_matches_separate_on_one(tiny_model_factory,
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     res = json.loads(line[len("RESULT"):])
     assert not res["separate"]["fused"]
-    for name in ("reference", "pallas", "orbax"):
+    for name in ("reference", "pallas", "orbax", "stages"):
         assert res[name]["fused"], name
         assert res[name]["tokens"] == res["separate"]["tokens"], name
+    for name in ("reference", "pallas", "orbax"):
         assert res[name]["specs"] == {
             "kernel": ["None", "model", "None", "None"],
             "bias": ["model", "None", "None"]}, name
+    # Two pipeline stages, one device each: a slot array [stage, ...].
+    assert res["stages"]["specs"]["kernel"][0] == "stage"
