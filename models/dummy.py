@@ -7,6 +7,7 @@ nothing of model size passes through host memory.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +28,21 @@ def random_params(model: nn.Module, cfg: ModelConfig,
     param's draw depends on ``seed`` and its name alone, so two models
     whose params share a name and shape share its value: a config with
     fewer layers gives the first layers, embeddings and head of the
-    longer one (a draft model for speculative decoding's benchmarks)."""
+    longer one (a draft model for speculative decoding's benchmarks). A
+    model with one q/k/v weight (``fused_qkv.py``) gets the separate
+    model's q, k and v joined, so both forms hold the same weights (and a
+    draft or an EAGLE head built from the separate form matches a fused
+    target)."""
     abstract = nn.unbox(abstract_variables(model, cfg)["params"])
+    if cfg.fused_qkv:
+        from .fused_qkv import fuse_params, separate_shardings
+        separate = dataclasses.replace(cfg, fused_qkv=False)
+        params = random_params(
+            model.clone(cfg=separate), separate, dtype,
+            None if shardings is None else separate_shardings(shardings),
+            seed, std)
+        return fuse_params(params, shardings if shardings is not None else
+                           jax.tree_util.tree_map(lambda _: None, abstract))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     shard_leaves = (jax.tree_util.tree_leaves(shardings) if shardings is not None
                     else [None] * len(leaves))

@@ -145,7 +145,7 @@ def fusable(cfg: ModelConfig, tensor_parallel_size: int = 1,
         return False
     if tensor_parallel_size > 1 and cfg.num_kv_heads % tensor_parallel_size:
         return False
-    q = getattr(cfg, "quantization", None)
+    q = cfg.quantization
     return q is None or (q.checkpoint_format == "float" and not q.overrides
                          and isinstance(q.scheme, Fp8Weights)
                          and q.scheme.per_channel)
@@ -164,6 +164,12 @@ def with_fused_qkv(cfg: ModelConfig, platform: str,
 
 # -- params restored in the separate layout (orbax) -------------------------
 
+# A fused param's group axis (G + 2), counted from the end: its kv heads
+# come before it and H after; the fp8 codes [*out, In] end with In.
+_GROUP_AXIS = {"kernel": -2, "bias": -2, "weight": -3, "weight_scale": -2}
+_RANK = {"kernel": 4, "bias": 3, "weight": 4, "weight_scale": 3}
+
+
 def separate_shardings(shardings: Any) -> Any:
     """The shardings tree of a fused model's params with each fused q/k/v
     param's sharding given to q_proj, k_proj and v_proj instead (the same
@@ -174,41 +180,57 @@ def separate_shardings(shardings: Any) -> Any:
            if k != FUSED}
     if FUSED in shardings:
         for name in SEPARATE:
-            out[name] = {p: _without_group_axis(s, 4 if p == "kernel" else 3)
+            out[name] = {p: _without_group_axis(s, p)
                          for p, s in shardings[FUSED].items()}
     return out
 
 
-def _without_group_axis(s: Any, rank: int) -> Any:
-    """A fused param's sharding (kernel [D, K, G + 2, H] or bias [K, G + 2,
-    H]) -> that of a separate one ([D, heads, H] or [heads, H]); one
-    device's sharding as it is."""
+def _without_group_axis(s: Any, param: str) -> Any:
+    """A fused param's sharding -> that of a separate one (the group axis
+    dropped); one device's sharding as it is."""
     if not isinstance(s, NamedSharding):
         return s
-    axes = tuple(s.spec) + (None,) * (rank - len(s.spec))
-    return NamedSharding(s.mesh, PartitionSpec(*axes[:-2], *axes[-1:]))
+    rank, axis = _RANK[param], _GROUP_AXIS[param]
+    axes = list(tuple(s.spec) + (None,) * (rank - len(s.spec)))
+    del axes[axis]
+    return NamedSharding(s.mesh, PartitionSpec(*axes))
 
 
 def fuse_params(params: Any, shardings: Any) -> Any:
     """Separate q/k/v params -> the fused ones, joined on device into their
-    ``shardings`` (the fused model's tree), one layer at a time; the
-    separate arrays are dropped as each layer is joined."""
-    if not isinstance(params, dict):
-        return params
-    out = {k: fuse_params(v, shardings[k]) for k, v in params.items()
-           if k not in SEPARATE}
-    if all(name in params for name in SEPARATE):
-        target = shardings[FUSED]
-        out[FUSED] = {p: _join_on_device(target[p])(
-            *(params[name].pop(p) for name in SEPARATE)) for p in target}
-    return out
+    ``shardings`` (the fused model's tree; None leaves: the default
+    device), one layer at a time. Consumes ``params``: each layer's
+    separate arrays are dropped from it as the layer is joined, so at most
+    one layer is held twice."""
+    joins: dict[Any, Any] = {}  # one compiled join per target
+
+    def join(param: str, sharding: Any, *qkv: jax.Array) -> jax.Array:
+        key = (param, sharding)
+        if key not in joins:
+            joins[key] = jax.jit(
+                functools.partial(_join, axis=_GROUP_AXIS[param]),
+                out_shardings=sharding)
+        return joins[key](*qkv)
+
+    def walk(node: Any, target: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        fuse = isinstance(target, dict) and FUSED in target and all(
+            name in node for name in SEPARATE)
+        out = {k: walk(v, target[k]) for k, v in node.items()
+               if not (fuse and k in SEPARATE)}
+        if fuse:
+            out[FUSED] = {p: join(p, s, *(node[n].pop(p) for n in SEPARATE))
+                          for p, s in target[FUSED].items()}
+        return out
+    return walk(params, shardings)
 
 
-@functools.cache
-def _join_on_device(sharding: Any) -> Any:
-    def join(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        # q [..., N, H], k and v [..., K, H] -> [..., K, G + 2, H]
-        K, H = k.shape[-2:]
-        q = q.reshape(*q.shape[:-2], K, q.shape[-2] // K, H)
-        return jnp.concatenate([q, k[..., None, :], v[..., None, :]], axis=-2)
-    return jax.jit(join, out_shardings=sharding)
+def _join(q: jax.Array, k: jax.Array, v: jax.Array, axis: int) -> jax.Array:
+    """q with N heads at ``axis``, k and v with K there -> G + 2 at
+    ``axis`` after K (kernel [D, N, H] -> [D, K, G + 2, H])."""
+    K = k.shape[axis]
+    q = q.reshape(*q.shape[:axis], K, q.shape[axis] // K,
+                  *q.shape[axis + 1:])
+    return jnp.concatenate([q, jnp.expand_dims(k, axis),
+                            jnp.expand_dims(v, axis)], axis=axis)

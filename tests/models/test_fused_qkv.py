@@ -118,16 +118,33 @@ def test_layout_is_query_heads_then_k_then_v_per_kv_head(case,
             np.testing.assert_array_equal(f[..., kv, G + 1, :], v[..., kv, :])
 
 
-def test_dummy_weights_follow_the_fused_module(tiny_model_factory):
-    cfg = dataclasses.replace(resolve_model(tiny_model_factory()).config,
-                              fused_qkv=True)
-    model = model_class(cfg.architecture)(cfg)
-    params = random_params(model, cfg, jnp.float32)
-    attn = params["layers_0"]["self_attn"]
-    assert attn["qkv_proj"]["kernel"].shape == (cfg.hidden_size, 2, 4, 16)
-    axes = nn.get_partition_spec(abstract_variables(model, cfg))["params"][
-        "layers_0"]["self_attn"]["qkv_proj"]["kernel"]
-    assert tuple(axes) == fused_qkv.KERNEL_AXES
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_dummy_weights_are_the_separate_ones_joined(quantization,
+                                                    tiny_model_factory):
+    """Random weights follow the fused module and hold the separate
+    model's draws (a draft model or an EAGLE head built from the separate
+    form then matches a fused target), fp8 codes and scales too."""
+    files = resolve_model(tiny_model_factory("qwen2"), "dummy",
+                          quantization=quantization)
+    forms = {}
+    for fused in (False, True):
+        cfg = dataclasses.replace(files.config, fused_qkv=fused)
+        model = model_class(cfg.architecture)(cfg)
+        forms[fused] = model, random_params(model, cfg, jnp.float32)
+    model, params = forms[True]
+    axes = nn.get_partition_spec(abstract_variables(model, model.cfg))[
+        "params"]["layers_0"]["self_attn"]["qkv_proj"]
+    qkv = params["layers_0"]["self_attn"]["qkv_proj"]
+    assert set(qkv) == set(axes)
+    if quantization is None:
+        assert qkv["kernel"].shape == (64, 2, 4, 16)
+        assert tuple(axes["kernel"]) == fused_qkv.KERNEL_AXES
+    else:
+        assert qkv["weight"].shape == (2, 4, 16, 64)
+    # The same weights: the same logits, bitwise (qwen2-bias is bitwise
+    # above).
+    _assert_same_logits(_logits(*forms[False]), _logits(*forms[True]),
+                        tol=None if quantization is None else TINY_TOL)
 
 
 # -- when it applies ----------------------------------------------------------
