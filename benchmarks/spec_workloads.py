@@ -286,8 +286,16 @@ def head_vs_target(engine, method: str) -> float:
     target's first layer where the head holds it (EAGLE-3: the first N
     heads on the embedding half, k/v repeated per query head)."""
     import jax.numpy as jnp
+
+    from jaxinfer.models.fused_qkv import FUSED, split
     head = engine.runner.draft.params["layer"]
     target = engine.runner.params["layers_0"]
+    if FUSED in target["self_attn"]:  # the target's one q/k/v weight
+        q, k, v = split(target["self_attn"][FUSED]["kernel"],
+                        engine.runner.cfg.num_heads)
+        target = {**target, "self_attn": {
+            **target["self_attn"], "q_proj": {"kernel": q},
+            "k_proj": {"kernel": k}, "v_proj": {"kernel": v}}}
     worst = 0.0
     for block, names in (("self_attn", ("q_proj", "k_proj", "v_proj",
                                         "o_proj")),
