@@ -112,8 +112,9 @@ class WeightSpec:
     # the checkpoint holds no tensor named hf_name (GGUF stores them
     # stacked under one name).
     parts: tuple[str, ...] = ()
-    # The checkpoint tensors this one is joined from (then ``hf_name``
-    # names the joined tensor, which no checkpoint holds as such).
+    # The checkpoint tensors this one is joined from; then ``hf_name``
+    # names the joined tensor (a checkpoint tensor of that name, Phi-3's
+    # rows of q, k and v, is read only as one of the joined ones).
     joined: JoinedTensors | None = None
 
 
