@@ -35,6 +35,13 @@ from .rope import apply_rope
 # norm, RoPE and K/V write as one kernel; "<backend>_xla_rope" runs the same
 # attention kernels with those as XLA ops, as "reference" does (to compare).
 XLA_ROPE = "_xla_rope"
+# On the GPU the kernel runs for steps of at most this many token rows: on
+# an H100 (decode-step-rope-qkv-h100.json, llama3-8b) it took one sequence's
+# step (16 rows) from 7.60 to 6.95 ms, but a 256-row step from 20.30 to
+# 20.59 ms, where XLA's fusions of the same work are wide enough to be
+# cheap. Sizes between were not timed. The interpreted backend (CPU tests)
+# runs it at every size.
+ROPE_WRITE_MAX_TOKENS = 16
 BACKENDS = ("reference", "pallas", "pallas_triton", "pallas_interpret",
             "pallas" + XLA_ROPE, "pallas_interpret" + XLA_ROPE)
 # The engine's GPU default: the Mosaic GPU kernels on Hopper for the cases
@@ -189,8 +196,12 @@ def _fused_prologue(backend: str, q: jax.Array, k: jax.Array, v: jax.Array,
                     cos_sin: jax.Array, kv: tuple[jax.Array, ...],
                     qk_norm: tuple[jax.Array, jax.Array, float] | None) -> bool:
     """Whether rope_write_kv runs the norm, RoPE and write: on the Pallas
-    backends, for 16-bit or f32 page pairs and the shapes it takes."""
+    backends, for 16-bit or f32 page pairs and the shapes it takes; on the
+    GPU for steps of up to ROPE_WRITE_MAX_TOKENS token rows."""
     if backend == "reference" or backend.endswith(XLA_ROPE) or len(kv) != 2:
+        return False
+    if not backend.startswith("pallas_interpret") \
+            and q.shape[0] > ROPE_WRITE_MAX_TOKENS:
         return False
     from jaxinfer.pallas_kernels.rope_write_kv import unsupported
     norms = qk_norm[:2] if qk_norm is not None else ()

@@ -86,8 +86,13 @@ def check(case, tuning=None, own_reference=False):
     if own_reference:  # the file's own jnp reference is the same path
         ref = jax.jit(rope_write_kv_reference, static_argnames="eps")(*case,
                                                                       eps=EPS)
-        for r, e in zip(ref, exp):
-            np.testing.assert_array_equal(np.asarray(r), np.asarray(e))
+        # Padding rows all write the null page: which of them lands there
+        # is the scatter's choice, so the null page is not compared.
+        for r, e, what in zip(ref, exp, ("q", "k pages", "v pages")):
+            r, e = np.asarray(r), np.asarray(e)
+            if what != "q":
+                r, e = r[:, real], e[:, real]
+            np.testing.assert_array_equal(r, e, err_msg=what)
 
 
 # No shrinking: each example is a compile of its own (seconds interpreted).

@@ -23,27 +23,27 @@ CFG = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=96,
 T = 5  # one sequence's prefill of 5 tokens on page 1, three padding rows
 
 
-def _step_args(model, fp8: bool = False):
+def _step_args(model, fp8: bool = False, rows: int = 8):
     params = nn.unbox(abstract_variables(model, CFG)["params"])  # shapes only
     dtype = jnp.float8_e4m3fn if fp8 else jnp.float32
     kv = init_kv_pages(1, 4, 16, CFG.num_kv_heads, CFG.head_dim, dtype)
     if fp8:
         kv = [pair + scales for pair, scales in zip(kv, init_page_scales(1, 4, 2))]
     md = AttentionMetadata(
-        slot_mapping=np.array([16, 17, 18, 19, 20, 0, 0, 0], np.int32),
+        slot_mapping=np.array([16, 17, 18, 19, 20] + [0] * (rows - T), np.int32),
         block_tables=np.array([[1], [0]], np.int32),
         kv_lens=np.array([T, 0], np.int32),
         cu_q_lens=np.array([0, T, T], np.int32),
         num_seqs=np.array([1], np.int32))
-    ids = jnp.arange(8, dtype=jnp.int32) % CFG.vocab_size
+    ids = jnp.arange(rows, dtype=jnp.int32) % CFG.vocab_size
     return (params, model_constants(model, 64), kv, ids,
-            jnp.arange(8, dtype=jnp.int32) % T, md, np.array([T - 1], np.int32))
+            jnp.arange(rows, dtype=jnp.int32) % T, md, np.array([T - 1], np.int32))
 
 
-def _runs_kernel(backend: str, fp8: bool = False) -> bool:
+def _runs_kernel(backend: str, fp8: bool = False, rows: int = 8) -> bool:
     model = model_class(CFG.architecture)(CFG, backend=backend,
                                           dtype=jnp.float32)
-    args = _step_args(model, fp8)
+    args = _step_args(model, fp8, rows)
     jaxpr = jax.make_jaxpr(lambda *a: run_model(model, *a))(*args)
     return "name=rope_write_kv" in str(jaxpr)
 
@@ -54,3 +54,14 @@ def _runs_kernel(backend: str, fp8: bool = False) -> bool:
     ("pallas_interpret_xla_rope", False, False), ("reference", False, False)])
 def test_the_kernel_runs_where_it_should(backend, fp8, runs):
     assert _runs_kernel(backend, fp8) == runs
+
+
+@pytest.mark.parametrize("backend,runs", [
+    ("pallas", False), ("pallas_triton", False), ("pallas_interpret", True)])
+def test_wide_gpu_steps_keep_the_xla_path(backend, runs):
+    """Past ROPE_WRITE_MAX_TOKENS rows the GPU backends leave the work to
+    XLA's fusions (faster there); the interpreter runs the kernel at any
+    size, so CPU tests cover it."""
+    from jaxinfer.models.attention import ROPE_WRITE_MAX_TOKENS
+    assert _runs_kernel(backend, rows=ROPE_WRITE_MAX_TOKENS) is True
+    assert _runs_kernel(backend, rows=ROPE_WRITE_MAX_TOKENS + 8) == runs
