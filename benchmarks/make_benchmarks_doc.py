@@ -125,6 +125,19 @@ def _int4(d: dict) -> str:
     return "; ".join(parts)
 
 
+def _step_forms(d: dict) -> str:
+    """The decode step in the engine's GPU form against each piece taken
+    out: the separate q/k/v weights, the XLA path before attention."""
+    parts = []
+    for s in (1, 256):
+        ours = _rows(d, variant="default", S=s)["ms"]
+        sep = _rows(d, variant="separate", S=s)["ms"]
+        xla = _rows(d, variant="xla_rope", S=s)["ms"]
+        parts.append(f"S={s}: both {ours:.2f} ms, separate q/k/v {sep:.2f}, "
+                     f"XLA's RoPE and write {xla:.2f}")
+    return "; ".join(parts)
+
+
 def _fp8_prefill(d: dict) -> str:
     b = _rows(d, variant="bf16")
     q = _rows(d, variant="fp8")
@@ -211,6 +224,9 @@ HEADLINES = (
              "llava-serve-h200.json", _llava),
     Headline(FEATURES, "int4 (AWQ layout) decode step, L=1024", "quant-step-int4-grouped-h200.json",
              _int4, readme=True),
+    Headline(FEATURES, "decode step L=1024: one q/k/v weight and the RoPE/K-V write "
+             "kernel, each against its absence (H100; the engine runs the kernel up "
+             "to 16 rows)", "decode-step-rope-qkv-h100.json", _step_forms),
     Headline(FEATURES, "fp8 prefill, 8 x 2048 tokens", "quant-step-prefill-default-rows4-h200.json",
              _fp8_prefill),
     Headline(FEATURES, "tensor parallel 2 (tiny model, Pallas kernels), two H200s",
