@@ -262,7 +262,11 @@ def test_mosaic_decode_many_warpgroups_interpreted(name):
     import os
     import subprocess
     import sys
-    code = ("from tests.pallas_kernels.test_ragged_paged_attention_decode_"
+    # The fresh process compiles each thread program once, as the suite's
+    # processes do (conftest.py installs the memo there).
+    code = ("from tests import interpret_compile_memo; "
+            "interpret_compile_memo.install(); "
+            "from tests.pallas_kernels.test_ragged_paged_attention_decode_"
             f"mgpu import run_wide_pool_tuning; run_wide_pool_tuning({name!r})")
     env = dict(os.environ, PJRT_NPROC="8")
     root = os.path.dirname(os.path.dirname(os.path.dirname(
