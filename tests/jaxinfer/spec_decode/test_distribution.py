@@ -28,7 +28,17 @@ pytestmark = pytest.mark.slow
 
 ALPHA = 1e-3  # chance of a false alarm of the correct rule
 TOP_K = 4
-NUM_DRAWS = 1200
+# Draws per test, sized by power. Both test models' 16 pairs have
+# probabilities 0.053-0.075 (nearly uniform; min * 400 = 21 >= 5). The
+# representative wrong rule, a rejected draft d resampled from the target's
+# p instead of the residual (p - q)+ (d then drawn with p_d + (1 - p_d) p_d,
+# about 0.48 for p_d ~ 0.28), moves the pairs by a chi-square effect
+# sum((p' - p)^2 / p) = 0.197 (tiny Llama) and 0.193 (EAGLE target) per
+# draw: at N = 400 the noncentrality is 77-79 against the 37.7 critical
+# value of df 15 at ALPHA, power 0.9998. Accepting every draft moves them
+# by 2.72 per draw (noncentrality 1,088). A correct rule is rejected with
+# probability ALPHA whatever N.
+NUM_DRAWS = 400
 PROMPT = [101, 2202, 303, 4404, 505, 6606, 707, 8808]
 
 
