@@ -100,6 +100,7 @@ def measure_roofline() -> dict:
     t_mm = timed(lambda: a @ b)
     out = dict(bw=2 * x.numel() * 2 / t_copy, flops=2 * 8192**3 / t_mm,
                device=torch.cuda.get_device_name())
+    fa = fb = None
     try:  # the fp8 tensor cores' rate, for fp8 weights' products
         fa = a.to(torch.float8_e4m3fn)
         fb = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major
@@ -109,6 +110,10 @@ def measure_roofline() -> dict:
         out["flops_fp8"] = 2 * 8192**3 / t_fp8
     except (RuntimeError, AttributeError) as e:  # no fp8 tensor cores
         out["flops_fp8_error"] = repr(e)[:200]
+    # The engines run in child processes whose XLA allocator takes
+    # gpu_memory_utilization of the card: give torch's cached blocks back.
+    del x, y, a, b, fa, fb
+    torch.cuda.empty_cache()
     return out
 
 

@@ -31,6 +31,7 @@ from ..sampling_params import SamplingParams
 from ..spec_decode.stats import SpecDecodeStats
 from ..structured.grammar import GrammarCompiler
 from ..tokenizer import load_tokenizer
+from ..worker.kv_pool_size import claim_device_memory
 from ..worker.model_runner import InFlightStep
 from ..worker.runner_output import ModelRunnerOutput
 from ..worker.warmup import enable_compilation_cache
@@ -71,6 +72,9 @@ class LLMEngine:
         """One replica over ``devices`` (default: every device; a
         data-parallel front gives each replica its own)."""
         self.args = args
+        # Before anything starts JAX's backends: XLA's allocator takes its
+        # share of the card once, when the backend starts.
+        claim_device_memory(args.gpu_memory_utilization)
         self.files = resolve_model(args.model, args.load_format,
                                    quantization=args.quantization)
         self.model_config = self.files.config

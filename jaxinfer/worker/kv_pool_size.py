@@ -10,11 +10,35 @@ import os
 
 import jax
 
-from ..config import CacheConfig
+from ..config import CacheConfig, gpu_memory_bytes
 from ..errors import InvalidConfigError
 from .kv_dtype import max_pages
 
 logger = logging.getLogger(__name__)
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Left inside the allocator's limit beside the pool and the step's
+# workspace: the allocator's own fragmentation and small buffers.
+ALLOCATOR_MARGIN = 0.03
+
+
+def claim_device_memory(utilization: float | None) -> bool:
+    """Let XLA's allocator take the share of the card that
+    ``gpu_memory_utilization`` names, as vLLM reads that flag (a share of the
+    whole device). XLA's GPU client otherwise keeps to 0.75 of it
+    (XLA_PYTHON_CLIENT_MEM_FRACTION), which would leave a quarter of the card
+    to nothing. Only possible before JAX starts its backends, and only where
+    the user has not chosen the fraction or another allocator; returns
+    whether it set the fraction."""
+    from jax._src import xla_bridge
+    if ("XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ
+            or "XLA_PYTHON_CLIENT_ALLOCATOR" in os.environ
+            or xla_bridge.backends_are_initialized()):
+        return False
+    share = DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.4f}"
+    return True
 
 
 def host_available_bytes() -> int:
@@ -86,10 +110,23 @@ def num_kv_pages(cfg, placement, cache_config, scheduler_config,
     if on_cpu:
         return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
                               page_bytes, host_available_bytes())
-    util = 0.9 if cc.gpu_memory_utilization is None else cc.gpu_memory_utilization
+    util = (DEFAULT_GPU_MEMORY_UTILIZATION if cc.gpu_memory_utilization is None
+            else cc.gpu_memory_utilization)
     stats = jax.local_devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit", 0)
     in_use = stats.get("bytes_in_use", 0)
+    # vLLM's meaning: a share of the whole device, weights included; XLA's
+    # allocator cannot hand out more than its own limit (a smaller
+    # XLA_PYTHON_CLIENT_MEM_FRACTION, or JAX started before the engine).
+    total = gpu_memory_bytes()
+    budget = min(util * total, limit * (1 - ALLOCATOR_MARGIN))
+    if util * total > limit * (1 - ALLOCATOR_MARGIN) + (1 << 30):
+        logger.info(
+            "KV pool sized within XLA's allocator limit (%.1f GiB of %.1f): "
+            "gpu_memory_utilization=%s asks for %.1f GiB; set "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION=%s before JAX starts to give it "
+            "that", limit / 2**30, total / 2**30, util,
+            util * total / 2**30, util)
     # Headroom for the step's activations and logits at the largest bucket,
     # prompt logprobs' included: float32 logits of every row of the bucket
     # and their log-softmax (16.8 GB at 16384 rows of Gemma's 256000-entry
@@ -98,13 +135,14 @@ def num_kv_pages(cfg, placement, cache_config, scheduler_config,
                  (cfg.hidden_size * 16 + cfg.intermediate_size * 8
                   + cfg.vocab_size * 2) *
                  4 + sc.max_num_seqs * cfg.vocab_size * 16 + (1 << 30))
-    free = limit * util - in_use - workspace
+    free = budget - in_use - workspace
     n = int(free // page_bytes)
     if n < 2:
         raise ValueError(
-            f"no room for the KV cache: {limit / 2**30:.1f} GiB "
-            f"device memory x gpu_memory_utilization={util} "
-            f"leaves {free / 2**30:.2f} GiB after weights; raise "
+            f"no room for the KV cache: gpu_memory_utilization={util} of "
+            f"{total / 2**30:.1f} GiB device memory (XLA's allocator limit "
+            f"{limit / 2**30:.1f} GiB) leaves {free / 2**30:.2f} GiB after "
+            f"the weights and the step's workspace; raise "
             "gpu_memory_utilization or lower max_num_batched_tokens")
     if n > cap:
         logger.warning(

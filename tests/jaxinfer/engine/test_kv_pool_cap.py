@@ -5,6 +5,7 @@ elements per array) faulted with an illegal address; at 0.2 it ran."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import jax
@@ -62,3 +63,58 @@ def test_an_override_past_the_bound_is_refused_with_the_bound():
     with pytest.raises(InvalidConfigError, match="32-bit offsets"):
         ModelRunner._num_blocks(_runner(override=10**6))
     assert ModelRunner._num_blocks(_runner(override=1000)) == 1000
+
+
+def _card(monkeypatch, total_gib, fraction):
+    """A card of ``total_gib`` whose XLA allocator was given ``fraction``."""
+    limit = int(total_gib * fraction) << 30
+    dev = types.SimpleNamespace(memory_stats=lambda: {
+        "bytes_limit": limit, "bytes_in_use": 16 << 30})
+    monkeypatch.setattr(jax, "local_devices", lambda: [dev])
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction))
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+
+
+def _pool(utilization):
+    runner = _runner()
+    runner.cache_config = CacheConfig(gpu_memory_utilization=utilization)
+    runner.page_bytes = 2 << 20  # llama3-8b's 16-token page, all layers
+    return ModelRunner._num_blocks(runner)
+
+
+def test_gpu_memory_utilization_is_a_share_of_the_whole_card(monkeypatch):
+    """vLLM's meaning: 0.9 of an 80 GiB card is 72 GiB for weights, pages
+    and workspace, not 0.9 of the 60 GiB XLA's allocator takes by default."""
+    from jaxinfer.worker import kv_pool_size
+    margin = 1 - kv_pool_size.ALLOCATOR_MARGIN
+    _card(monkeypatch, 80, 0.9)  # the allocator was given the share
+    full = _pool(0.9)
+    _card(monkeypatch, 80, 0.75)  # JAX started before the engine
+    capped = _pool(0.9)
+    half = _pool(0.5)
+    page = 2 << 20
+    # The pools differ by the budgets' difference, in pages.
+    assert full - capped == pytest.approx(
+        ((min(72, 80 * 0.9 * margin) - 60 * margin) * 2**30) / page, abs=1)
+    assert capped - half == pytest.approx(
+        ((60 * margin - 40) * 2**30) / page, abs=1)
+
+
+def test_the_engine_gives_xla_the_share_before_the_backend_starts(monkeypatch):
+    from jax._src import xla_bridge
+
+    from jaxinfer.worker.kv_pool_size import claim_device_memory
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    assert claim_device_memory(0.8)
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.8000"
+    # The user's own fraction stands.
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    assert not claim_device_memory(None)
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    # Once JAX's backends run, the allocator's limit is fixed.
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
+    assert not claim_device_memory(None)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
