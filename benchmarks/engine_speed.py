@@ -117,6 +117,32 @@ def measure_roofline() -> dict:
     return out
 
 
+def memory_record(llm) -> dict:
+    """What the pool was sized against and what the built programs need:
+    the device allocator's counters, the pool's pages, and each compiled
+    step program's temporary bytes (XLA's memory_analysis), the largest
+    first; the pool reserves a workspace estimate for the widest of them
+    (jaxinfer/worker/kv_pool_size.py)."""
+    import jax
+    engine = llm.llm_engine
+    stats = jax.local_devices()[0].memory_stats() or {}
+    temps = []
+    for key, program in engine.runner.programs.built.items():
+        try:
+            m = program.memory_analysis()
+            temps.append((int(m.temp_size_in_bytes), str(key)[:160]))
+        except Exception as e:  # noqa: BLE001 - a loaded program may lack it
+            temps.append((-1, f"{str(key)[:120]}: {e!r}"[:200]))
+    temps.sort(reverse=True)
+    return {**{k: stats.get(k) for k in ("bytes_limit", "bytes_in_use",
+                                         "peak_bytes_in_use")},
+            "num_kv_pages": engine.runner.num_blocks,
+            "page_bytes": engine.runner.page_bytes,
+            "max_num_batched_tokens": engine.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": engine.scheduler_config.max_num_seqs,
+            "program_temp_bytes": temps[:8]}
+
+
 def engine_overrides(pairs: list[str]) -> dict:
     """``--engine KEY=VALUE`` pairs as EngineArgs fields (VALUE read as a
     Python literal where it is one: ``num_scheduler_steps=8``)."""
@@ -265,6 +291,7 @@ def main() -> int:
     t0 = time.perf_counter()
     llm = make_llm(args.tokenizer, args.cache_dir, engine_overrides(args.engine))
     summary["ready_in_process_s"] = time.perf_counter() - t0
+    summary["memory"] = {"after_warmup": memory_record(llm)}
     from jaxinfer.entrypoints.heap import startup_heap_frozen
     for name in args.only.split(","):
         with startup_heap_frozen():  # as `jaxinfer bench` runs its workloads
@@ -275,6 +302,8 @@ def main() -> int:
         if "output_tokens_per_s" in hf:
             rec["vs_hf"] = rec["output_tokens_per_s"] / hf["output_tokens_per_s"]
         save()
+    summary["memory"]["after_runs"] = memory_record(llm)
+    save()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timeline_report import report_dir
     try:  # the timeline PNGs too, where matplotlib is there (the GPU machine)
