@@ -55,11 +55,27 @@ def shapes(smoke: bool) -> dict:
                 page=16, rows=1024, d_in=4096, d_out=14336)
 
 
+def on_stream(f, n: int):
+    """``f`` placed on GPU stream ``n``. JAX 0.11 made ``compute_on`` a
+    wrapper taking the compute type and the outputs' memory space (0.10's
+    ``compute_on2``); 0.10's ``compute_on`` is a context manager."""
+    import inspect
+
+    from jax._src import compute_on as c
+    from jax._src import core
+    wrapper = c.compute_on
+    if "out_memory_spaces" not in inspect.signature(wrapper).parameters:
+        wrapper = getattr(c, "compute_on2", None)
+    if wrapper is None:
+        return c.compute_on(f"gpu_stream:{n}")(f)
+    return wrapper(f, compute_type=f"gpu_stream:{n}",
+                   out_memory_spaces=core.MemorySpace.Device)
+
+
 def measure(smoke: bool) -> dict:
     """Every form's median seconds per program in this process."""
     import jax
     import jax.numpy as jnp
-    from jax._src.compute_on import compute_on
     from jax.experimental.xla_metadata import set_xla_metadata
 
     from benchmarks.kernels.bench_attention import batch, time_fn
@@ -84,8 +100,8 @@ def measure(smoke: bool) -> dict:
     def gemm(x, w):
         return x @ w
 
-    attend_s1 = compute_on("gpu_stream:1")(jax.jit(attend))
-    gemm_s2 = compute_on("gpu_stream:2")(jax.jit(gemm))
+    attend_s1 = on_stream(jax.jit(attend), 1)
+    gemm_s2 = on_stream(jax.jit(gemm), 2)
 
     def program(form):
         @jax.jit
