@@ -64,6 +64,11 @@ LARGE_GPU_MAX_NUM_BATCHED_TOKENS = {"llm": 16384, "server": 8192}
 USAGE_CONTEXTS = tuple(LARGE_GPU_MAX_NUM_BATCHED_TOKENS)
 
 
+# Prompt-logprob rows per step under chunked prefill
+# (SchedulerConfig.max_prompt_logprob_rows).
+PROMPT_LOGPROB_MAX_ROWS = 2048
+
+
 def gpu_memory_bytes() -> int:
     """The first device's memory: XLA's allocator limit over the share of
     memory it was given (XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unless set;
@@ -88,6 +93,19 @@ class SchedulerConfig:
     # Decode steps one program runs when every running request only
     # decodes (vLLM's multi-step scheduling); 1 = one step per program.
     num_scheduler_steps: int = 1
+
+    @property
+    def max_prompt_logprob_rows(self) -> int:
+        """Prompt tokens one step scores for prompt logprobs, all requests
+        together: their float32 logits over the whole vocabulary and the
+        log-softmax of them are the step's largest buffers (16.8 GB at
+        16,384 rows of a 256,000-entry vocabulary), and the pool reserves
+        room for them. With chunked prefill a prompt that asks for them
+        goes in chunks of at most this many tokens; without it the whole
+        step's budget may be scored."""
+        if not self.enable_chunked_prefill:
+            return self.max_num_batched_tokens
+        return min(self.max_num_batched_tokens, PROMPT_LOGPROB_MAX_ROWS)
 
     def __post_init__(self) -> None:
         _check(self.max_model_len >= 1, "max_model_len", ">= 1",

@@ -5,6 +5,7 @@ naming the field and the limit."""
 
 from __future__ import annotations
 
+from ..config import PROMPT_LOGPROB_MAX_ROWS
 from ..worker.sampler_widths import BIAS_WIDTH_FACTOR, BIAS_WIDTH_FLOOR
 from ..worker.step_functions import WINDOW_STOP_IDS
 
@@ -17,7 +18,10 @@ REQUEST_LIMITS: tuple[tuple[str, str, str], ...] = (
      f"of {BIAS_WIDTH_FACTOR}, or the vocabulary size"),
     ("logprobs, prompt_logprobs", "at most `--max-logprobs` (default 20; -1: "
      "the whole vocabulary)", "the top `max_logprobs` are computed and cut "
-     "per request; prompt rows pad to the step's token bucket"),
+     "per request; a step scores at most "
+     f"{PROMPT_LOGPROB_MAX_ROWS:,} prompt tokens (with chunked prefill a "
+     "longer prompt goes in chunks of that many), padded to the step's token "
+     "bucket or that"),
     ("n, best_of", "at most `--max-num-seqs`", "one sequence row each"),
     ("bad_words, min_tokens", "none", "banned ids go into the packed token "
      "mask"),

@@ -148,9 +148,29 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------
 
+    @staticmethod
+    def _prompt_lp_rows(req: Request, start: int, num_new: int) -> int:
+        """Prompt tokens a chunk of ``num_new`` tokens from ``start`` scores
+        for prompt logprobs (each position but the prompt's last scores the
+        next token)."""
+        if req.sampling_params.prompt_logprobs is None:
+            return 0
+        return max(0, min(start + num_new, req.num_prompt_tokens - 1) - start)
+
+    def _prompt_lp_fit(self, req: Request, start: int, num_new: int,
+                       lp_budget: int) -> int:
+        """``num_new`` cut so that the chunk's scored prompt tokens fit
+        ``lp_budget``."""
+        if self._prompt_lp_rows(req, start, num_new) <= lp_budget:
+            return num_new
+        return max(lp_budget, 0)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput.make_empty()
         budget = self.config.max_num_batched_tokens
+        # Prompt tokens scored for prompt logprobs, a budget of its own
+        # (SchedulerConfig.max_prompt_logprob_rows).
+        lp_budget = self.config.max_prompt_logprob_rows
         scheduled: list[tuple[Request, int]] = []
         drafts = ({} if self.speculation is None
                   else self.speculation.propose(self.running))
@@ -162,6 +182,11 @@ class Scheduler:
             num_new = min(req.num_tokens_with_pending - req.num_computed_tokens
                           + len(drafts.get(req.request_id, ())), budget)
             if num_new <= 0 or req.out_of_budget_with_pending():
+                i += 1
+                continue
+            num_new = self._prompt_lp_fit(req, req.num_computed_tokens,
+                                          num_new, lp_budget)
+            if num_new <= 0:  # its prompt-logprob chunk waits a step
                 i += 1
                 continue
             num_new, images = self._plan_images(req, req.num_computed_tokens,
@@ -178,6 +203,8 @@ class Scheduler:
                 self._commit_images(req, images, out)
                 scheduled.append((req, num_new))
                 budget -= num_new
+                lp_budget -= self._prompt_lp_rows(req, req.num_computed_tokens,
+                                                  num_new)
                 i += 1
             # When req preempted itself, i already points past it.
 
@@ -193,7 +220,10 @@ class Scheduler:
                 passed_over.append(self.waiting.pop())
                 continue
             if req.status == RequestStatus.SWAPPED:
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                num_new = self._prompt_lp_fit(
+                    req, req.num_computed_tokens,
+                    min(req.num_tokens - req.num_computed_tokens, budget),
+                    lp_budget)
                 num_new, images = self._plan_images(
                     req, req.num_computed_tokens, num_new)
                 if num_new <= 0:
@@ -207,7 +237,10 @@ class Scheduler:
                 num_new = req.num_tokens - num_hit
                 if not self.config.enable_chunked_prefill and num_new > budget:
                     break
-                num_new = min(num_new, budget)
+                num_new = self._prompt_lp_fit(req, num_hit,
+                                              min(num_new, budget), lp_budget)
+                if num_new <= 0:
+                    break
                 fit, images = self._plan_images(req, num_hit, num_new)
                 if fit < num_new and (
                         fit <= 0 or not self.config.enable_chunked_prefill):
@@ -232,6 +265,8 @@ class Scheduler:
             self.policy.admit(self.running, req)
             scheduled.append((req, num_new))
             budget -= num_new
+            lp_budget -= self._prompt_lp_rows(req, req.num_computed_tokens,
+                                              num_new)
         for req in reversed(passed_over):  # back in their places
             self.waiting.prepend(req)
 

@@ -127,14 +127,15 @@ def num_kv_pages(cfg, placement, cache_config, scheduler_config,
             "XLA_PYTHON_CLIENT_MEM_FRACTION=%s before JAX starts to give it "
             "that", limit / 2**30, total / 2**30, util,
             util * total / 2**30, util)
-    # Headroom for the step's activations and logits at the largest bucket,
-    # prompt logprobs' included: float32 logits of every row of the bucket
-    # and their log-softmax (16.8 GB at 16384 rows of Gemma's 256000-entry
-    # vocabulary), which warm-up compiles and a request may ask for.
+    # Headroom for the step's activations at the largest bucket, the
+    # sampled rows' logits, and prompt logprobs' float32 logits and their
+    # log-softmax over the rows one step may score
+    # (SchedulerConfig.max_prompt_logprob_rows), which warm-up compiles and
+    # a request may ask for.
     workspace = (sc.max_num_batched_tokens *
-                 (cfg.hidden_size * 16 + cfg.intermediate_size * 8
-                  + cfg.vocab_size * 2) *
-                 4 + sc.max_num_seqs * cfg.vocab_size * 16 + (1 << 30))
+                 (cfg.hidden_size * 16 + cfg.intermediate_size * 8) * 4
+                 + sc.max_prompt_logprob_rows * cfg.vocab_size * 8
+                 + sc.max_num_seqs * cfg.vocab_size * 16 + (1 << 30))
     free = budget - in_use - workspace
     n = int(free // page_bytes)
     if n < 2:

@@ -46,7 +46,7 @@ from .penalties import PenaltyState
 from .placement import Placement
 from .runner_output import ModelRunnerOutput
 from .sampler import SamplerOutput
-from .sampling_inputs import PromptLogprobPlan, SamplingInputs
+from .sampling_inputs import PromptLogprobPlan, SamplingInputs, prompt_logprob_rows
 from .step_functions import window_stop_ids
 from .step_layout import lay_out_step
 from .step_programs import DeviceState, StepInputs, StepOutputs, StepPrograms
@@ -344,7 +344,8 @@ class ModelRunner:
             encoder = self.encoder.step_inputs(out.scheduled, self.requests,
                                                md.cu_q_lens, len(input_ids))
         plan = self.sampling_inputs.plan_prompt_logprobs(
-            out.scheduled, self.requests, len(input_ids))
+            out.scheduled, self.requests,
+            prompt_logprob_rows(len(input_ids), self.scheduler_config))
         # The full sampler tier (penalty params present) returns top
         # logprobs; the plain tier none.
         num_lp = self.max_logprobs if smd.penalties is not None else None

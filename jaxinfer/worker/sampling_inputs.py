@@ -121,6 +121,12 @@ def needs_full_tier(sched: list[ScheduledRequest], sps,
             or any(s.banned_ids or s.constrained for s in sched))
 
 
+def prompt_logprob_rows(T: int, scheduler_config) -> int:
+    """Rows of a step's prompt-logprob logits for a token bucket of T rows
+    (`SchedulerConfig.max_prompt_logprob_rows` at most)."""
+    return min(T, scheduler_config.max_prompt_logprob_rows)
+
+
 class SamplingInputs:
     def __init__(self, vocab_size: int, max_num_seqs: int, engine_seed: int,
                  count_width: int = 2048):
@@ -309,11 +315,12 @@ class SamplingInputs:
 
     @staticmethod
     def plan_prompt_logprobs(sched: list[ScheduledRequest],
-                             requests: dict[str, NewRequestData], T: int
+                             requests: dict[str, NewRequestData], Tp: int
                              ) -> PromptLogprobPlan | None:
         """Positions j of the step whose logits score prompt token j + 1,
-        padded to the step's T token rows (at most one per token: one
-        compiled variant per bucket, whatever the prompts)."""
+        padded to ``Tp`` rows (`prompt_logprob_rows` of the step's token
+        bucket: one compiled variant per bucket, whatever the prompts; the
+        scheduler keeps the scored tokens within it)."""
         idx: list[int] = []
         tgt: list[int] = []
         spans: dict[str, tuple[int, int, int]] = {}
@@ -332,7 +339,10 @@ class SamplingInputs:
             t += n
         if not idx:
             return None
-        Tp = T
+        if len(idx) > Tp:
+            raise AssertionError(
+                f"{len(idx)} prompt-logprob rows in a step that scores at "
+                f"most {Tp}: the scheduler's prompt-logprob budget was not kept")
         indices = np.zeros(Tp, np.int32)
         targets = np.zeros(Tp, np.int32)
         indices[:len(idx)] = idx

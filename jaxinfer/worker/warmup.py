@@ -33,7 +33,7 @@ from .packing import pack_step
 from .penalties import PenaltyState
 from .program_keys import ProgramBuild, ProgramKey
 from .sampler_widths import bias_widths
-from .sampling_inputs import SamplingInputs
+from .sampling_inputs import SamplingInputs, prompt_logprob_rows
 from .step_functions import window_stop_ids
 
 if TYPE_CHECKING:
@@ -141,7 +141,8 @@ def forward_build(programs: StepPrograms, bucket: Bucket, state: DeviceState,
     T, S, P = bucket[:3]
     input_ids, positions, md, _ = dummy_batch(T, S, P)
     rows = S * (1 if one_row else programs.sampled_rows_per_seq)
-    logits_idx = np.zeros(rows + T if prompt_lp else rows, np.int32)
+    lp_rows = prompt_logprob_rows(T, programs.scheduler_config)
+    logits_idx = np.zeros(rows + lp_rows if prompt_lp else rows, np.int32)
     packed = pack_step(input_ids, positions, md,
                        None if lora_pool is None else np.zeros(T, np.int32))
     encoder = (None if encoder_cache is None
@@ -173,7 +174,8 @@ def sample_build(programs: StepPrograms, S: int, sp: SamplingParams,
 
 
 def prompt_lp_build(programs: StepPrograms, T: int):
-    """(key, ProgramBuild) of prompt logprobs over a bucket's T rows."""
+    """(key, ProgramBuild) of prompt logprobs over T rows (a bucket's
+    `prompt_logprob_rows`)."""
     num_lp = programs.max_logprobs
     args = (programs.logits_struct(T), np.zeros(T, np.int32))
     return programs.prompt_lp_key(num_lp, args), ProgramBuild(
@@ -258,7 +260,9 @@ def wanted_programs(programs: StepPrograms, state: DeviceState,
                 key, build = sample_build(programs, S, sp, state.prev_tokens,
                                           plain=True)
                 todo.setdefault(key, build)
-    for T in sorted({bucket.tokens for bucket in shapes}):
+    for T in sorted({prompt_logprob_rows(bucket.tokens,
+                                         programs.scheduler_config)
+                     for bucket in shapes}):
         key, build = prompt_lp_build(programs, T)
         todo.setdefault(key, build)
     key, build = count_build(programs)

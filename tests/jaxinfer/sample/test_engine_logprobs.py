@@ -70,3 +70,35 @@ def test_logprobs_zero_gives_only_the_sampled_token(tiny_llm):
     out = tiny_llm.generate([[1, 2, 3]], SamplingParams(
         max_tokens=3, logprobs=0, temperature=0.0), use_tqdm=False)[0].outputs[0]
     assert [list(d) for d in out.logprobs] == [[t] for t in out.token_ids]
+
+
+def test_prompt_logprobs_in_chunks_of_the_rows_one_step_scores(
+        tiny_llama, hf_tiny, monkeypatch, tmp_path):
+    """A step scores at most SchedulerConfig.max_prompt_logprob_rows prompt
+    tokens (the pool reserves room for their logits): a longer prompt that
+    asks for prompt logprobs is prefilled in chunks of that many, and its
+    logprobs are still HF's; a request beside it keeps the whole budget."""
+    import jaxinfer.config
+    from jaxinfer import LLM
+    monkeypatch.setattr(jaxinfer.config, "PROMPT_LOGPROB_MAX_ROWS", 8)
+    timeline = tmp_path / "steps.jsonl"
+    llm = LLM(tiny_llama, dtype="float32", max_model_len=256,
+              num_gpu_blocks_override=128, max_num_seqs=4,
+              max_num_batched_tokens=64, block_size=16,
+              profile_steps=str(timeline))
+    scored = [1] + list(range(600, 628))  # 29 tokens: 28 scored
+    plain = [1] + list(range(700, 740))  # 41 tokens, no prompt logprobs
+    outs = llm.generate(
+        [{"prompt_token_ids": scored}, {"prompt_token_ids": plain}],
+        [SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2),
+         SamplingParams(max_tokens=2, temperature=0.0)], use_tqdm=False)
+    lp = _hf_logprobs(hf_tiny, scored)
+    assert len(outs[0].prompt_logprobs) == len(scored)
+    for i in range(1, len(scored)):
+        _check_entry(outs[0].prompt_logprobs[i], lp[i - 1], scored[i], 2)
+    prefill = [r.prefill_tokens for r in llm.llm_engine.timeline.records
+               if r.prefill_tokens]
+    # The first step takes the plain prompt whole beside 8 scored tokens;
+    # the scored prompt's remaining 21 follow 8 at a time.
+    assert prefill[0] == 8 + len(plain)
+    assert prefill[1:] == [8, 8, 5]
