@@ -152,6 +152,22 @@ def targets(out: str) -> list[dict]:
     return rows
 
 
+def devices(out: str) -> dict[str, str]:
+    """The GPU each part that ran measured on (parts may run in separate
+    calls, so on different cards)."""
+    found = {}
+    for part in PARTS:
+        if part == "fp8-attention":
+            d = _load(os.path.join(out, part, "decode-fp8-mgpu-h200.json"))
+            device = (d or {}).get("device")
+        else:
+            d = _load(os.path.join(out, part, "summary.json"))
+            device = ((d or {}).get("roofline") or {}).get("device")
+        if device:
+            found[part] = device
+    return found
+
+
 def table(rows: list[dict]) -> str:
     lines = [f"{'target':58} {'measured':>10} {'goal':>8}  holds"]
     for r in rows:
@@ -199,7 +215,9 @@ def main() -> int:
         print(f"[{part}] rc={rc} in {time.monotonic() - t0:.0f} s", flush=True)
     rows = targets(args.out)
     with open(os.path.join(args.out, "targets.json"), "w") as f:
-        json.dump({"targets": rows}, f, indent=1)
+        json.dump({"workload": "speed targets", "devices": devices(args.out),
+                   "command": "python3 benchmarks/speed_targets.py --out OUT",
+                   "targets": rows}, f, indent=1)
     print(table(rows))
     return 0
 
