@@ -159,18 +159,29 @@ EMBEDDED_CASES = {
 }
 
 
+EMBEDDED_ENGINE = dict(max_num_seqs=2, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def embedded_plain():
+    """The embedded model without speculation: one engine (and its
+    compiles) for every method's plain run."""
+    return LLM(**EMBEDDED_ENGINE)
+
+
+# One worker runs both methods, so the plain engine is built once.
+@pytest.mark.xdist_group("spec_embedded")
 @pytest.mark.parametrize("method", list(EMBEDDED_CASES))
-def test_greedy_equal_on_the_embedded_model(method):
+def test_greedy_equal_on_the_embedded_model(embedded_plain, method):
     spec, prompts, min_rate, min_length = EMBEDDED_CASES[method]
     sp = SamplingParams(temperature=0.0, max_tokens=32)
-    outs, engines = {}, {}
-    for config in (None, spec):
-        llm = LLM(speculative_config=config, max_num_seqs=2, max_model_len=256)
-        outs[config is None] = [o.outputs[0].token_ids for o in
-                                llm.generate(prompts, sp, use_tqdm=False)]
-        engines[config is None] = llm.llm_engine
+    outs = {}
+    llm = LLM(speculative_config=spec, **EMBEDDED_ENGINE)
+    for spec_on, engine in ((False, embedded_plain), (True, llm)):
+        outs[spec_on] = [o.outputs[0].token_ids for o in
+                         engine.generate(prompts, sp, use_tqdm=False)]
     assert outs[False] == outs[True]
-    stats = engines[False].get_stats().spec_decode
+    stats = llm.llm_engine.get_stats().spec_decode
     assert stats.acceptance_rate > min_rate
     assert stats.mean_accepted_length > min_length
 
