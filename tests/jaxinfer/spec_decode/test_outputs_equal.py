@@ -123,6 +123,9 @@ def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
     assert {"stop", "length"} <= reasons
 
 
+# The plain engines of the next tests are the roomy cases' (BASE): on the
+# same worker their programs come from the compilation cache.
+@pytest.mark.xdist_group("spec_outputs_equal")
 def test_verifying_steps_through_the_pallas_kernels(make_llm):
     """Verifying steps take the attention kernels' short-query path (each
     row's k + 1 tokens as decode rows, interpret mode on CPU): greedy
@@ -186,6 +189,7 @@ def test_greedy_equal_on_the_embedded_model(embedded_plain, method):
     assert stats.mean_accepted_length > min_length
 
 
+@pytest.mark.xdist_group("spec_outputs_equal")
 def test_n_samples_and_prompt_logprobs_equal_without_speculation(make_llm):
     prompts = [{"prompt_token_ids": p} for p in repetitive_prompts(3, seed=9)]
     sp = SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=12,
