@@ -253,27 +253,60 @@ def run_wide_pool_tuning(name: str) -> None:
            logit_soft_cap=cap, decode_only=True)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(WIDE_POOL_TUNINGS))
-def test_mosaic_decode_many_warpgroups_interpreted(name):
-    """The fp8 default (three warpgroups) and the v17 four-producer
-    tunings (five), with and without swap_ab, match the reference in the
-    interpreter once XLA's CPU pool is wider than the warpgroups."""
+def run_wide_pool_tunings(names: list[str], out: str) -> None:
+    """run_wide_pool_tuning for each of ``names`` in turn (the body of the
+    subprocess below); writes {name: None, or the failure's traceback} to
+    the JSON file ``out``."""
+    import json
+    import traceback
+    results = {}
+    for name in names:
+        try:
+            run_wide_pool_tuning(name)
+            results[name] = None
+        except Exception:  # noqa: BLE001 - reported by the tuning's test
+            results[name] = traceback.format_exc()[-3000:]
+    with open(out, "w") as f:
+        json.dump(results, f)
+
+
+@pytest.fixture(scope="module")
+def wide_pool_results(tmp_path_factory):
+    """Every WIDE_POOL_TUNINGS case run in one fresh process (its imports,
+    the reference's programs and the thread programs the tunings share
+    built once): name -> None, or the failure's traceback."""
+    import json
     import os
     import subprocess
     import sys
+    out = str(tmp_path_factory.mktemp("wide-pool") / "results.json")
     # The fresh process compiles each thread program once, as the suite's
     # processes do (conftest.py installs the memo there).
     code = ("from tests import interpret_compile_memo; "
             "interpret_compile_memo.install(); "
             "from tests.pallas_kernels.test_ragged_paged_attention_decode_"
-            f"mgpu import run_wide_pool_tuning; run_wide_pool_tuning({name!r})")
+            f"mgpu import run_wide_pool_tunings; "
+            f"run_wide_pool_tunings({list(WIDE_POOL_TUNINGS)!r}, {out!r})")
     env = dict(os.environ, PJRT_NPROC="8")
     root = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+# One worker runs every tuning: they share the fixture's one process.
+@pytest.mark.slow
+@pytest.mark.xdist_group("decode_mgpu_wide_pool")
+@pytest.mark.parametrize("name", list(WIDE_POOL_TUNINGS))
+def test_mosaic_decode_many_warpgroups_interpreted(wide_pool_results, name):
+    """The fp8 default (three warpgroups) and the v17 four-producer
+    tunings (five), with and without swap_ab, match the reference in the
+    interpreter once XLA's CPU pool is wider than the warpgroups."""
+    assert name in wide_pool_results
+    assert wide_pool_results[name] is None, wide_pool_results[name]
 
 
 # The window and soft cap take one code path under swap_ab whatever the

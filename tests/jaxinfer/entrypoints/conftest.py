@@ -89,13 +89,38 @@ class ServerThread:
             self.on_stop()
 
 
+_process_cache_dir: list[str] = []
+
+
+def compilation_cache_dir() -> str:
+    """This process's persistent compilation cache (JAX keeps one per
+    process: the first engine's), else a new temporary one. Engines of
+    test servers default to it, so a split server's core process reads
+    the programs that in-process engines of the same worker compiled
+    (the embedded model's take most of a server test's time)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import jax
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+    if current:
+        return current
+    if not _process_cache_dir:
+        _process_cache_dir.append(tempfile.mkdtemp(prefix="jaxinfer-test-xla-"))
+        atexit.register(shutil.rmtree, _process_cache_dir[0], True)
+    return _process_cache_dir[0]
+
+
 def start_engine(model: str, name: str | None = None, mode=None,
                  max_num_waiting=None, **engine_kwargs):
     """An engine for test servers: an AsyncLLMEngine in ``inproc`` mode, a
     SplitEngine (its core process started) in ``split`` mode (``mode``
     None: default_server_mode()). ``name``: the served model's name, the
-    label of its metrics."""
+    label of its metrics. The compilation cache: this process's
+    (compilation_cache_dir()) unless given."""
     from jaxinfer.config import EngineArgs
+    engine_kwargs.setdefault("compilation_cache_dir", compilation_cache_dir())
     args = EngineArgs(model=model, **engine_kwargs)
     if (mode or default_server_mode()) == "split":
         from .split_server import SplitEngine

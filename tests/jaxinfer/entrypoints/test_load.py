@@ -16,7 +16,10 @@ N = 200
 MAX_TOKENS = 6
 
 
+# One worker runs both modes: the split server's core process then loads
+# the programs the in-process engine compiled (conftest.compilation_cache_dir).
 @pytest.mark.slow
+@pytest.mark.xdist_group("load")
 @pytest.mark.both_servers  # in-process and multi-process (conftest.py)
 def test_200_concurrent_streaming_chats(server_mode):
     server, engine = start_server("smollm2-135m-instruct",

@@ -123,6 +123,9 @@ def test_outputs_equal_with_and_without_speculation(make_llm, spec_case,
     assert {"stop", "length"} <= reasons
 
 
+# The plain engines of the next tests are the roomy cases' (BASE): on the
+# same worker their programs come from the compilation cache.
+@pytest.mark.xdist_group("spec_outputs_equal")
 def test_verifying_steps_through_the_pallas_kernels(make_llm):
     """Verifying steps take the attention kernels' short-query path (each
     row's k + 1 tokens as decode rows, interpret mode on CPU): greedy
@@ -159,22 +162,34 @@ EMBEDDED_CASES = {
 }
 
 
+EMBEDDED_ENGINE = dict(max_num_seqs=2, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def embedded_plain():
+    """The embedded model without speculation: one engine (and its
+    compiles) for every method's plain run."""
+    return LLM(**EMBEDDED_ENGINE)
+
+
+# One worker runs both methods, so the plain engine is built once.
+@pytest.mark.xdist_group("spec_embedded")
 @pytest.mark.parametrize("method", list(EMBEDDED_CASES))
-def test_greedy_equal_on_the_embedded_model(method):
+def test_greedy_equal_on_the_embedded_model(embedded_plain, method):
     spec, prompts, min_rate, min_length = EMBEDDED_CASES[method]
     sp = SamplingParams(temperature=0.0, max_tokens=32)
-    outs, engines = {}, {}
-    for config in (None, spec):
-        llm = LLM(speculative_config=config, max_num_seqs=2, max_model_len=256)
-        outs[config is None] = [o.outputs[0].token_ids for o in
-                                llm.generate(prompts, sp, use_tqdm=False)]
-        engines[config is None] = llm.llm_engine
+    outs = {}
+    llm = LLM(speculative_config=spec, **EMBEDDED_ENGINE)
+    for spec_on, engine in ((False, embedded_plain), (True, llm)):
+        outs[spec_on] = [o.outputs[0].token_ids for o in
+                         engine.generate(prompts, sp, use_tqdm=False)]
     assert outs[False] == outs[True]
-    stats = engines[False].get_stats().spec_decode
+    stats = llm.llm_engine.get_stats().spec_decode
     assert stats.acceptance_rate > min_rate
     assert stats.mean_accepted_length > min_length
 
 
+@pytest.mark.xdist_group("spec_outputs_equal")
 def test_n_samples_and_prompt_logprobs_equal_without_speculation(make_llm):
     prompts = [{"prompt_token_ids": p} for p in repetitive_prompts(3, seed=9)]
     sp = SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=12,
