@@ -173,9 +173,9 @@ class EngineArgs:
                            choices=(8, 16, 32, 64, 128))
     gpu_memory_utilization: float | None = _arg(
         None, "share of the whole device's memory the engine may use, "
-        "weights + KV pages + workspace, as in vLLM (default 0.9); on CPU, the share of available host memory the KV "
-        "pages may take (the pool holds every seat at full length, 4 GiB at "
-        "most)")
+        "weights + KV pages + workspace, as in vLLM (default 0.9); on CPU, "
+        "the share of available host memory the KV pages may take (the pool "
+        "holds every seat at full length, 4 GiB at most)")
     num_gpu_blocks_override: int | None = _arg(
         None, "fixes the number of KV pages (overrides the memory sizing)")
     enable_prefix_caching: bool = _arg(True, "reuse KV pages of shared prompt "
