@@ -131,7 +131,7 @@ def memory_record(llm) -> dict:
         try:
             m = program.memory_analysis()
             temps.append((int(m.temp_size_in_bytes), str(key)[:160]))
-        except Exception as e:
+        except Exception as e:  # a loaded program may lack it
             temps.append((-1, f"{str(key)[:120]}: {e!r}"[:200]))
     temps.sort(reverse=True)
     return {**{k: stats.get(k) for k in ("bytes_limit", "bytes_in_use",
