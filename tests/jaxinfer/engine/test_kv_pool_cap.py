@@ -118,3 +118,26 @@ def test_the_engine_gives_xla_the_share_before_the_backend_starts(monkeypatch):
     monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
     assert not claim_device_memory(None)
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+
+
+def test_the_workspace_reserves_prompt_logprobs_for_the_rows_a_step_scores(
+        monkeypatch):
+    """Under chunked prefill a step scores at most max_prompt_logprob_rows
+    prompt tokens, so the pool keeps room for that many rows of float32
+    logits and their log-softmax, not for the whole token budget."""
+    from jaxinfer.config import PROMPT_LOGPROB_MAX_ROWS
+    _card(monkeypatch, 141, 0.9)
+
+    def pool(chunked):
+        runner = _runner()
+        runner.cache_config = CacheConfig(gpu_memory_utilization=0.9)
+        runner.scheduler_config = SchedulerConfig(
+            max_num_batched_tokens=16384, max_num_seqs=32, max_model_len=2048,
+            enable_chunked_prefill=chunked)
+        runner.page_bytes = 2 << 20
+        return ModelRunner._num_blocks(runner)
+    assert SchedulerConfig(max_model_len=2048, max_num_batched_tokens=16384
+                           ).max_prompt_logprob_rows == PROMPT_LOGPROB_MAX_ROWS
+    rows_saved = 16384 - PROMPT_LOGPROB_MAX_ROWS
+    assert pool(True) - pool(False) == pytest.approx(
+        rows_saved * 49152 * 8 / (2 << 20), abs=1)
