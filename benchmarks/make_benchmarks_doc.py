@@ -189,30 +189,6 @@ def _speculative(d: dict, batch: str) -> str:
 
 
 def _targets(d: dict) -> str:
-    """Each speed target's measured value against its goal."""
-    short = {"bf16 tp1000-1000": "bf16 1000 x 1000/1000",
-             "bf16 tp256-512": "bf16 256 x 512/256",
-             "fp8 weights + fp8 KV tp1000-1000": "fp8 1000 x 1000/1000",
-             "bf16 batch 1 lat128": "bf16 batch 1 128/128",
-             "bf16 batch 1 lat1024": "bf16 batch 1 1024/256",
-             "int4 AWQ batch 1 lat128": "int4 batch 1 128/128",
-             "int4 AWQ batch 1 lat1024": "int4 batch 1 1024/256",
-             "fp8 KV decode attention": "fp8-page attention"}
-    cells = []
-    for t in d["targets"]:
-        name = short.get(t["target"].split(":")[0], t["target"])
-        unit = {"fraction": "", "x": "x", "tok/s": " tok/s"}[t["unit"]]
-        value = ("not run" if t["value"] is None else
-                 f"{t['value']:,.0f}{unit}" if t["unit"] == "tok/s" else
-                 f"{t['value']:.2f}{unit}")
-        goal = (f"{t['goal']:,.0f}" if t["unit"] == "tok/s"
-                else f"{t['goal']:.2f}{unit}")
-        cells.append(f"{name} {value} (goal {goal})")
-    held = sum(1 for t in d["targets"] if t["holds"])
-    return f"{held} of {len(d['targets'])} hold: " + "; ".join(cells)
-
-
-def _targets_short(d: dict) -> str:
     """The speed targets in one short line: values by kind, goal after."""
     kinds = (("bf16 tp", "bf16", ""), ("bf16 batch 1", "batch 1", ""),
              ("int4", "int4", "x"), ("fp8 KV decode", "fp8 attn", ""),
@@ -244,12 +220,8 @@ SPEED = "engine-speed-8k-h200/summary.json"
 HEADLINES = (
     Headline(ENGINE, "1000 prompts x 1000 in / 1000 out", SPEED,
              lambda d: _throughput(d, "tp1000-1000"), readme=True),
-    Headline(ENGINE, "speed targets (`benchmarks/speed_targets.py`, one H100 80GB; "
-             "the goals are set for an H200): fraction of the serial bound or "
-             "of the per-token roofline, speed-up, output tok/s",
-             "speed-targets-h100/targets.json", _targets),
     Headline(ENGINE, "speed targets (H100)",
-             "speed-targets-h100/targets.json", _targets_short, readme=True),
+             "speed-targets-h100/targets.json", _targets, readme=True),
     Headline(ENGINE, "256 prompts x 1000 in / 1000 out", SPEED,
              lambda d: _throughput(d, "tp256-1000")),
     Headline(ENGINE, "256 x 512 in / 256 out, against HF transformers' continuous batching "

@@ -39,6 +39,8 @@ ENGINE_SPEED = os.path.join(HERE, "engine_speed.py")
 MODEL = os.path.join(HERE, "models", "llama3-8b")
 
 PARTS = ("bf16", "fp8", "int4", "fp8-attention")
+# What the fp8-attention part writes (bench_decode_fp8.py's name, on any card).
+ATTENTION_FILE = "decode-fp8-mgpu-h200.json"
 # The fp8 attention tunings timed beside the default (pallas_kernels/NOTES.md).
 FP8_ATTENTION_VARIANTS = "default"
 
@@ -84,7 +86,7 @@ def part_command(part: str, out: str, tokenizer: str,
 
 def part_done(part: str, out: str) -> bool:
     if part == "fp8-attention":
-        return os.path.exists(os.path.join(out, "decode-fp8-mgpu-h200.json"))
+        return os.path.exists(os.path.join(out, ATTENTION_FILE))
     path = os.path.join(out, "summary.json")
     if not os.path.exists(path):
         return False
@@ -111,7 +113,7 @@ def targets(out: str) -> list[dict]:
     bf16 = _load(os.path.join(out, "bf16", "summary.json"))
     fp8 = _load(os.path.join(out, "fp8", "summary.json"))
     int4 = _load(os.path.join(out, "int4", "summary.json"))
-    attn = _load(os.path.join(out, "fp8-attention", "decode-fp8-mgpu-h200.json"))
+    attn = _load(os.path.join(out, "fp8-attention", ATTENTION_FILE))
     rows = []
 
     def add(name, value, goal, unit, **extra):
@@ -158,7 +160,7 @@ def devices(out: str) -> dict[str, str]:
     found = {}
     for part in PARTS:
         if part == "fp8-attention":
-            d = _load(os.path.join(out, part, "decode-fp8-mgpu-h200.json"))
+            d = _load(os.path.join(out, part, ATTENTION_FILE))
             device = (d or {}).get("device")
         else:
             d = _load(os.path.join(out, part, "summary.json"))

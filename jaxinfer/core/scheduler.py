@@ -184,11 +184,15 @@ class Scheduler:
             if num_new <= 0 or req.out_of_budget_with_pending():
                 i += 1
                 continue
-            num_new = self._prompt_lp_fit(req, req.num_computed_tokens,
-                                          num_new, lp_budget)
-            if num_new <= 0:  # its prompt-logprob chunk waits a step
-                i += 1
-                continue
+            # Once per running request and step: the common case (no prompt
+            # logprobs) costs one attribute test.
+            scores_prompt = req.sampling_params.prompt_logprobs is not None
+            if scores_prompt:
+                num_new = self._prompt_lp_fit(req, req.num_computed_tokens,
+                                              num_new, lp_budget)
+                if num_new <= 0:  # its prompt-logprob chunk waits a step
+                    i += 1
+                    continue
             num_new, images = self._plan_images(req, req.num_computed_tokens,
                                                 num_new)
             if num_new <= 0:  # its next image has no encoder slot yet
@@ -203,8 +207,9 @@ class Scheduler:
                 self._commit_images(req, images, out)
                 scheduled.append((req, num_new))
                 budget -= num_new
-                lp_budget -= self._prompt_lp_rows(req, req.num_computed_tokens,
-                                                  num_new)
+                if scores_prompt:
+                    lp_budget -= self._prompt_lp_rows(
+                        req, req.num_computed_tokens, num_new)
                 i += 1
             # When req preempted itself, i already points past it.
 

@@ -23,6 +23,11 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 ALLOCATOR_MARGIN = 0.03
 
 
+def resolved_utilization(utilization: float | None) -> float:
+    """``gpu_memory_utilization``, or its default when unset."""
+    return DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
+
+
 def claim_device_memory(utilization: float | None) -> bool:
     """Let XLA's allocator take the share of the card that
     ``gpu_memory_utilization`` names, as vLLM reads that flag (a share of the
@@ -36,7 +41,7 @@ def claim_device_memory(utilization: float | None) -> bool:
             or "XLA_PYTHON_CLIENT_ALLOCATOR" in os.environ
             or xla_bridge.backends_are_initialized()):
         return False
-    share = DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
+    share = resolved_utilization(utilization)
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.4f}"
     return True
 
@@ -67,8 +72,7 @@ def cpu_num_blocks(cache: CacheConfig, max_model_len: int, max_num_seqs: int,
     host memory available and by CPU_KV_CACHE_MAX_BYTES; at least one
     full-length sequence must fit. Page 0 is the null page."""
     per_seq = -(-max_model_len // cache.block_size)
-    share = (0.9 if cache.gpu_memory_utilization is None
-             else cache.gpu_memory_utilization)
+    share = resolved_utilization(cache.gpu_memory_utilization)
     budget = min(share * available_bytes, CPU_KV_CACHE_MAX_BYTES)
     by_memory = int(budget // page_bytes) - 1
     if by_memory < per_seq:
@@ -110,8 +114,7 @@ def num_kv_pages(cfg, placement, cache_config, scheduler_config,
     if on_cpu:
         return cpu_num_blocks(cc, sc.max_model_len, sc.max_num_seqs,
                               page_bytes, host_available_bytes())
-    util = (DEFAULT_GPU_MEMORY_UTILIZATION if cc.gpu_memory_utilization is None
-            else cc.gpu_memory_utilization)
+    util = resolved_utilization(cc.gpu_memory_utilization)
     stats = jax.local_devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit", 0)
     in_use = stats.get("bytes_in_use", 0)
