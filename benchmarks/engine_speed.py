@@ -292,6 +292,12 @@ def main() -> int:
     llm = make_llm(args.tokenizer, args.cache_dir, engine_overrides(args.engine))
     summary["ready_in_process_s"] = time.perf_counter() - t0
     summary["memory"] = {"after_warmup": memory_record(llm)}
+    # Saved before the workloads: a run cut off by a time limit still says
+    # how long the engine took to build and what it holds.
+    print(f"engine ready in {summary['ready_in_process_s']:.0f} s "
+          f"({llm.llm_engine.warmup_programs} programs, "
+          f"{llm.llm_engine.runner.num_blocks} pages)", flush=True)
+    save()
     from jaxinfer.entrypoints.heap import startup_heap_frozen
     for name in args.only.split(","):
         with startup_heap_frozen():  # as `jaxinfer bench` runs its workloads
