@@ -129,10 +129,16 @@ def targets(out: str) -> list[dict]:
             output_tok_s=r and r["bench"]["output_tokens_per_s"],
             overlapped_fraction=t.get("roofline_fraction"))
     r = _run(fp8, "tp1000-1000")
+    # A run cut off before its end leaves the target open; what it decoded
+    # until then is kept beside it.
+    cut = None if r else ((fp8 or {}).get("cut_off") or {}).get("tp1000-1000")
     add("fp8 weights + fp8 KV tp1000-1000: output tok/s",
         r and r["bench"]["output_tokens_per_s"], 18000.0, "tok/s",
         serial_fraction=r and r["timeline"].get("serial_fraction"),
-        overlapped_fraction=r and r["timeline"].get("roofline_fraction"))
+        overlapped_fraction=r and r["timeline"].get("roofline_fraction"),
+        **({"cut_off": {k: cut[k] for k in (
+            "elapsed_s", "decode_tokens", "decode_tokens_per_s",
+            "serial_fraction", "running_max")}} if cut else {}))
     for w in ("lat128", "lat1024"):
         r = _run(bf16, w)
         add(f"bf16 batch 1 {w}: fraction of the per-token roofline",
@@ -215,6 +221,12 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         print(f"[{part}] rc={rc} in {time.monotonic() - t0:.0f} s", flush=True)
+        if rc != 0 and os.path.exists(os.path.join(out, "summary.json")):
+            # An engine part stopped mid-workload: summarize what its
+            # timelines hold so far (engine_speed.py saves the summary
+            # before the workloads).
+            from benchmarks.timeline_report import report_dir
+            print(report_dir(out), flush=True)
     rows = targets(args.out)
     with open(os.path.join(args.out, "targets.json"), "w") as f:
         json.dump({"workload": "speed targets", "devices": devices(args.out),

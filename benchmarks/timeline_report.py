@@ -187,6 +187,25 @@ def summarize(steps: list[dict], roof: dict, elapsed_s: float | None,
     return out
 
 
+def summarize_cut_off(steps: list[dict], roof: dict, m: dict = LLAMA3_8B) -> dict:
+    """A workload stopped before its end (a device call's time limit): its
+    timeline up to the last recorded step. ``elapsed_s`` runs from the
+    timeline's start (the workload's) to that step's end; the tokens are the
+    decode rows' (each prompt's first token, sampled by its last prefill
+    chunk, is not counted), so ``decode_tokens_per_s`` is a lower bound of
+    the output rate over that span."""
+    if not steps:
+        return {"steps": 0}
+    last = steps[-1]
+    elapsed = last["t_start_s"] + 1e-3 * (last["host_ms"] + last["device_ms"])
+    out = summarize(steps, roof, elapsed, m)
+    tokens = sum(r["decode_tokens"] * r.get("num_steps", 1) for r in steps)
+    out.update(cut_off=True, decode_tokens=tokens,
+               decode_tokens_per_s=tokens / elapsed,
+               running_max=max(r["running"] for r in steps))
+    return out
+
+
 def table(name: str, s: dict) -> str:
     lines = [f"{name}: {s['steps']} steps, roofline {s['roofline_s']:.1f} s "
              f"(serial {s['serial_bound_s']:.1f} s)"
@@ -245,9 +264,27 @@ def report_dir(d: str, summary: dict | None = None, png: bool = False) -> str:
         parts.append(table(name, s))
         if png:
             plot(steps, roof, os.path.join(d, f"{name}.png"), name, m)
+    # Timelines of workloads that did not finish (no bench record).
+    for name in cut_off_names(d, summary):
+        s = summarize_cut_off(load_steps(os.path.join(d, f"{name}.steps.jsonl")),
+                              roof, m)
+        summary.setdefault("cut_off", {})[name] = s
+        parts.append(table(f"{name} (cut off)", s)
+                     + f"\n  {s['decode_tokens']} decode tokens in "
+                       f"{s['elapsed_s']:.1f} s: {s['decode_tokens_per_s']:.0f} tok/s")
     with open(os.path.join(d, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return "\n".join(parts)
+
+
+def cut_off_names(d: str, summary: dict) -> list[str]:
+    """Workloads with a timeline in ``d`` but no record in the summary."""
+    names = []
+    for f in sorted(os.listdir(d)):
+        for ext in (".steps.jsonl", ".steps.jsonl.gz"):
+            if f.endswith(ext) and f[:-len(ext)] not in summary.get("runs", {}):
+                names.append(f[:-len(ext)])
+    return names
 
 
 def plot(steps: list[dict], roof: dict, path: str, title: str,

@@ -110,3 +110,26 @@ def test_targets_read_from_a_runs_folder(tmp_path):
     # A part that has not run leaves its targets open, not failed.
     fp8 = rows["fp8 weights + fp8 KV tp1000-1000"]
     assert fp8["value"] is None and fp8["holds"] is None
+
+
+def test_a_cut_off_workload_is_summarized_up_to_its_last_step(tmp_path):
+    from benchmarks.timeline_report import report_dir
+    d = tmp_path / "fp8"
+    d.mkdir()
+    steps = [dict(_step(100, 1000), step=i, t_start_s=0.05 * i, device_ms=40.0,
+                  host_ms=10.0, compile_ms=0.0, preempted=0, running=100,
+                  num_steps=2 if i == 3 else 1) for i in range(4)]
+    (d / "tp1000-1000.steps.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in steps))
+    # No record for the workload: the engine was still running it.
+    (d / "summary.json").write_text(json.dumps({"runs": {}, "roofline": ROOF}))
+    report_dir(str(d))
+    cut = json.loads((d / "summary.json").read_text())["cut_off"]["tp1000-1000"]
+    assert cut["elapsed_s"] == pytest.approx(0.15 + 0.05)
+    assert cut["decode_tokens"] == 100 * 5  # the last record is a two-step window
+    assert cut["decode_tokens_per_s"] == pytest.approx(500 / 0.2)
+    # The target stays open, and what the run decoded is kept beside it.
+    rows = {r["target"].split(":")[0]: r for r in speed_targets.targets(str(tmp_path))}
+    fp8 = rows["fp8 weights + fp8 KV tp1000-1000"]
+    assert fp8["value"] is None and fp8["holds"] is None
+    assert fp8["cut_off"]["decode_tokens"] == 500
