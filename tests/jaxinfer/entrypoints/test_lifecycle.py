@@ -218,7 +218,9 @@ def test_sigterm_drains_within_the_grace_period(launched):
     assert json.loads(short[-2][1])["choices"][0]["finish_reason"] == "length"
     for events in (long_, waiting):
         assert events[-1][1] == "[DONE]", events[-3:]
-        err = json.loads(events[-2][1])["error"]
+        last = json.loads(events[-2][1])
+        assert "error" in last, events[-3:]  # what ended the stream instead
+        err = last["error"]
         assert err["code"] == 503 and "grace period" in err["message"]
         assert GRACE - 0.5 < events[-1][0] - t0 < GRACE + 2
 
