@@ -19,7 +19,9 @@ GPU machine, repo root, the embedded tokenizer saved in .tok (carried):
 Each part runs in its own process under what is left of ``--budget``
 seconds and writes ``OUT/<part>/`` (engine parts: engine_speed.py's
 summary.json, step timelines and PNGs). A part already done in OUT is kept,
-so the parts may run in separate calls into one folder. Last,
+so the parts may run in separate calls into one folder; a part cut off by
+a call's limit runs again in the next call (on the same held machine it
+loads the programs the first call compiled, ``--cache-dir``). Last,
 ``OUT/targets.json`` holds each target with its measured value and whether
 it holds; ``--targets-only`` rebuilds it from OUT without running anything.
 """
@@ -39,6 +41,12 @@ ENGINE_SPEED = os.path.join(HERE, "engine_speed.py")
 MODEL = os.path.join(HERE, "models", "llama3-8b")
 
 PARTS = ("bf16", "fp8", "int4", "fp8-attention")
+# The engines' compiled programs, in the repository's ignored .jax_cache:
+# the device machine keeps ignored files between calls while it stays
+# held, so a part cut off by one call's limit (the fp8 engine builds for
+# about 470 s on an H100) loads its programs in the next call instead of
+# building them again.
+CACHE_DIR = os.path.join(".jax_cache", "speed-targets")
 # What the fp8-attention part writes (bench_decode_fp8.py's name, on any card).
 ATTENTION_FILE = "decode-fp8-mgpu-h200.json"
 # The fp8 attention tunings timed beside the default (pallas_kernels/NOTES.md).
@@ -62,10 +70,10 @@ def awq_folder(dst: str, tokenizer: str) -> str:
 
 
 def part_command(part: str, out: str, tokenizer: str,
-                 fp8_variants: str) -> list[str]:
+                 fp8_variants: str, cache_dir: str = CACHE_DIR) -> list[str]:
     py = [sys.executable]
     speed = py + [ENGINE_SPEED, "--out", out, "--skip-ready",
-                  "--tokenizer", tokenizer]
+                  "--tokenizer", tokenizer, "--cache-dir", cache_dir]
     if part == "bf16":
         return speed + ["--only", "tp1000-1000,tp256-512,lat128,lat1024"]
     if part == "fp8":
@@ -193,6 +201,8 @@ def main() -> int:
                     help="seconds for all parts together")
     ap.add_argument("--tokenizer", default=".tok")
     ap.add_argument("--fp8-attention-variants", default=FP8_ATTENTION_VARIANTS)
+    ap.add_argument("--cache-dir", default=CACHE_DIR,
+                    help="the engines' persistent compilation cache")
     ap.add_argument("--redo", action="store_true",
                     help="run parts already done in OUT again")
     ap.add_argument("--targets-only", action="store_true")
@@ -212,7 +222,7 @@ def main() -> int:
             continue
         os.makedirs(out, exist_ok=True)
         cmd = part_command(part, out, args.tokenizer,
-                           args.fp8_attention_variants)
+                           args.fp8_attention_variants, args.cache_dir)
         t0 = time.monotonic()
         with open(os.path.join(out, "run.log"), "w") as log:
             try:

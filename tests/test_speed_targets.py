@@ -133,3 +133,13 @@ def test_a_cut_off_workload_is_summarized_up_to_its_last_step(tmp_path):
     fp8 = rows["fp8 weights + fp8 KV tp1000-1000"]
     assert fp8["value"] is None and fp8["holds"] is None
     assert fp8["cut_off"]["decode_tokens"] == 500
+
+
+def test_engine_parts_keep_their_programs_where_the_device_machine_keeps_them():
+    # The device machine keeps the repository's ignored files between calls;
+    # a part cut off in one call loads its programs in the next.
+    cmd = speed_targets.part_command("fp8", "/tmp/out", ".tok", "default")
+    assert cmd[cmd.index("--cache-dir") + 1] == speed_targets.CACHE_DIR
+    top = speed_targets.CACHE_DIR.split("/")[0]
+    with open(".gitignore") as f:
+        assert f"/{top}/" in f.read().split()
