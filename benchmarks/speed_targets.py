@@ -73,7 +73,8 @@ def part_command(part: str, out: str, tokenizer: str,
                  fp8_variants: str, cache_dir: str = CACHE_DIR) -> list[str]:
     py = [sys.executable]
     speed = py + [ENGINE_SPEED, "--out", out, "--skip-ready",
-                  "--tokenizer", tokenizer, "--cache-dir", cache_dir]
+                  "--tokenizer", tokenizer,
+                  "--cache-dir", os.path.abspath(cache_dir)]
     if part == "bf16":
         return speed + ["--only", "tp1000-1000,tp256-512,lat128,lat1024"]
     if part == "fp8":
