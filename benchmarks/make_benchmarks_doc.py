@@ -201,9 +201,9 @@ def _targets(d: dict) -> str:
             continue
         if all(t["value"] is None for t in rows):
             cut = rows[0].get("cut_off")
-            parts.append(f"{name} cut off ({cut['decode_tokens_per_s']:,.0f} decode tok/s "
-                         f"over its first {cut['elapsed_s']:.0f} s)" if cut
-                         else f"{name} not run")
+            # The cut-off run's span and token count are in the file.
+            parts.append(f"{name} {cut['decode_tokens_per_s']:,.0f} tok/s (cut off)"
+                         if cut else f"{name} not run")
             continue
         fmt = "{:,.0f}" if unit == " tok/s" else "{:.2f}"
         values = ", ".join("-" if t["value"] is None else fmt.format(t["value"]) + unit

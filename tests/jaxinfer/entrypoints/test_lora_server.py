@@ -82,6 +82,9 @@ def test_static_runtime_and_base_models_served_concurrently(
 
     models = ["tiny", *names]
     jobs = [(m, p) for p in PROMPTS for m in models]
+    # The openai client's response models are built by pydantic on first
+    # use, which is not thread-safe: one answer parsed first builds them.
+    _complete(client, "tiny", PROMPTS[0])
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(lambda job: _complete(client, *job), jobs))
     base = tiny_model_factory()
